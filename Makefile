@@ -1,0 +1,45 @@
+# The two quick-start commands (`make run`, `make test`) and the checks CI runs.
+# Each target creates .venv with the first Python 3.11+ it finds and installs what it needs.
+
+PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+	2>/dev/null && { echo $$p; break; }; done)
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test check lint typecheck pytest bench clean
+
+$(BIN)/python:
+	@test -n "$(PYTHON)" || { echo "make: Python 3.11 or newer is required (python3 --version)"; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@touch $@ $(VENV)/.installed-run
+
+## Start the service (API, docs page, workers) on http://127.0.0.1:8000, embedded PostgreSQL by default.
+run: $(VENV)/.installed-run
+	$(BIN)/turnstile serve
+
+## Lint, type-check and run the whole test suite (TEST_DATABASE_URL, else an embedded PostgreSQL).
+test: check pytest
+
+check: lint typecheck
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(VENV)/.installed-test
+	$(BIN)/mypy
+
+pytest: $(VENV)/.installed-test
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .turnstile .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,42 @@
+"""Liveness and readiness probes for load balancers and orchestrators."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.db.migrate import head_revision
+from app.db.state import schema_revision
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="Liveness: the process answers")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    summary="Readiness: database reachable and schema at the revision this code expects",
+    responses={503: {"description": "Not ready; the body says which check failed"}},
+)
+async def readyz(request: Request) -> JSONResponse:
+    state = request.app.state.turnstile
+    checks: dict[str, Any] = {}
+    ready = True
+    try:
+        revision = await schema_revision(state.engine)
+        checks["database"] = "ok"
+        checks["schema"] = {"current": revision, "expected": head_revision()}
+        ready = revision == head_revision()
+    except (SQLAlchemyError, OSError) as exc:
+        checks["database"] = f"unreachable: {type(exc).__name__}"
+        ready = False
+    return JSONResponse(
+        {"status": "ready" if ready else "not ready", "checks": checks},
+        status_code=200 if ready else 503,
+    )

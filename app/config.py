@@ -1,0 +1,76 @@
+"""Settings: every knob Turnstile reads from the environment, validated in one place.
+
+Nothing here runs at import time. `get_settings()` builds the settings once per process (cached)
+and tests build their own `Settings(...)` objects directly. Variables carry the `TURNSTILE_`
+prefix, except `DATABASE_URL`, which keeps the name every PostgreSQL tool already uses.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Validated service settings; see the README's configuration table for each default."""
+
+    model_config = SettingsConfigDict(env_prefix="TURNSTILE_", extra="ignore", frozen=True)
+
+    # --- database ---------------------------------------------------------------------------
+    database_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("DATABASE_URL", "TURNSTILE_DATABASE_URL"),
+        description="PostgreSQL URL; unset means the embedded PostgreSQL in data_dir.",
+    )
+    data_dir: Path = Field(
+        default=Path(".turnstile"), description="Folder of the embedded PostgreSQL's data."
+    )
+    statement_timeout_ms: int = Field(default=30_000, ge=0)
+    lock_timeout_ms: int = Field(default=5_000, ge=0)
+    idle_in_transaction_timeout_ms: int = Field(default=60_000, ge=0)
+    db_pool_size: int | None = Field(
+        default=None, ge=1, description="Connections per process; derived from slots if unset."
+    )
+
+    # --- HTTP server ------------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    # --- queue ------------------------------------------------------------------------------
+    lease_seconds: float = Field(default=30.0, gt=0)
+    heartbeat_seconds: float = Field(default=10.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    retry_backoff_base_seconds: float = Field(default=5.0, ge=0)
+    retry_backoff_max_seconds: float = Field(default=300.0, ge=0)
+    sweep_interval_seconds: float = Field(default=5.0, ge=0)
+    idempotency_ttl_seconds: float = Field(default=86_400.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_cross_field(self) -> Settings:
+        # A heartbeat must land well inside the lease, or a healthy but briefly delayed worker
+        # loses its run to the sweeper; three heartbeats per lease leaves room for two misses.
+        if self.heartbeat_seconds * 3 > self.lease_seconds:
+            raise ValueError(
+                f"heartbeat_seconds ({self.heartbeat_seconds}) must be at most a third of "
+                f"lease_seconds ({self.lease_seconds})"
+            )
+        if self.retry_backoff_max_seconds < self.retry_backoff_base_seconds:
+            raise ValueError("retry_backoff_max_seconds must be >= retry_backoff_base_seconds")
+        if (
+            self.statement_timeout_ms
+            and self.lock_timeout_ms
+            and self.lock_timeout_ms > self.statement_timeout_ms
+        ):
+            raise ValueError("lock_timeout_ms must not exceed statement_timeout_ms")
+        return self
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read from the environment on first use."""
+    return Settings()

@@ -1,0 +1,65 @@
+"""The database engine: URL normalisation, pool sizing and per-transaction safety timeouts.
+
+Every transaction Turnstile opens starts with `SET LOCAL` of the statement, lock and
+idle-in-transaction timeouts, so a stuck query or a forgotten transaction cannot hold a run's
+row forever. They are per transaction rather than connection startup parameters because
+PgBouncer in transaction mode neither forwards startup parameters nor keeps session state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from app.config import Settings
+
+
+def async_url(url: str) -> URL:
+    """The URL with the asyncpg driver, whatever PostgreSQL spelling it was given in."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() not in ("postgresql", "postgres"):
+        raise ValueError(f"DATABASE_URL must be a PostgreSQL URL, got {parsed.drivername!r}")
+    return parsed.set(drivername="postgresql+asyncpg")
+
+
+def plain_url(url: str | URL) -> str:
+    """The URL as libpq and asyncpg spell it (no SQLAlchemy driver suffix)."""
+    parsed = make_url(url) if isinstance(url, str) else url
+    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def timeout_statement(settings: Settings) -> str:
+    """One statement that sets the three timeouts for the current transaction only."""
+    statement_ms = int(settings.statement_timeout_ms)
+    lock_ms = int(settings.lock_timeout_ms)
+    idle_ms = int(settings.idle_in_transaction_timeout_ms)
+    return (
+        f"SELECT set_config('statement_timeout', '{statement_ms}', true),"
+        f" set_config('lock_timeout', '{lock_ms}', true),"
+        f" set_config('idle_in_transaction_session_timeout', '{idle_ms}', true)"
+    )
+
+
+def create_engine(
+    settings: Settings, url: str, *, pool_size: int = 5, **engine_options: Any
+) -> AsyncEngine:
+    """An asyncpg engine whose every transaction carries the configured timeouts."""
+    engine = create_async_engine(
+        async_url(url),
+        pool_size=pool_size,
+        max_overflow=max(2, pool_size // 2),
+        # A connection that died with a database restart is detected and replaced on checkout
+        # instead of failing the first request that draws it.
+        pool_pre_ping=True,
+        **engine_options,
+    )
+    statement = timeout_statement(settings)
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _set_transaction_timeouts(conn: Connection) -> None:
+        conn.exec_driver_sql(statement)
+
+    return engine

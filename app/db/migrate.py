@@ -1,0 +1,56 @@
+"""Schema migrations: run Alembic programmatically and tell which revision the code expects.
+
+`upgrade()` is synchronous because Alembic's async env runs its own event loop; async callers
+run it in a thread (`await asyncio.to_thread(upgrade, url)`) so Alembic's loop never meets
+theirs.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+
+from alembic import command
+
+# Arbitrary but fixed: the key of the advisory lock every migrating process takes first.
+MIGRATION_LOCK_KEY = 0x7475726E  # "turn"
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def alembic_config(url: str | None = None) -> Config:
+    config = Config(str(_ROOT / "alembic.ini"))
+    config.set_main_option("script_location", str(_ROOT / "alembic"))
+    if url is not None:
+        config.attributes["database_url"] = url
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    command.downgrade(alembic_config(url), revision)
+
+
+@lru_cache(maxsize=1)
+def head_revision() -> str:
+    """The newest revision this code knows; /readyz compares the database's with it."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None, "no migrations found"
+    return head
+
+
+def database_url_for_alembic() -> str:
+    """The URL plain `alembic` commands use: DATABASE_URL, or the embedded server."""
+    from app.config import get_settings
+    from app.db.embedded import start_embedded
+
+    settings = get_settings()
+    if settings.database_url:
+        return settings.database_url
+    return start_embedded(settings.data_dir).url

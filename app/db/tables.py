@@ -1,0 +1,275 @@
+"""Table definitions: the schema Turnstile's first migration creates, as SQLAlchemy Core tables.
+
+These definitions are the reference the migration test compares against (no drift allowed).
+Queue statements do not go through them: the queue's SQL lives in `app/queue/queries.sql`.
+Partial-index predicates and CHECK constraints are spelled here exactly as in the migration,
+because autogenerate compares neither; the migration tests read them back from the catalog.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+RUN_STATUSES = ("queued", "running", "waiting_for_user", "succeeded", "failed", "cancelled")
+ACTIVE_STATUSES = ("queued", "running", "waiting_for_user")
+# SQL spelling of the non-terminal statuses, shared by the partial unique index and the checks.
+ACTIVE_STATUS_SQL = "status IN ('queued', 'running', 'waiting_for_user')"
+
+now = text("now()")
+
+
+def _ts(name: str, *, nullable: bool = True, default_now: bool = False) -> Column[object]:
+    return Column(
+        name,
+        DateTime(timezone=True),
+        nullable=nullable,
+        server_default=now if default_now else None,
+    )
+
+
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")),
+    Column("tenant_id", Text, nullable=False),
+    Column("principal", Text, nullable=False),
+    _ts("created_at", nullable=False, default_now=True),
+    Index("ix_sessions_tenant_id_created_at", "tenant_id", "created_at"),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")),
+    Column("tenant_id", Text, nullable=False),
+    Column("principal", Text, nullable=False),
+    Column("session_id", UUID(as_uuid=True), ForeignKey("sessions.id"), nullable=True),
+    Column("status", Text, nullable=False, server_default=text("'queued'")),
+    Column("priority", SmallInteger, nullable=False, server_default=text("0")),
+    Column("agent", Text, nullable=False),
+    Column("input", JSONB, nullable=False),
+    Column("question", JSONB, nullable=True),
+    Column("result", JSONB, nullable=True),
+    Column("failure", JSONB, nullable=True),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False, server_default=text("3")),
+    _ts("scheduled_for"),
+    Column("lease_epoch", BigInteger, nullable=False, server_default=text("0")),
+    Column("lease_owner", Text, nullable=True),
+    _ts("lease_expires_at"),
+    Column("last_event_seq", BigInteger, nullable=False, server_default=text("0")),
+    Column("inputs_count", Integer, nullable=False, server_default=text("1")),
+    Column("resubmitted_from", UUID(as_uuid=True), nullable=True),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("updated_at", nullable=False, default_now=True),
+    _ts("started_at"),
+    _ts("finished_at"),
+    _ts("dismissed_at"),
+    CheckConstraint(
+        "status IN ('queued', 'running', 'waiting_for_user', 'succeeded', 'failed', 'cancelled')",
+        name="status",
+    ),
+    # A class owns a band (interactive 0-9, async 10-19, maintenance 20-29), so a class can be
+    # subdivided later without a migration: the constraint is a range, not a list.
+    CheckConstraint("priority BETWEEN 0 AND 29", name="priority_band"),
+    CheckConstraint("attempts >= 0 AND max_attempts >= 1", name="attempts"),
+    # A lease exists exactly while a worker holds the run.
+    CheckConstraint(
+        "(status = 'running') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
+        name="lease_only_when_running",
+    ),
+    CheckConstraint(
+        "(status IN ('succeeded', 'failed', 'cancelled')) = (finished_at IS NOT NULL)",
+        name="finished_when_terminal",
+    ),
+    CheckConstraint("status <> 'failed' OR failure IS NOT NULL", name="failed_has_failure"),
+    CheckConstraint(
+        "status = 'waiting_for_user' OR question IS NULL", name="question_only_when_waiting"
+    ),
+    # ADR-0004 decision 10: one non-terminal run per session, enforced by the schema.
+    Index(
+        "uq_runs_session_id_active",
+        "session_id",
+        unique=True,
+        postgresql_where=text(ACTIVE_STATUS_SQL),
+    ),
+    # The claim index: queued runs by class, then by the time they became eligible. Ordering by
+    # created_at alone made the claim walk every backed-off run at the head of the queue; see
+    # docs/adr/0001-claim-order-by-eligibility.md for the measurement.
+    Index(
+        "ix_runs_claim",
+        "priority",
+        text("coalesce(scheduled_for, created_at)"),
+        postgresql_where=text("status = 'queued'"),
+    ),
+    # The sweeper's scan: running runs by lease deadline.
+    Index(
+        "ix_runs_lease_expires_at",
+        "lease_expires_at",
+        postgresql_where=text("status = 'running'"),
+    ),
+    Index("ix_runs_session_id_created_at", "session_id", "created_at"),
+    Index("ix_runs_tenant_id_status_created_at", "tenant_id", "status", "created_at"),
+    # Retention and the dead letter read finished runs by age.
+    Index(
+        "ix_runs_finished_at",
+        "finished_at",
+        postgresql_where=text("finished_at IS NOT NULL"),
+    ),
+)
+
+run_events = Table(
+    "run_events",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE")),
+    # Gap-free per run: allocated by bumping runs.last_event_seq in the statement that
+    # takes the run row.
+    Column("seq", BigInteger, nullable=False),
+    Column("type", Text, nullable=False),
+    # The lease epoch of the writer; 0 for writes made by no worker (enqueue, API actions).
+    Column("epoch", BigInteger, nullable=False),
+    Column("data", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    _ts("created_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("run_id", "seq"),
+)
+
+run_inputs = Table(
+    "run_inputs",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE")),
+    # 1 for the turn that created the run, then one per answer delivered to it.
+    Column("idx", Integer, nullable=False),
+    Column("input", JSONB, nullable=False),
+    Column("principal", Text, nullable=False),
+    Column("event_seq", BigInteger, nullable=False),
+    _ts("created_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("run_id", "idx"),
+)
+
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE")),
+    # The sequence number of the event written in the same fenced transaction.
+    Column("event_seq", BigInteger, nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("step", Integer, nullable=False),
+    Column("state", JSONB, nullable=False),
+    _ts("created_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("run_id", "event_seq"),
+)
+
+tool_journal = Table(
+    "tool_journal",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE")),
+    Column("event_seq", BigInteger, nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("step", Integer, nullable=False),
+    # 'started' before the tool runs; 'finished' with its outcome after.
+    Column("entry", Text, nullable=False),
+    Column("tool", Text, nullable=False),
+    Column("idempotency_class", Text, nullable=False),
+    Column("idempotency_key", Text, nullable=True),
+    Column("args", JSONB, nullable=True),
+    Column("outcome_status", Text, nullable=True),
+    Column("outcome", JSONB, nullable=True),
+    _ts("created_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("run_id", "event_seq"),
+    CheckConstraint("entry IN ('started', 'finished')", name="entry"),
+    CheckConstraint("idempotency_class IN ('safe', 'keyed', 'unsafe')", name="idempotency_class"),
+    CheckConstraint(
+        "outcome_status IS NULL OR outcome_status IN ('succeeded', 'failed', 'uncertain')",
+        name="outcome_status",
+    ),
+    CheckConstraint(
+        "(entry = 'finished') = (outcome_status IS NOT NULL)", name="outcome_when_finished"
+    ),
+    Index("ix_tool_journal_run_id_step", "run_id", "step"),
+)
+
+idempotency_keys = Table(
+    "idempotency_keys",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("principal", Text, nullable=False),
+    Column("key", Text, nullable=False),
+    Column("request_hash", Text, nullable=False),
+    Column("run_id", UUID(as_uuid=True), nullable=True),
+    Column("response_status", SmallInteger, nullable=False),
+    Column("response_body", JSONB, nullable=False),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("expires_at", nullable=False),
+    PrimaryKeyConstraint("tenant_id", "principal", "key"),
+    CheckConstraint("char_length(key) BETWEEN 1 AND 255", name="key_length"),
+    Index("ix_idempotency_keys_expires_at", "expires_at"),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")),
+    # SHA-256 of the secret: keys are long random strings, so a fast hash is enough and keeps
+    # authentication off the request's critical path.
+    Column("key_hash", LargeBinary, nullable=False),
+    Column("prefix", Text, nullable=False),
+    Column("tenant_id", Text, nullable=False),
+    Column("principal", Text, nullable=False),
+    Column("scopes", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    Column("name", Text, nullable=True),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("revoked_at"),
+    UniqueConstraint("key_hash"),
+    CheckConstraint("scopes <@ ARRAY['operator', 'admin']::text[]", name="scopes"),
+)
+
+workers = Table(
+    "workers",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("slot_groups", JSONB, nullable=False),
+    _ts("started_at", nullable=False, default_now=True),
+    _ts("last_seen_at", nullable=False, default_now=True),
+    _ts("stopped_at"),
+)
+
+maintenance_leases = Table(
+    "maintenance_leases",
+    metadata,
+    # One row per maintenance service (sweeper, pruner, ...): whoever holds an unexpired lease
+    # runs it; a crashed holder loses it when the lease expires.
+    Column("name", Text, primary_key=True),
+    Column("holder", Text, nullable=False),
+    _ts("expires_at", nullable=False),
+    _ts("last_success_at"),
+)

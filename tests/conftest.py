@@ -1,0 +1,119 @@
+"""Shared fixtures: a real PostgreSQL (never SQLite, never a mock), migrated once per session.
+
+- `server_url`: the PostgreSQL server (TEST_DATABASE_URL, else an embedded one).
+- `template_database`: a database migrated to head, used as the template for clones.
+- `database_url`: a fresh clone per test, for tests that need several connections, real
+  commits, SKIP LOCKED, LISTEN/NOTIFY or lease expiry.
+- `engine`: an engine on that clone, disposed after the test.
+- `db_conn`: one connection in a transaction rolled back after the test, on a shared clone,
+  for tests that need a single connection.
+- `throwaway_cluster`: a PostgreSQL cluster of the test's own, started from the embedded
+  package's binaries, that the test may stop, restart or kill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.config import Settings
+from app.db.embedded import (
+    LocalCluster,
+    free_port,
+    pgserver_bin_dir,
+    start_embedded,
+    system_bin_dir,
+)
+from app.db.engine import create_engine
+from app.db.migrate import upgrade
+from tests.support.databases import (
+    admin_execute,
+    clone_database,
+    drop_database,
+    new_database_name,
+    with_database,
+)
+
+
+@pytest.fixture(scope="session")
+def server_url() -> str:
+    url = os.environ.get("TEST_DATABASE_URL")
+    if not url:
+        # No server given: the same embedded PostgreSQL users get, in a folder of the suite's.
+        url = start_embedded(Path(tempfile.gettempdir()) / "turnstile-test-embedded").url
+    os.environ["TURNSTILE_TEST_SERVER_URL"] = url
+    return url
+
+
+@pytest.fixture(scope="session")
+def template_database(server_url: str) -> Iterator[str]:
+    name = new_database_name("ts_template")
+    asyncio.run(admin_execute(server_url, f'CREATE DATABASE "{name}"'))
+    # Alembic runs its own event loop and disposes its engine before we clone from it.
+    upgrade(with_database(server_url, name))
+    yield name
+    asyncio.run(admin_execute(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def settings() -> Settings:
+    # Short leases so tests that wait for expiry stay quick; tests needing others make their own.
+    return Settings(database_url=None, lease_seconds=3.0, heartbeat_seconds=0.5)
+
+
+@pytest.fixture
+async def database_url(server_url: str, template_database: str) -> AsyncIterator[str]:
+    url = await clone_database(server_url, template_database)
+    yield url
+    await drop_database(server_url, url)
+
+
+@pytest.fixture
+async def engine(settings: Settings, database_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(settings, database_url, pool_size=10)
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def shared_database(server_url: str, template_database: str) -> Iterator[str]:
+    url = asyncio.run(clone_database(server_url, template_database))
+    yield url
+    asyncio.run(drop_database(server_url, url))
+
+
+@pytest.fixture
+async def db_conn(settings: Settings, shared_database: str) -> AsyncIterator[AsyncConnection]:
+    engine = create_engine(settings, shared_database, pool_size=1)
+    try:
+        async with engine.connect() as conn:
+            transaction = await conn.begin()
+            try:
+                yield conn
+            finally:
+                await transaction.rollback()
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+def throwaway_cluster() -> Iterator[LocalCluster]:
+    bin_dir = pgserver_bin_dir() or system_bin_dir()
+    if bin_dir is None:
+        pytest.fail("no PostgreSQL binaries: install the test extras (pgserver)")
+    folder = Path(tempfile.mkdtemp(prefix="turnstile-cluster-"))
+    cluster = LocalCluster(bin_dir=bin_dir, data_dir=folder / "data", port=free_port())
+    cluster.init()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop("immediate")
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,1 @@
+"""Test support: databases, clusters, factories and waiting helpers shared by the suite."""
