@@ -1,0 +1,382 @@
+"""The queue's Python face: one method per statement of `queries.sql`.
+
+Every method runs its statement in a transaction of its own, or on the connection it is given
+(so the submit path can enqueue or deliver inside the transaction that locked the session).
+Fenced methods return `Written | Fenced`, heartbeats return a bool; neither raises on a lost
+lease. Time is the database's unless a `clock` (tests) or an explicit `now` says otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.config import Settings
+from app.queue.classes import PriorityClass, priorities_of
+from app.queue.errors import RunFinishedError, RunNotFoundError, RunNotWaitingError
+from app.queue.models import (
+    JSON,
+    CancelOutcome,
+    Checkpoint,
+    ClaimedRun,
+    Event,
+    Fenced,
+    JournalEntry,
+    Lease,
+    NewRun,
+    Run,
+    SweepReport,
+    ToolCall,
+    WriteOutcome,
+    Written,
+)
+from app.queue.sql import q
+
+Clock = Callable[[], datetime | None]
+
+
+def database_clock() -> datetime | None:
+    """No override: statements use the database's now()."""
+    return None
+
+
+def dump_json(value: JSON) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    lease_seconds: float = 30.0
+    max_attempts: int = 3
+    backoff_base_seconds: float = 5.0
+    backoff_max_seconds: float = 300.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> QueueConfig:
+        return cls(
+            lease_seconds=settings.lease_seconds,
+            max_attempts=settings.max_attempts,
+            backoff_base_seconds=settings.retry_backoff_base_seconds,
+            backoff_max_seconds=settings.retry_backoff_max_seconds,
+        )
+
+
+class Queue:
+    def __init__(
+        self, engine: AsyncEngine, config: QueueConfig | None = None, clock: Clock | None = None
+    ) -> None:
+        self.engine = engine
+        self.config = config or QueueConfig()
+        self.clock: Clock = clock or database_clock
+
+    # --- plumbing -----------------------------------------------------------------------------
+    @asynccontextmanager
+    async def _tx(self, conn: AsyncConnection | None) -> AsyncIterator[AsyncConnection]:
+        if conn is not None:
+            yield conn
+            return
+        async with self.engine.begin() as own:
+            yield own
+
+    async def _rows(
+        self, name: str, params: dict[str, Any], conn: AsyncConnection | None = None
+    ) -> list[RowMapping]:
+        params.setdefault("now", self.clock())
+        async with self._tx(conn) as tx:
+            result = await tx.execute(q(name), params)
+            return list(result.mappings().all())
+
+    async def _fenced(
+        self, name: str, lease: Lease, params: dict[str, Any], conn: AsyncConnection | None = None
+    ) -> WriteOutcome:
+        rows = await self._rows(
+            name, {"run_id": lease.run_id, "epoch": lease.epoch, **params}, conn
+        )
+        if not rows:
+            return Fenced(lease)
+        return Written(seq=int(rows[0]["seq"]))
+
+    # --- enqueue ------------------------------------------------------------------------------
+    async def enqueue(
+        self, new: NewRun, *, conn: AsyncConnection | None = None, run_id: UUID | None = None
+    ) -> Run:
+        rows = await self._rows(
+            "enqueue",
+            {
+                "id": run_id or uuid.uuid4(),
+                "tenant_id": new.tenant_id,
+                "principal": new.principal,
+                "session_id": new.session_id,
+                "priority": new.priority,
+                "agent": new.agent,
+                "input": dump_json(new.input),
+                "max_attempts": new.max_attempts or self.config.max_attempts,
+                "scheduled_for": new.scheduled_for,
+                "resubmitted_from": new.resubmitted_from,
+            },
+            conn,
+        )
+        return Run.from_row(rows[0])
+
+    async def enqueue_many(
+        self,
+        *,
+        tenant_id: str,
+        principal: str,
+        runs: Sequence[tuple[str, JSON, int, datetime | None]],
+        max_attempts: int | None = None,
+        conn: AsyncConnection | None = None,
+    ) -> list[UUID]:
+        """Sessionless runs in bulk: each item is (agent, input, priority, scheduled_for)."""
+        ids = [uuid.uuid4() for _ in runs]
+        await self._rows(
+            "enqueue_many",
+            {
+                "ids": ids,
+                "priorities": [priority for _, _, priority, _ in runs],
+                "agents": [agent for agent, _, _, _ in runs],
+                "inputs": [dump_json(value) for _, value, _, _ in runs],
+                "scheduled": [when for _, _, _, when in runs],
+                "tenant_id": tenant_id,
+                "principal": principal,
+                "max_attempts": max_attempts or self.config.max_attempts,
+            },
+            conn,
+        )
+        return ids
+
+    # --- claim --------------------------------------------------------------------------------
+    async def claim(
+        self,
+        owner: str,
+        classes: Sequence[PriorityClass],
+        *,
+        limit: int = 1,
+        lease_seconds: float | None = None,
+    ) -> list[ClaimedRun]:
+        """Claim up to `limit` runs of `classes`, by priority then eligibility time."""
+        if limit < 1:
+            return []
+        params: dict[str, Any] = {
+            "owner": owner,
+            "priorities": priorities_of(classes),
+            "lease_seconds": lease_seconds or self.config.lease_seconds,
+        }
+        if limit == 1:
+            rows = await self._rows("claim_one", params)
+        else:
+            rows = await self._rows("claim_many", {**params, "limit": limit})
+        return [
+            ClaimedRun(
+                run=Run.from_row(row),
+                lease=Lease(run_id=row["id"], epoch=int(row["lease_epoch"]), owner=owner),
+            )
+            for row in rows
+        ]
+
+    # --- fenced writes ------------------------------------------------------------------------
+    async def heartbeat(self, lease: Lease, *, lease_seconds: float | None = None) -> bool:
+        """Extend the lease. False means fenced: the run is someone else's now (decision 4)."""
+        rows = await self._rows(
+            "heartbeat",
+            {
+                "run_id": lease.run_id,
+                "epoch": lease.epoch,
+                "lease_seconds": lease_seconds or self.config.lease_seconds,
+            },
+        )
+        return bool(rows)
+
+    async def heartbeat_many(
+        self, leases: Sequence[Lease], *, lease_seconds: float | None = None
+    ) -> set[UUID]:
+        """Extend many leases in one statement; returns the run ids still held."""
+        if not leases:
+            return set()
+        rows = await self._rows(
+            "heartbeat_many",
+            {
+                "run_ids": [lease.run_id for lease in leases],
+                "epochs": [lease.epoch for lease in leases],
+                "lease_seconds": lease_seconds or self.config.lease_seconds,
+            },
+        )
+        return {row["id"] for row in rows}
+
+    async def append_event(self, lease: Lease, type_: str, data: JSON) -> WriteOutcome:
+        return await self._fenced(
+            "append_event", lease, {"type": type_, "data": dump_json(data)}
+        )
+
+    async def tool_started(self, lease: Lease, call: ToolCall) -> WriteOutcome:
+        return await self._fenced(
+            "tool_started",
+            lease,
+            {
+                "step": call.step,
+                "tool": call.tool,
+                "idempotency_class": call.idempotency_class,
+                "idempotency_key": call.idempotency_key,
+                "args": dump_json(call.args),
+            },
+        )
+
+    async def tool_finished(
+        self, lease: Lease, call: ToolCall, outcome_status: str, outcome: JSON, state: JSON
+    ) -> WriteOutcome:
+        """Record a tool's outcome and the checkpoint after it, in one fenced statement."""
+        return await self._fenced(
+            "tool_finished",
+            lease,
+            {
+                "step": call.step,
+                "tool": call.tool,
+                "idempotency_class": call.idempotency_class,
+                "idempotency_key": call.idempotency_key,
+                "outcome_status": outcome_status,
+                "outcome": dump_json(outcome),
+                "state": dump_json(state),
+            },
+        )
+
+    async def save_checkpoint(self, lease: Lease, step: int, state: JSON) -> WriteOutcome:
+        return await self._fenced(
+            "save_checkpoint", lease, {"step": step, "state": dump_json(state)}
+        )
+
+    async def wait_for_user(
+        self, lease: Lease, question: JSON, *, step: int, state: JSON
+    ) -> WriteOutcome:
+        return await self._fenced(
+            "wait_for_user",
+            lease,
+            {"question": dump_json(question), "step": step, "state": dump_json(state)},
+        )
+
+    async def complete(self, lease: Lease, result: JSON) -> WriteOutcome:
+        return await self._fenced("complete", lease, {"result": dump_json(result)})
+
+    async def fail(self, lease: Lease, failure: JSON) -> WriteOutcome:
+        """Fail permanently: never requeued, whatever attempts remain."""
+        return await self._fenced("fail", lease, {"failure": dump_json(failure)})
+
+    async def release(self, lease: Lease, *, graceful: bool, reason: str = "") -> WriteOutcome:
+        """Give the run back. Graceful (drain): requeued at once, attempt given back. Early
+        (transient retries ran out): backoff, counted like a lost lease, failed on the last."""
+        if graceful:
+            return await self._fenced("release_graceful", lease, {"reason": reason})
+        return await self._fenced(
+            "release_early",
+            lease,
+            {
+                "reason": reason,
+                "backoff_base": self.config.backoff_base_seconds,
+                "backoff_max": self.config.backoff_max_seconds,
+            },
+        )
+
+    async def record_fenced(self, lease: Lease, *, during: str) -> int | None:
+        """Write `run.fenced` with the stale epoch: the one write exempt from the fence."""
+        rows = await self._rows(
+            "record_fenced",
+            {"run_id": lease.run_id, "epoch": lease.epoch, "owner": lease.owner, "during": during},
+        )
+        return int(rows[0]["seq"]) if rows else None
+
+    # --- maintenance and operator transitions -------------------------------------------------
+    async def sweep(self, *, limit: int = 500) -> SweepReport:
+        """Requeue (with backoff) or dead-letter every run whose lease has expired."""
+        requeued = failed = 0
+        while True:
+            rows = await self._rows(
+                "sweep_expired",
+                {
+                    "limit": limit,
+                    "backoff_base": self.config.backoff_base_seconds,
+                    "backoff_max": self.config.backoff_max_seconds,
+                },
+            )
+            batch_requeued, batch_failed = int(rows[0]["requeued"]), int(rows[0]["failed"])
+            requeued += batch_requeued
+            failed += batch_failed
+            if batch_requeued + batch_failed < limit:
+                return SweepReport(requeued=requeued, failed=failed)
+
+    async def deliver_input(
+        self,
+        run_id: UUID,
+        value: JSON,
+        *,
+        principal: str,
+        conn: AsyncConnection | None = None,
+    ) -> Run:
+        """Store the user's answer as the run's next input and requeue the same run."""
+        rows = await self._rows(
+            "deliver_input",
+            {"run_id": run_id, "input": dump_json(value), "principal": principal},
+            conn,
+        )
+        if rows:
+            return Run.from_row(rows[0])
+        current = await self.get_run(run_id, conn=conn)
+        if current is None:
+            raise RunNotFoundError(run_id)
+        raise RunNotWaitingError(run_id, current.status)
+
+    async def cancel(
+        self,
+        run_id: UUID,
+        *,
+        actor: str,
+        reason: str = "",
+        tenant_id: str | None = None,
+        conn: AsyncConnection | None = None,
+    ) -> CancelOutcome:
+        """Cancel from any non-terminal status; a no-op on a cancelled run; refused on a
+        succeeded or failed one (RunFinishedError)."""
+        rows = await self._rows(
+            "cancel",
+            {"run_id": run_id, "actor": actor, "reason": reason, "tenant_id": tenant_id},
+            conn,
+        )
+        if rows:
+            return CancelOutcome(run=Run.from_row(rows[0]), changed=True)
+        current = await self.get_run(run_id, tenant_id=tenant_id, conn=conn)
+        if current is None:
+            raise RunNotFoundError(run_id)
+        if current.status == "cancelled":
+            return CancelOutcome(run=current, changed=False)
+        # Terminal statuses are final, so reading after the failed update cannot race.
+        raise RunFinishedError(run_id, current.status)
+
+    # --- reads --------------------------------------------------------------------------------
+    async def get_run(
+        self, run_id: UUID, *, tenant_id: str | None = None, conn: AsyncConnection | None = None
+    ) -> Run | None:
+        rows = await self._rows("get_run", {"run_id": run_id, "tenant_id": tenant_id}, conn)
+        return Run.from_row(rows[0]) if rows else None
+
+    async def events(self, run_id: UUID, *, after: int = 0, limit: int = 1000) -> list[Event]:
+        rows = await self._rows("run_events", {"run_id": run_id, "after": after, "limit": limit})
+        return [Event(**dict(row)) for row in rows]
+
+    async def latest_checkpoint(self, run_id: UUID) -> Checkpoint | None:
+        rows = await self._rows("latest_checkpoint", {"run_id": run_id})
+        return Checkpoint(**dict(rows[0])) if rows else None
+
+    async def journal(self, run_id: UUID) -> list[JournalEntry]:
+        rows = await self._rows("tool_journal", {"run_id": run_id})
+        return [JournalEntry(**dict(row)) for row in rows]
+
+    async def inputs(self, run_id: UUID) -> list[JSON]:
+        rows = await self._rows("run_inputs", {"run_id": run_id})
+        return [row["input"] for row in rows]

@@ -1,0 +1,170 @@
+"""Values the queue core hands out: runs, leases, and the outcomes of fenced writes.
+
+A fenced write returns `Written` or `Fenced`. `Fenced` is an ordinary value, not an exception
+(ADR-0004 decision 4): losing a lease is an expected outcome, and the caller must branch on it
+where continuing would be wrong. The only thing to do with it is stop, and record `run.fenced`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import RowMapping
+
+from app.queue.classes import PriorityClass
+
+JSON = Any
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A worker's hold on a run: the fencing token every later write asserts."""
+
+    run_id: UUID
+    epoch: int
+    owner: str
+
+
+@dataclass(frozen=True)
+class Written:
+    """The fenced write committed; `seq` is the sequence number of the event it wrote."""
+
+    seq: int
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """The fence held no row: the run was reclaimed, cancelled or finished. Stop."""
+
+    lease: Lease
+
+
+WriteOutcome = Written | Fenced
+
+
+@dataclass(frozen=True)
+class Run:
+    """A snapshot of one run row."""
+
+    id: UUID
+    tenant_id: str
+    principal: str
+    session_id: UUID | None
+    status: str
+    priority: int
+    agent: str
+    input: JSON
+    question: JSON
+    result: JSON
+    failure: JSON
+    attempts: int
+    max_attempts: int
+    scheduled_for: datetime | None
+    lease_epoch: int
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    last_event_seq: int
+    inputs_count: int
+    resubmitted_from: UUID | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    dismissed_at: datetime | None
+
+    @property
+    def priority_class(self) -> PriorityClass:
+        return PriorityClass.of(self.priority)
+
+    @property
+    def eligible_at(self) -> datetime:
+        return self.scheduled_for or self.created_at
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> Run:
+        return cls(**{name: row[name] for name in _RUN_FIELDS})
+
+
+_RUN_FIELDS = [f for f in Run.__dataclass_fields__]
+
+
+@dataclass(frozen=True)
+class ClaimedRun:
+    """A run just claimed, with the lease its holder must present on every write."""
+
+    run: Run
+    lease: Lease
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """What enqueue needs to create a run."""
+
+    tenant_id: str
+    principal: str
+    agent: str
+    input: JSON
+    priority: int = PriorityClass.INTERACTIVE.base
+    session_id: UUID | None = None
+    scheduled_for: datetime | None = None
+    max_attempts: int | None = None
+    resubmitted_from: UUID | None = None
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    requeued: int = 0
+    failed: int = 0
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    """`changed` is False when the run was already cancelled (a no-op)."""
+
+    run: Run
+    changed: bool
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    type: str
+    epoch: int
+    data: JSON
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    event_seq: int
+    epoch: int
+    step: int
+    state: JSON
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    event_seq: int
+    epoch: int
+    step: int
+    entry: str
+    tool: str
+    idempotency_class: str
+    idempotency_key: str | None
+    args: JSON
+    outcome_status: str | None
+    outcome: JSON
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """What `tool_started` records before a tool runs."""
+
+    step: int
+    tool: str
+    idempotency_class: str
+    idempotency_key: str | None = None
+    args: JSON = field(default=None)

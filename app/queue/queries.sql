@@ -1,0 +1,638 @@
+-- Turnstile's queue statements: every statement that changes a run's state, in one place.
+--
+-- Conventions, checked by tests/test_queue_sql.py:
+-- * `-- name: x` starts statement x; `-- fenced` marks a worker write made under a lease. A
+--   fenced statement begins by taking the run row with
+--       WHERE id = :run_id AND lease_epoch = :epoch AND status = 'running'
+--   in an UPDATE ... RETURNING, and everything else it writes (events, checkpoints, journal
+--   rows) selects FROM that CTE, so nothing commits once the run was reclaimed, cancelled or
+--   finished: a zero-row result means "fenced: stop, never retry".
+-- * {{now}} is the clock: the database's now(), or the :now a test injects. No statement reads
+--   a worker's clock.
+-- * Events get the next per-run sequence number by bumping runs.last_event_seq in the same
+--   statement that takes the row, so sequences have no gaps and follow the row lock's order.
+--   An event records the lease epoch of the run when it was written (a worker's own epoch for
+--   fenced writes), so epochs never decrease in sequence order; run.fenced is the exception, it
+--   records the stale epoch of the worker that lost the run.
+-- * NOTIFY serializes commits, so a statement notifies at most once (one pg_notify in its final
+--   SELECT, aggregated over rows), and only on enqueue, requeue, delivery, waiting and terminal
+--   transitions; never on claims or heartbeats. Payload: {"work": [priorities], "runs": {id:
+--   status}} on channel turnstile.
+
+
+-- name: enqueue
+-- A new queued run, its run.created event and its first input, in one statement.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    INSERT INTO runs (id, tenant_id, principal, session_id, status, priority, agent, input,
+                      max_attempts, scheduled_for, last_event_seq, inputs_count,
+                      resubmitted_from, created_at, updated_at)
+    SELECT :id, :tenant_id, :principal, :session_id, 'queued', :priority, :agent,
+           CAST(:input AS jsonb), :max_attempts, :scheduled_for, 1, 1,
+           :resubmitted_from, clock.now, clock.now
+    FROM clock
+    RETURNING *
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT id, 1, 'run.created', 0,
+           jsonb_build_object('priority', priority, 'agent', agent, 'principal', principal,
+                              'scheduled_for', scheduled_for,
+                              'resubmitted_from', resubmitted_from),
+           created_at
+    FROM run
+),
+first_input AS (
+    INSERT INTO run_inputs (run_id, idx, input, principal, event_seq, created_at)
+    SELECT id, 1, input, principal, 1, created_at FROM run
+)
+SELECT run.*,
+       pg_notify('turnstile', jsonb_build_object('work', jsonb_build_array(priority))::text)
+FROM run;
+
+
+-- name: enqueue_many
+-- Bulk enqueue of sessionless runs (back-end batches, benchmarks): one statement, one NOTIFY.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+spec AS (
+    SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:priorities AS smallint[]),
+                         CAST(:agents AS text[]), CAST(:inputs AS jsonb[]),
+                         CAST(:scheduled AS timestamptz[]))
+        AS s(id, priority, agent, input, scheduled_for)
+),
+run AS (
+    INSERT INTO runs (id, tenant_id, principal, status, priority, agent, input, max_attempts,
+                      scheduled_for, last_event_seq, inputs_count, created_at, updated_at)
+    SELECT spec.id, :tenant_id, :principal, 'queued', spec.priority, spec.agent, spec.input,
+           :max_attempts, spec.scheduled_for, 1, 1, clock.now, clock.now
+    FROM spec, clock
+    RETURNING id, priority, agent, input, principal, scheduled_for, created_at
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT id, 1, 'run.created', 0,
+           jsonb_build_object('priority', priority, 'agent', agent, 'principal', principal,
+                              'scheduled_for', scheduled_for),
+           created_at
+    FROM run
+),
+first_input AS (
+    INSERT INTO run_inputs (run_id, idx, input, principal, event_seq, created_at)
+    SELECT id, 1, input, principal, 1, created_at FROM run
+)
+SELECT count(*) AS enqueued,
+       pg_notify('turnstile', jsonb_build_object(
+           'work', (SELECT jsonb_agg(DISTINCT priority) FROM run))::text) AS notified
+FROM run;
+
+
+-- name: claim_one
+-- ADR-0004 decision 1: the highest-priority, longest-eligible queued run of the given
+-- priorities. The candidate is chosen in a scalar subquery with FOR UPDATE SKIP LOCKED, so
+-- claimers contending for the head of the queue skip each other's candidates instead of
+-- queueing on one row lock. `priority = ANY(:priorities)` on the index's leading column gives
+-- one bounded index range per priority, in priority order (no Sort, no walk over backed-off
+-- runs), and lets a slot eligible for non-adjacent classes claim in one statement.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+claimed AS (
+    UPDATE runs r
+    SET status = 'running',
+        lease_epoch = r.lease_epoch + 1,        -- the fencing token of this claim
+        attempts = r.attempts + 1,
+        lease_owner = :owner,
+        lease_expires_at = clock.now + make_interval(secs => :lease_seconds),
+        last_event_seq = r.last_event_seq + 1,
+        started_at = coalesce(r.started_at, clock.now),
+        updated_at = clock.now
+    FROM clock
+    WHERE r.id = (
+        SELECT q.id FROM runs q
+        WHERE q.status = 'queued'
+          AND q.priority = ANY(CAST(:priorities AS smallint[]))
+          AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
+        ORDER BY q.priority, coalesce(q.scheduled_for, q.created_at)
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING r.*
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT claimed.id, claimed.last_event_seq, 'run.claimed', claimed.lease_epoch,
+           jsonb_build_object('attempt', claimed.attempts, 'owner', claimed.lease_owner,
+                              'lease_expires_at', claimed.lease_expires_at),
+           clock.now
+    FROM claimed, clock
+)
+SELECT * FROM claimed;
+
+
+-- name: claim_many
+-- The batch form: up to :limit runs in one statement, each with its own new epoch. The ids are
+-- collected with id = ANY(ARRAY(...)) rather than IN (SELECT ... LIMIT), which the planner may
+-- re-run and so lock and claim more rows than the limit.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+claimed AS (
+    UPDATE runs r
+    SET status = 'running',
+        lease_epoch = r.lease_epoch + 1,
+        attempts = r.attempts + 1,
+        lease_owner = :owner,
+        lease_expires_at = clock.now + make_interval(secs => :lease_seconds),
+        last_event_seq = r.last_event_seq + 1,
+        started_at = coalesce(r.started_at, clock.now),
+        updated_at = clock.now
+    FROM clock
+    WHERE r.id = ANY(ARRAY(
+        SELECT q.id FROM runs q
+        WHERE q.status = 'queued'
+          AND q.priority = ANY(CAST(:priorities AS smallint[]))
+          AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
+        ORDER BY q.priority, coalesce(q.scheduled_for, q.created_at)
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING r.*
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT claimed.id, claimed.last_event_seq, 'run.claimed', claimed.lease_epoch,
+           jsonb_build_object('attempt', claimed.attempts, 'owner', claimed.lease_owner,
+                              'lease_expires_at', claimed.lease_expires_at),
+           clock.now
+    FROM claimed, clock
+)
+SELECT * FROM claimed ORDER BY priority, coalesce(scheduled_for, created_at);
+
+
+-- name: heartbeat
+-- fenced
+-- Extends the lease. No event and no NOTIFY: heartbeats are the most frequent write.
+UPDATE runs
+SET lease_expires_at = {{now}} + make_interval(secs => :lease_seconds)
+WHERE id = :run_id AND lease_epoch = :epoch AND status = 'running'
+RETURNING lease_expires_at;
+
+
+-- name: heartbeat_many
+-- fenced
+-- One statement per worker process per beat, whatever its number of runs; each run is fenced
+-- on its own (run id, epoch) pair, and the ids not returned have been lost.
+UPDATE runs r
+SET lease_expires_at = {{now}} + make_interval(secs => :lease_seconds)
+FROM unnest(CAST(:run_ids AS uuid[]), CAST(:epochs AS bigint[])) AS held(run_id, epoch)
+WHERE r.id = held.run_id AND r.lease_epoch = held.epoch AND r.status = 'running'
+RETURNING r.id, r.lease_expires_at;
+
+
+-- name: append_event
+-- fenced
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs
+    SET last_event_seq = last_event_seq + 1
+    WHERE id = :run_id AND lease_epoch = :epoch AND status = 'running'
+    RETURNING id, last_event_seq, lease_epoch
+)
+INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+SELECT run.id, run.last_event_seq, :type, run.lease_epoch, CAST(:data AS jsonb), clock.now
+FROM run, clock
+RETURNING seq;
+
+
+-- name: tool_started
+-- fenced
+-- Journal first, tool second: recovery trusts a 'started' entry without a 'finished' one to
+-- mean "may have run", and the tool's idempotency class decides what happens next.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs
+    SET last_event_seq = last_event_seq + 1
+    WHERE id = :run_id AND lease_epoch = :epoch AND status = 'running'
+    RETURNING id, last_event_seq, lease_epoch
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq, 'tool.started', run.lease_epoch,
+           jsonb_build_object('step', CAST(:step AS integer), 'tool', CAST(:tool AS text),
+                              'idempotency_class', CAST(:idempotency_class AS text),
+                              'idempotency_key', CAST(:idempotency_key AS text),
+                              'args', CAST(:args AS jsonb)),
+           clock.now
+    FROM run, clock
+)
+INSERT INTO tool_journal (run_id, event_seq, epoch, step, entry, tool, idempotency_class,
+                          idempotency_key, args, created_at)
+SELECT run.id, run.last_event_seq, run.lease_epoch, :step, 'started', :tool,
+       :idempotency_class, :idempotency_key, CAST(:args AS jsonb), clock.now
+FROM run, clock
+RETURNING event_seq AS seq;
+
+
+-- name: tool_finished
+-- fenced
+-- The outcome, its event and the checkpoint at this tool-invocation boundary commit together:
+-- a recovered run either sees all three or none.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs
+    SET last_event_seq = last_event_seq + 1
+    WHERE id = :run_id AND lease_epoch = :epoch AND status = 'running'
+    RETURNING id, last_event_seq, lease_epoch
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq, 'tool.finished', run.lease_epoch,
+           jsonb_build_object('step', CAST(:step AS integer), 'tool', CAST(:tool AS text),
+                              'idempotency_class', CAST(:idempotency_class AS text),
+                              'outcome_status', CAST(:outcome_status AS text),
+                              'outcome', CAST(:outcome AS jsonb)),
+           clock.now
+    FROM run, clock
+),
+journal AS (
+    INSERT INTO tool_journal (run_id, event_seq, epoch, step, entry, tool, idempotency_class,
+                              idempotency_key, outcome_status, outcome, created_at)
+    SELECT run.id, run.last_event_seq, run.lease_epoch, :step, 'finished', :tool,
+           :idempotency_class, :idempotency_key, :outcome_status, CAST(:outcome AS jsonb),
+           clock.now
+    FROM run, clock
+)
+INSERT INTO checkpoints (run_id, event_seq, epoch, step, state, created_at)
+SELECT run.id, run.last_event_seq, run.lease_epoch, :step, CAST(:state AS jsonb), clock.now
+FROM run, clock
+RETURNING event_seq AS seq;
+
+
+-- name: save_checkpoint
+-- fenced
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs
+    SET last_event_seq = last_event_seq + 1
+    WHERE id = :run_id AND lease_epoch = :epoch AND status = 'running'
+    RETURNING id, last_event_seq, lease_epoch
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq, 'run.checkpoint', run.lease_epoch,
+           jsonb_build_object('step', CAST(:step AS integer)), clock.now
+    FROM run, clock
+)
+INSERT INTO checkpoints (run_id, event_seq, epoch, step, state, created_at)
+SELECT run.id, run.last_event_seq, run.lease_epoch, :step, CAST(:state AS jsonb), clock.now
+FROM run, clock
+RETURNING event_seq AS seq;
+
+
+-- name: wait_for_user
+-- fenced
+-- A question is not a failure: the lease is given up, attempts restart from 0, and the run keeps
+-- its session's one active slot while it waits (the answer resumes this same run).
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs r
+    SET status = 'waiting_for_user',
+        question = CAST(:question AS jsonb),
+        attempts = 0,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        last_event_seq = r.last_event_seq + 1,
+        updated_at = clock.now
+    FROM clock
+    WHERE r.id = :run_id AND r.lease_epoch = :epoch AND r.status = 'running'
+    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.question
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq, 'run.waiting', run.lease_epoch,
+           jsonb_build_object('question', run.question, 'step', CAST(:step AS integer)), clock.now
+    FROM run, clock
+),
+checkpoint AS (
+    INSERT INTO checkpoints (run_id, event_seq, epoch, step, state, created_at)
+    SELECT run.id, run.last_event_seq, run.lease_epoch, :step, CAST(:state AS jsonb), clock.now
+    FROM run, clock
+)
+SELECT run.last_event_seq AS seq,
+       pg_notify('turnstile', jsonb_build_object(
+           'runs', jsonb_build_object(run.id, 'waiting_for_user'))::text)
+FROM run;
+
+
+-- name: complete
+-- fenced
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs r
+    SET status = 'succeeded',
+        result = CAST(:result AS jsonb),
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        finished_at = clock.now,
+        last_event_seq = r.last_event_seq + 1,
+        updated_at = clock.now
+    FROM clock
+    WHERE r.id = :run_id AND r.lease_epoch = :epoch AND r.status = 'running'
+    RETURNING r.id, r.last_event_seq, r.lease_epoch
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq, 'run.succeeded', run.lease_epoch,
+           jsonb_build_object('result', CAST(:result AS jsonb)), clock.now
+    FROM run, clock
+)
+SELECT run.last_event_seq AS seq,
+       pg_notify('turnstile', jsonb_build_object(
+           'runs', jsonb_build_object(run.id, 'succeeded'))::text)
+FROM run;
+
+
+-- name: fail
+-- fenced
+-- A permanent failure (ADR-0004 decision 5): failed at once, never requeued, whatever the
+-- attempts left. runs.failure is the dead letter.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs r
+    SET status = 'failed',
+        failure = CAST(:failure AS jsonb),
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        finished_at = clock.now,
+        last_event_seq = r.last_event_seq + 1,
+        updated_at = clock.now
+    FROM clock
+    WHERE r.id = :run_id AND r.lease_epoch = :epoch AND r.status = 'running'
+    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.failure
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq, 'run.failed', run.lease_epoch,
+           jsonb_build_object('failure', run.failure), clock.now
+    FROM run, clock
+)
+SELECT run.last_event_seq AS seq,
+       pg_notify('turnstile', jsonb_build_object(
+           'runs', jsonb_build_object(run.id, 'failed'))::text)
+FROM run;
+
+
+-- name: release_graceful
+-- fenced
+-- A draining worker hands the run back: requeued at once, and the claim is given back
+-- (attempts - 1), since the run did nothing wrong.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs r
+    SET status = 'queued',
+        attempts = greatest(r.attempts - 1, 0),
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        last_event_seq = r.last_event_seq + 1,
+        updated_at = clock.now
+    FROM clock
+    WHERE r.id = :run_id AND r.lease_epoch = :epoch AND r.status = 'running'
+    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.priority, r.attempts
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq, 'run.released', run.lease_epoch,
+           jsonb_build_object('graceful', true, 'attempts', run.attempts,
+                              'reason', CAST(:reason AS text)), clock.now
+    FROM run, clock
+)
+SELECT run.last_event_seq AS seq,
+       pg_notify('turnstile', jsonb_build_object('work', jsonb_build_array(run.priority))::text)
+FROM run;
+
+
+-- name: release_early
+-- fenced
+-- Transient retries inside the run ran out: counted like a lost lease. Requeued with backoff,
+-- or failed when this was the last attempt. Only this statement and the sweeper compare
+-- attempts with max_attempts.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs r
+    SET status = CASE WHEN r.attempts >= r.max_attempts THEN 'failed' ELSE 'queued' END,
+        failure = CASE WHEN r.attempts >= r.max_attempts THEN jsonb_build_object(
+                      'kind', 'attempts_exhausted',
+                      'message', format('transient errors on attempt %s of %s: %s',
+                                        r.attempts, r.max_attempts, CAST(:reason AS text)),
+                      'attempts', r.attempts) END,
+        finished_at = CASE WHEN r.attempts >= r.max_attempts THEN clock.now END,
+        scheduled_for = CASE WHEN r.attempts >= r.max_attempts THEN r.scheduled_for
+                             ELSE clock.now + make_interval(secs => least(
+                                 :backoff_max, :backoff_base * power(2, r.attempts - 1)))
+                        END,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        last_event_seq = r.last_event_seq + 1,
+        updated_at = clock.now
+    FROM clock
+    WHERE r.id = :run_id AND r.lease_epoch = :epoch AND r.status = 'running'
+    RETURNING r.id, r.status, r.last_event_seq, r.lease_epoch, r.priority, r.attempts,
+              r.scheduled_for, r.failure
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq,
+           CASE run.status WHEN 'failed' THEN 'run.failed' ELSE 'run.released' END,
+           run.lease_epoch,
+           CASE run.status
+               WHEN 'failed' THEN jsonb_build_object('failure', run.failure)
+               ELSE jsonb_build_object('graceful', false, 'attempts', run.attempts,
+                                       'retry_at', run.scheduled_for, 'reason', CAST(:reason AS text))
+           END,
+           clock.now
+    FROM run, clock
+)
+SELECT run.last_event_seq AS seq, run.status,
+       pg_notify('turnstile', CASE run.status
+           WHEN 'failed' THEN jsonb_build_object('runs', jsonb_build_object(run.id, 'failed'))
+           ELSE jsonb_build_object('work', jsonb_build_array(run.priority)) END::text)
+FROM run;
+
+
+-- name: record_fenced
+-- The one write a fenced worker still makes (exempt from the fence by definition): an event
+-- carrying its stale epoch, so a lost lease is visible in the run's log. It changes nothing in
+-- the run but the event counter.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs
+    SET last_event_seq = last_event_seq + 1
+    WHERE id = :run_id
+    RETURNING id, last_event_seq, lease_epoch, status
+)
+INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+SELECT run.id, run.last_event_seq, 'run.fenced', :epoch,
+       jsonb_build_object('stale_epoch', CAST(:epoch AS bigint), 'current_epoch', run.lease_epoch,
+                          'status', run.status, 'owner', CAST(:owner AS text),
+                          'during', CAST(:during AS text)),
+       clock.now
+FROM run, clock
+RETURNING seq;
+
+
+-- name: sweep_expired
+-- The sweeper: running runs whose lease deadline passed are requeued with exponential backoff
+-- in scheduled_for, or failed once attempts reached max_attempts (the dead letter). The epoch
+-- is not bumped here: the status change alone fences the old holder (its fence requires
+-- 'running'), and the next claim bumps the epoch. SKIP LOCKED lets two sweepers, or a sweeper
+-- and a worker writing its last heartbeat, pass each other.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+expired AS (
+    SELECT id FROM runs
+    WHERE status = 'running' AND lease_expires_at < {{now}}
+    ORDER BY lease_expires_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+),
+swept AS (
+    UPDATE runs r
+    SET status = CASE WHEN r.attempts >= r.max_attempts THEN 'failed' ELSE 'queued' END,
+        failure = CASE WHEN r.attempts >= r.max_attempts THEN jsonb_build_object(
+                      'kind', 'lease_expired',
+                      'message', format('lease expired on attempt %s of %s (last owner %s)',
+                                        r.attempts, r.max_attempts, r.lease_owner),
+                      'attempts', r.attempts) END,
+        finished_at = CASE WHEN r.attempts >= r.max_attempts THEN clock.now END,
+        scheduled_for = CASE WHEN r.attempts >= r.max_attempts THEN r.scheduled_for
+                             ELSE clock.now + make_interval(secs => least(
+                                 :backoff_max, :backoff_base * power(2, r.attempts - 1)))
+                        END,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        last_event_seq = r.last_event_seq + 1,
+        updated_at = clock.now
+    FROM expired, clock
+    WHERE r.id = expired.id
+    RETURNING r.id, r.status, r.last_event_seq, r.lease_epoch, r.priority, r.attempts,
+              r.scheduled_for, r.failure
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT swept.id, swept.last_event_seq,
+           CASE swept.status WHEN 'failed' THEN 'run.failed' ELSE 'run.requeued' END,
+           swept.lease_epoch,
+           CASE swept.status
+               WHEN 'failed' THEN jsonb_build_object('failure', swept.failure)
+               ELSE jsonb_build_object('reason', 'lease_expired', 'attempts', swept.attempts,
+                                       'retry_at', swept.scheduled_for)
+           END,
+           clock.now
+    FROM swept, clock
+)
+SELECT count(*) FILTER (WHERE status = 'queued') AS requeued,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       CASE WHEN count(*) > 0 THEN pg_notify('turnstile', jsonb_build_object(
+           'work', coalesce(jsonb_agg(DISTINCT priority) FILTER (WHERE status = 'queued'),
+                            '[]'::jsonb),
+           'runs', coalesce(jsonb_object_agg(id, status) FILTER (WHERE status = 'failed'),
+                            '{}'::jsonb))::text) END AS notified
+FROM swept;
+
+
+-- name: deliver_input
+-- Input delivery to a run waiting for the user (not a worker write: guarded by the waiting
+-- status instead of an epoch). The same run goes back to the queue, priority unchanged; the
+-- answer is stored as the run's next input.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs r
+    SET status = 'queued',
+        question = NULL,
+        inputs_count = r.inputs_count + 1,
+        last_event_seq = r.last_event_seq + 1,
+        updated_at = clock.now
+    FROM clock
+    WHERE r.id = :run_id AND r.status = 'waiting_for_user'
+    RETURNING r.*
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq, 'run.input_delivered', run.lease_epoch,
+           jsonb_build_object('input_index', run.inputs_count, 'principal', CAST(:principal AS text)),
+           clock.now
+    FROM run, clock
+),
+answer AS (
+    INSERT INTO run_inputs (run_id, idx, input, principal, event_seq, created_at)
+    SELECT run.id, run.inputs_count, CAST(:input AS jsonb), :principal, run.last_event_seq,
+           clock.now
+    FROM run, clock
+)
+SELECT run.*,
+       pg_notify('turnstile', jsonb_build_object(
+           'work', jsonb_build_array(run.priority),
+           'runs', jsonb_build_object(run.id, 'queued'))::text)
+FROM run;
+
+
+-- name: cancel
+-- Cancellation from any non-terminal status, in one statement: cancelled, lease cleared, epoch
+-- bumped (so a worker executing the run is fenced at its next write or heartbeat) and
+-- run.cancelled written. Zero rows: the run is missing, not visible to :tenant_id, or already
+-- finished; the caller reads which.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs r
+    SET status = 'cancelled',
+        lease_epoch = r.lease_epoch + 1,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        question = NULL,
+        finished_at = clock.now,
+        last_event_seq = r.last_event_seq + 1,
+        updated_at = clock.now
+    FROM clock
+    WHERE r.id = :run_id
+      AND (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = :tenant_id)
+      AND r.status IN ('queued', 'running', 'waiting_for_user')
+    RETURNING r.*
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq, 'run.cancelled', run.lease_epoch,
+           jsonb_build_object('by', CAST(:actor AS text), 'reason', CAST(:reason AS text)), clock.now
+    FROM run, clock
+)
+SELECT run.*,
+       pg_notify('turnstile', jsonb_build_object(
+           'runs', jsonb_build_object(run.id, 'cancelled'))::text)
+FROM run;
+
+
+-- name: get_run
+SELECT * FROM runs
+WHERE id = :run_id AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id);
+
+
+-- name: latest_checkpoint
+SELECT event_seq, epoch, step, state FROM checkpoints
+WHERE run_id = :run_id
+ORDER BY event_seq DESC
+LIMIT 1;
+
+
+-- name: run_inputs
+SELECT idx, input, principal, event_seq, created_at FROM run_inputs
+WHERE run_id = :run_id
+ORDER BY idx;
+
+
+-- name: tool_journal
+SELECT event_seq, epoch, step, entry, tool, idempotency_class, idempotency_key, args,
+       outcome_status, outcome
+FROM tool_journal
+WHERE run_id = :run_id
+ORDER BY event_seq;
+
+
+-- name: run_events
+SELECT seq, type, epoch, data, created_at FROM run_events
+WHERE run_id = :run_id AND seq > :after
+ORDER BY seq
+LIMIT :limit;
