@@ -33,6 +33,8 @@ from app.db.embedded import (
 )
 from app.db.engine import create_engine
 from app.db.migrate import upgrade
+from app.queue.core import Queue, QueueConfig
+from tests.support.clock import ManualClock
 from tests.support.databases import (
     admin_execute,
     clone_database,
@@ -117,3 +119,16 @@ def throwaway_cluster() -> Iterator[LocalCluster]:
     finally:
         cluster.stop("immediate")
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def queue(engine: AsyncEngine, clock: ManualClock) -> Queue:
+    config = QueueConfig(
+        lease_seconds=30, max_attempts=3, backoff_base_seconds=5, backoff_max_seconds=300
+    )
+    return Queue(engine, config, clock=clock)

@@ -175,13 +175,14 @@ class Queue:
             rows = await self._rows("claim_one", params)
         else:
             rows = await self._rows("claim_many", {**params, "limit": limit})
-        return [
+        claimed = [
             ClaimedRun(
                 run=Run.from_row(row),
                 lease=Lease(run_id=row["id"], epoch=int(row["lease_epoch"]), owner=owner),
             )
             for row in rows
         ]
+        return sorted(claimed, key=lambda c: (c.run.priority, c.run.eligible_at))
 
     # --- fenced writes ------------------------------------------------------------------------
     async def heartbeat(self, lease: Lease, *, lease_seconds: float | None = None) -> bool:
@@ -213,9 +214,7 @@ class Queue:
         return {row["id"] for row in rows}
 
     async def append_event(self, lease: Lease, type_: str, data: JSON) -> WriteOutcome:
-        return await self._fenced(
-            "append_event", lease, {"type": type_, "data": dump_json(data)}
-        )
+        return await self._fenced("append_event", lease, {"type": type_, "data": dump_json(data)})
 
     async def tool_started(self, lease: Lease, call: ToolCall) -> WriteOutcome:
         return await self._fenced(

@@ -1,0 +1,103 @@
+"""Checks of a run's log that must hold whatever happened to it: the ADR's race gate in code.
+
+- Event sequence numbers are 1..last_event_seq with no gap.
+- In sequence order, the epochs of events never go backwards, `run.fenced` aside (it carries
+  the stale epoch of the worker that lost the run).
+- Every checkpoint and journal row points at an event of its own transaction with the same
+  epoch, so their epochs never go backwards either.
+- At most one terminal event, and after it nothing but `run.fenced`.
+- The only events after which a run is `queued` again are the four requeue paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from uuid import UUID
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+TERMINAL_EVENTS = {"run.succeeded", "run.failed", "run.cancelled"}
+# Event types whose transition leaves the run queued: creation and the four requeue paths.
+QUEUED_AFTER = {"run.created", "run.requeued", "run.released", "run.input_delivered"}
+
+
+@dataclass
+class RunLog:
+    run_id: UUID
+    status: str
+    last_event_seq: int
+    events: list[tuple[int, str, int]]  # (seq, type, epoch)
+    checkpoints: list[tuple[int, int]]  # (event_seq, epoch)
+    journal: list[tuple[int, int]]
+
+
+async def read_log(conn: AsyncConnection, run_id: UUID) -> RunLog:
+    run = (
+        await conn.execute(
+            text("SELECT status, last_event_seq FROM runs WHERE id = :id"), {"id": run_id}
+        )
+    ).one()
+    events = (
+        await conn.execute(
+            text("SELECT seq, type, epoch FROM run_events WHERE run_id = :id ORDER BY seq"),
+            {"id": run_id},
+        )
+    ).all()
+    checkpoints = (
+        await conn.execute(
+            text("SELECT event_seq, epoch FROM checkpoints WHERE run_id = :id ORDER BY event_seq"),
+            {"id": run_id},
+        )
+    ).all()
+    journal = (
+        await conn.execute(
+            text("SELECT event_seq, epoch FROM tool_journal WHERE run_id = :id ORDER BY event_seq"),
+            {"id": run_id},
+        )
+    ).all()
+    return RunLog(
+        run_id=run_id,
+        status=run.status,
+        last_event_seq=run.last_event_seq,
+        events=[(e.seq, e.type, e.epoch) for e in events],
+        checkpoints=[(c.event_seq, c.epoch) for c in checkpoints],
+        journal=[(j.event_seq, j.epoch) for j in journal],
+    )
+
+
+def check_log(log: RunLog) -> None:
+    seqs = [seq for seq, _, _ in log.events]
+    assert seqs == list(range(1, log.last_event_seq + 1)), f"{log.run_id}: gaps in {seqs}"
+
+    highest = 0
+    terminal_seen = False
+    by_seq = {seq: (type_, epoch) for seq, type_, epoch in log.events}
+    for seq, type_, epoch in log.events:
+        if type_ == "run.fenced":
+            continue
+        assert not terminal_seen, f"{log.run_id}: {type_} at {seq} after a terminal event"
+        assert epoch >= highest, f"{log.run_id}: epoch {epoch} at {seq} after epoch {highest}"
+        highest = epoch
+        terminal_seen = type_ in TERMINAL_EVENTS
+
+    for kind, rows in (("checkpoint", log.checkpoints), ("journal", log.journal)):
+        for event_seq, epoch in rows:
+            assert event_seq in by_seq, f"{log.run_id}: {kind} at {event_seq} has no event"
+            event_type, event_epoch = by_seq[event_seq]
+            assert event_type != "run.fenced", f"{log.run_id}: {kind} written by a fenced epoch"
+            assert event_epoch == epoch, f"{log.run_id}: {kind} epoch {epoch} != {event_epoch}"
+
+    terminal = [t for _, t, _ in log.events if t in TERMINAL_EVENTS]
+    assert len(terminal) <= 1, f"{log.run_id}: terminal events {terminal}"
+    if log.status in ("succeeded", "failed", "cancelled"):
+        assert terminal == [f"run.{log.status}"], f"{log.run_id}: {log.status} but {terminal}"
+
+
+async def check_all_runs(engine: AsyncEngine) -> int:
+    """Check every run's log; returns how many runs were checked."""
+    async with engine.connect() as conn:
+        ids = (await conn.execute(text("SELECT id FROM runs"))).scalars().all()
+        for run_id in ids:
+            check_log(await read_log(conn, run_id))
+    return len(ids)
