@@ -6,7 +6,9 @@
 - Every checkpoint and journal row points at an event of its own transaction with the same
   epoch, so their epochs never go backwards either.
 - At most one terminal event, and after it nothing but `run.fenced`.
-- The only events after which a run is `queued` again are the four requeue paths.
+- Replaying the transition events gives a valid path through the statuses that ends at the
+  run's status; a run is `queued` again only through the four requeue paths; tool records,
+  checkpoints and notes appear only while the run is running.
 """
 
 from __future__ import annotations
@@ -18,8 +20,19 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 TERMINAL_EVENTS = {"run.succeeded", "run.failed", "run.cancelled"}
-# Event types whose transition leaves the run queued: creation and the four requeue paths.
-QUEUED_AFTER = {"run.created", "run.requeued", "run.released", "run.input_delivered"}
+# Which status each transition event may leave, and which status it leads to. A run is queued
+# again only through creation and the four requeue paths (requeued, released, delivered).
+TRANSITIONS: dict[str, tuple[set[str | None], str]] = {
+    "run.created": ({None}, "queued"),
+    "run.claimed": ({"queued"}, "running"),
+    "run.requeued": ({"running"}, "queued"),
+    "run.released": ({"running"}, "queued"),
+    "run.waiting": ({"running"}, "waiting_for_user"),
+    "run.input_delivered": ({"waiting_for_user"}, "queued"),
+    "run.succeeded": ({"running"}, "succeeded"),
+    "run.failed": ({"running"}, "failed"),
+    "run.cancelled": ({"queued", "running", "waiting_for_user"}, "cancelled"),
+}
 
 
 @dataclass
@@ -87,6 +100,17 @@ def check_log(log: RunLog) -> None:
             event_type, event_epoch = by_seq[event_seq]
             assert event_type != "run.fenced", f"{log.run_id}: {kind} written by a fenced epoch"
             assert event_epoch == epoch, f"{log.run_id}: {kind} epoch {epoch} != {event_epoch}"
+
+    status: str | None = None
+    for seq, type_, _ in log.events:
+        if type_ in TRANSITIONS:
+            sources, target = TRANSITIONS[type_]
+            assert status in sources, f"{log.run_id}: {type_} at {seq} from status {status}"
+            status = target
+        elif type_ != "run.fenced":
+            # Tool records, checkpoints and agent notes are worker writes: only while running.
+            assert status == "running", f"{log.run_id}: {type_} at {seq} while {status}"
+    assert status == log.status, f"{log.run_id}: log ends {status}, row says {log.status}"
 
     terminal = [t for _, t, _ in log.events if t in TERMINAL_EVENTS]
     assert len(terminal) <= 1, f"{log.run_id}: terminal events {terminal}"
