@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from app.worker.layout import SlotGroup
 
 
 class Settings(BaseSettings):
@@ -49,6 +52,45 @@ class Settings(BaseSettings):
     retry_backoff_max_seconds: float = Field(default=300.0, ge=0)
     sweep_interval_seconds: float = Field(default=5.0, ge=0)
     idempotency_ttl_seconds: float = Field(default=86_400.0, gt=0)
+
+    # --- worker pool ------------------------------------------------------------------------
+    slots: str = Field(
+        default="interactive:4,async:4,maintenance:1",
+        description="Slot groups, e.g. 'interactive:4,async+interactive:2,maintenance:1'.",
+    )
+    run_workers: bool = Field(default=True, description="Run the worker pool inside serve.")
+    poll_interval_seconds: float = Field(default=2.0, gt=0)
+    drain_grace_seconds: float = Field(default=10.0, ge=0)
+    listen_database_url: str | None = Field(
+        default=None,
+        description="Direct PostgreSQL URL for LISTEN when DATABASE_URL goes through PgBouncer.",
+    )
+
+    @field_validator("slots")
+    @classmethod
+    def _check_slots(cls, value: str) -> str:
+        from app.worker.layout import parse_slots
+
+        parse_slots(value)
+        return value
+
+    @property
+    def slot_groups(self) -> tuple[SlotGroup, ...]:
+        from app.worker.layout import parse_slots
+
+        return parse_slots(self.slots)
+
+    @property
+    def total_slots(self) -> int:
+        return sum(group.size for group in self.slot_groups)
+
+    @property
+    def pool_size(self) -> int:
+        """Connections per process: one per slot, one per group's claim loop, and a few for
+        heartbeats, registration, the sweeper and the API's requests."""
+        if self.db_pool_size is not None:
+            return self.db_pool_size
+        return self.total_slots + len(self.slot_groups) + 5
 
     @model_validator(mode="after")
     def _check_cross_field(self) -> Settings:

@@ -1,12 +1,13 @@
 """The app factory and its lifespan: what `turnstile serve` runs.
 
 Nothing starts at import. `create_app()` returns a FastAPI app whose lifespan resolves the
-database (DATABASE_URL or the embedded server), builds the engine and, in reverse order on the
-way out, disposes of everything it started.
+database (DATABASE_URL or the embedded server), builds the engine, the queue, the LISTEN
+notifier, the worker pool and the sweeper, and stops them in reverse order on the way out.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -17,6 +18,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.config import Settings, get_settings
 from app.db.engine import create_engine
 from app.db.state import ResolvedDatabase, resolve_database
+from app.queue.core import Queue, QueueConfig
+from app.queue.sweeper import Sweeper
+from app.worker.executor import CompletingExecutor, Executor
+from app.worker.notifier import Notifier
+from app.worker.pool import WorkerPool
 
 
 @dataclass
@@ -26,20 +32,68 @@ class AppState:
     settings: Settings
     database: ResolvedDatabase
     engine: AsyncEngine
+    queue: Queue
+    notifier: Notifier
+    pool: WorkerPool | None
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+@asynccontextmanager
+async def services(
+    settings: Settings, executor: Executor | None = None, *, role: str = "serve"
+) -> AsyncIterator[AppState]:
+    """Start the database, queue, notifier, worker pool and sweeper; stop them in reverse.
+
+    Shared by the HTTP service's lifespan and by `turnstile worker`, which runs no HTTP server.
+    """
+    database = await asyncio.to_thread(resolve_database, settings)
+    engine = create_engine(settings, database.url, pool_size=settings.pool_size)
+    queue = Queue(engine, QueueConfig.from_settings(settings))
+    notifier = Notifier(settings.listen_database_url or database.url)
+    pool: WorkerPool | None = None
+    sweeper: Sweeper | None = None
+    sweeping: asyncio.Task[None] | None = None
+    try:
+        await notifier.start()
+        if settings.run_workers:
+            pool = WorkerPool(
+                queue,
+                executor or CompletingExecutor(),
+                settings.slot_groups,
+                lease_seconds=settings.lease_seconds,
+                heartbeat_seconds=settings.heartbeat_seconds,
+                poll_interval_seconds=settings.poll_interval_seconds,
+                notifier=notifier,
+                role=role,
+            )
+            await pool.start()
+            sweeper = Sweeper(queue, interval=settings.sweep_interval_seconds)
+            sweeping = asyncio.create_task(sweeper.run(), name="turnstile-sweeper")
+        yield AppState(
+            settings=settings,
+            database=database,
+            engine=engine,
+            queue=queue,
+            notifier=notifier,
+            pool=pool,
+        )
+    finally:
+        if sweeper is not None and sweeping is not None:
+            sweeper.stop()
+            await sweeping
+        if pool is not None:
+            await pool.stop(settings.drain_grace_seconds)
+        await notifier.stop()
+        await engine.dispose()
+
+
+def create_app(settings: Settings | None = None, executor: Executor | None = None) -> FastAPI:
     settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        database = resolve_database(settings)
-        engine = create_engine(settings, database.url, pool_size=settings.db_pool_size or 10)
-        app.state.turnstile = AppState(settings=settings, database=database, engine=engine)
-        try:
+        async with services(settings, executor) as state:
+            app.state.turnstile = state
             yield
-        finally:
-            await engine.dispose()
 
     app = FastAPI(
         title="Turnstile",

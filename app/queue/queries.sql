@@ -638,3 +638,26 @@ SELECT seq, type, epoch, data, created_at FROM run_events
 WHERE run_id = :run_id AND seq > :after
 ORDER BY seq
 LIMIT :limit;
+
+
+-- Workers: each pool registers itself, refreshes last_seen with its heartbeats, and marks
+-- itself stopped on a clean exit. Not part of any run's state; kept here with the rest.
+
+-- name: register_worker
+INSERT INTO workers (id, host, pid, role, slot_groups, started_at, last_seen_at)
+VALUES (:id, :host, :pid, :role, CAST(:slot_groups AS jsonb), {{now}}, {{now}})
+ON CONFLICT (id) DO UPDATE
+SET last_seen_at = excluded.last_seen_at, stopped_at = NULL, slot_groups = excluded.slot_groups
+RETURNING id;
+
+
+-- name: touch_worker
+UPDATE workers SET last_seen_at = {{now}}, slot_groups = CAST(:slot_groups AS jsonb)
+WHERE id = :id
+RETURNING id;
+
+
+-- name: deregister_worker
+UPDATE workers SET stopped_at = {{now}}, last_seen_at = {{now}}
+WHERE id = :id
+RETURNING id;

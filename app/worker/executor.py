@@ -1,0 +1,89 @@
+"""The executor interface: what a slot hands a claimed run to.
+
+The runtime (agents, tools, checkpoints) implements `Executor`; the pool only claims, holds
+leases and stops executions. `ExecutionContext` is the executor's view of its hold on the run:
+the lease to present on every fenced write, whether the pool still believes in that lease, and
+`stop_fenced()` to call when a write came back `Fenced`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from app.queue.core import Queue
+from app.queue.models import ClaimedRun, Fenced, Lease, WriteOutcome
+
+
+class StopExecution(Exception):
+    """Raised inside an executor to end the execution at once (fenced or self-fenced)."""
+
+
+@dataclass
+class ExecutionContext:
+    queue: Queue
+    claimed: ClaimedRun
+    slot_group: str
+    lease_seconds: float
+    # Monotonic time up to which this process may trust its lease without hearing back from
+    # the database: the send time of the last successful heartbeat (or claim) plus the lease.
+    trusted_until: float = field(default_factory=lambda: time.monotonic())
+    fenced: bool = False
+    self_fenced: bool = False
+    _fenced_recorded: bool = False
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def lease(self) -> Lease:
+        return self.claimed.lease
+
+    def may_continue(self) -> bool:
+        """False once the run is lost or the lease may have lapsed (self-fencing): start no new
+        tool call and make no further write."""
+        if self.fenced or self.self_fenced:
+            return False
+        if time.monotonic() >= self.trusted_until:
+            self.self_fenced = True
+            return False
+        return True
+
+    def ensure_may_continue(self) -> None:
+        if not self.may_continue():
+            raise StopExecution("lease lost" if self.fenced else "lease may have lapsed")
+
+    async def stop_fenced(self, during: str) -> None:
+        """The run is someone else's: record `run.fenced` (once) and stop writing."""
+        self.fenced = True
+        async with self._lock:
+            if self._fenced_recorded:
+                return
+            self._fenced_recorded = True
+        await self.queue.record_fenced(self.lease, during=during)
+
+    async def checked(self, outcome: WriteOutcome, during: str) -> WriteOutcome:
+        """Pass a fenced write's outcome through; on `Fenced`, record it and stop."""
+        if isinstance(outcome, Fenced):
+            await self.stop_fenced(during)
+            raise StopExecution(f"fenced during {during}")
+        return outcome
+
+
+class Executor(Protocol):
+    async def execute(self, ctx: ExecutionContext) -> None:
+        """Run the claimed run to its next resting point: finished, waiting, or released."""
+
+
+class CompletingExecutor:
+    """Completes every run it is given, optionally after a pause: the pool's own tests and the
+    first benchmark use it until the runtime's executor is plugged in."""
+
+    def __init__(self, pause_seconds: float = 0.0) -> None:
+        self.pause_seconds = pause_seconds
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        if self.pause_seconds:
+            await asyncio.sleep(self.pause_seconds)
+        ctx.ensure_may_continue()
+        await ctx.checked(await ctx.queue.complete(ctx.lease, {"completed": True}), "complete")

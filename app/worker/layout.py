@@ -1,0 +1,73 @@
+"""Slot layouts: how many runs of which classes a process may hold at once.
+
+Syntax: comma-separated groups, each `class[+class...]:count`, for example
+`interactive:4,async:4,maintenance:1` or `interactive:2,async+interactive:2,maintenance:1`.
+A group claims among its classes by priority then age; the order classes are written in
+carries no preference. The layout is refused unless every class is the highest-priority class
+of at least one group: a class that only ever shares slots with a higher class can starve
+under sustained load of that higher class, which is what reserved capacity exists to prevent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.queue.classes import PriorityClass
+
+
+class SlotLayoutError(ValueError):
+    """The slot layout setting cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class SlotGroup:
+    classes: tuple[PriorityClass, ...]  # highest priority first
+    size: int
+
+    @property
+    def name(self) -> str:
+        return "+".join(klass.value for klass in self.classes)
+
+    @property
+    def top_class(self) -> PriorityClass:
+        return self.classes[0]
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.name, "classes": [c.value for c in self.classes], "size": self.size}
+
+
+def parse_slots(spec: str) -> tuple[SlotGroup, ...]:
+    """Parse and validate a layout such as `interactive:4,async:4,maintenance:1`."""
+    groups: list[SlotGroup] = []
+    seen: set[tuple[PriorityClass, ...]] = set()
+    for raw in (part.strip() for part in spec.split(",")):
+        if not raw:
+            raise SlotLayoutError(f"empty slot group in {spec!r}")
+        names, sep, count = raw.partition(":")
+        if not sep or not count.strip().isdigit():
+            raise SlotLayoutError(f"slot group {raw!r} must look like 'class[+class]:count'")
+        size = int(count)
+        if size < 1:
+            raise SlotLayoutError(f"slot group {raw!r} must have at least one slot")
+        classes: set[PriorityClass] = set()
+        for name in (n.strip() for n in names.split("+")):
+            try:
+                classes.add(PriorityClass(name))
+            except ValueError:
+                known = ", ".join(c.value for c in PriorityClass)
+                raise SlotLayoutError(
+                    f"unknown class {name!r} in slot group {raw!r} (known: {known})"
+                ) from None
+        ordered = tuple(sorted(classes, key=lambda c: c.base))
+        if ordered in seen:
+            raise SlotLayoutError(f"slot group {'+'.join(c.value for c in ordered)} given twice")
+        seen.add(ordered)
+        groups.append(SlotGroup(classes=ordered, size=size))
+    tops = {group.top_class for group in groups}
+    for klass in PriorityClass:
+        if klass not in tops:
+            raise SlotLayoutError(
+                f"no slot group reserves capacity for {klass.value}: every class must be the "
+                f"highest-priority class of at least one group, or it can starve"
+            )
+    return tuple(groups)

@@ -1,0 +1,137 @@
+"""LISTEN on the `turnstile` channel and fan notifications out to the pool and the API.
+
+One dedicated asyncpg connection per process (never a pooled one: a pooled connection goes
+back to the pool and stops listening, and PgBouncer in transaction mode cannot hold a LISTEN).
+When the connection drops it is re-established with backoff, and every subscriber is woken
+once, since notifications sent while nobody listened are lost; polling stays the fallback.
+
+Payloads are JSON written by `queries.sql`: `{"work": [priority, ...]}` when runs became
+claimable, `{"runs": {"<run id>": "<status>"}}` when runs changed status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+
+from app.db.engine import plain_url
+
+log = logging.getLogger("turnstile.notifier")
+
+CHANNEL = "turnstile"
+WorkCallback = Callable[[set[int] | None], None]  # None: "anything may have changed"
+RunsCallback = Callable[[dict[str, str] | None], None]
+
+
+class Notifier:
+    def __init__(
+        self,
+        url: str,
+        *,
+        reconnect_min_seconds: float = 0.05,
+        reconnect_max_seconds: float = 5.0,
+        keepalive_seconds: float = 10.0,
+    ) -> None:
+        self.url = plain_url(url)
+        self.reconnect_min = reconnect_min_seconds
+        self.reconnect_max = reconnect_max_seconds
+        self.keepalive = keepalive_seconds
+        self._work: list[WorkCallback] = []
+        self._runs: list[RunsCallback] = []
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._lost = asyncio.Event()
+        self.connected = asyncio.Event()
+        self.backend_pid: int | None = None
+        self.connections = 0  # how many times a LISTEN connection was established
+
+    def on_work(self, callback: WorkCallback) -> None:
+        self._work.append(callback)
+
+    def on_runs(self, callback: RunsCallback) -> None:
+        self._runs.append(callback)
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="turnstile-notifier")
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        self._lost.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    # --- internals ----------------------------------------------------------------------------
+    def _dispatch(self, payload: str) -> None:
+        try:
+            message: dict[str, Any] = json.loads(payload)
+        except ValueError:
+            log.warning("ignoring a malformed notification", extra={"payload": payload[:200]})
+            return
+        work = message.get("work")
+        if work:
+            priorities = {int(p) for p in work}
+            for callback in self._work:
+                callback(priorities)
+        runs = message.get("runs")
+        if runs:
+            for runs_callback in self._runs:
+                runs_callback({str(k): str(v) for k, v in runs.items()})
+
+    def _wake_everyone(self) -> None:
+        for callback in self._work:
+            callback(None)
+        for runs_callback in self._runs:
+            runs_callback(None)
+
+    def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        self._dispatch(payload)
+
+    def _on_termination(self, _conn: object) -> None:
+        self._lost.set()
+
+    async def _run(self) -> None:
+        delay = self.reconnect_min
+        while not self._stopping.is_set():
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await asyncpg.connect(self.url, timeout=10)
+                conn.add_termination_listener(self._on_termination)
+                await conn.add_listener(CHANNEL, self._on_notification)
+                self.backend_pid = conn.get_server_pid()
+                self.connections += 1
+                self._lost.clear()
+                self.connected.set()
+                delay = self.reconnect_min
+                # Anything sent while we were not listening is lost: let everyone look again.
+                self._wake_everyone()
+                while not self._stopping.is_set() and not self._lost.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._lost.wait(), timeout=self.keepalive)
+                    if not self._lost.is_set() and not self._stopping.is_set():
+                        # A half-open TCP connection never reports itself; a query does.
+                        await conn.execute("SELECT 1", timeout=self.keepalive)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+                if not self._stopping.is_set():
+                    log.warning(
+                        "LISTEN connection lost; reconnecting",
+                        extra={"error": repr(exc), "retry_in": delay},
+                    )
+            finally:
+                self.connected.clear()
+                self.backend_pid = None
+                if conn is not None and not conn.is_closed():
+                    with contextlib.suppress(Exception):
+                        await conn.close(timeout=2)
+            if self._stopping.is_set():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+            delay = min(delay * 2, self.reconnect_max)

@@ -1,0 +1,324 @@
+"""The worker pool: claim loops per slot group, executions, batched heartbeats, drain.
+
+- Each slot group has a claim loop that claims up to its free slots in one statement (ADR-0004
+  decision 2: capacity is reserved per group, so an async backlog never takes an interactive
+  slot). It sleeps until a notification names one of its priorities, a slot frees up, or the
+  poll interval passes.
+- Each claimed run executes in its own task; every database call it makes draws its own pooled
+  connection (an AsyncSession or connection is never shared between tasks).
+- One heartbeat statement per process per interval extends every held lease. A lease reported
+  lost cancels its execution at once and records `run.fenced`. When heartbeats fail with errors
+  (not fencing) until the lease deadline by this process's monotonic clock, the execution is
+  stopped (self-fencing): the sweeper will give the run to someone else, and this process must
+  not act on it meanwhile.
+- `stop()` drains: no new claims, running executions get a grace period, the rest are released
+  gracefully (requeued at once, attempt given back), and the worker row is marked stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from uuid import UUID
+
+from app.queue.classes import priorities_of
+from app.queue.core import Queue
+from app.queue.models import ClaimedRun, Fenced
+from app.queue.sql import q
+from app.worker.executor import ExecutionContext, Executor, StopExecution
+from app.worker.layout import SlotGroup
+from app.worker.notifier import Notifier
+
+log = logging.getLogger("turnstile.worker")
+
+
+@dataclass
+class _Execution:
+    ctx: ExecutionContext
+    task: asyncio.Task[None] | None = None
+    stop_reason: str | None = None  # "fenced", "self_fenced" or "drain" when the pool stops it
+
+
+@dataclass
+class _Group:
+    spec: SlotGroup
+    priorities: frozenset[int]
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    running: dict[UUID, _Execution] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def free(self) -> int:
+        return self.spec.size - len(self.running)
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        queue: Queue,
+        executor: Executor,
+        groups: tuple[SlotGroup, ...],
+        *,
+        lease_seconds: float,
+        heartbeat_seconds: float,
+        poll_interval_seconds: float = 2.0,
+        notifier: Notifier | None = None,
+        role: str = "serve",
+        worker_id: str | None = None,
+    ) -> None:
+        self.queue = queue
+        self.executor = executor
+        self.groups = [
+            _Group(spec=g, priorities=frozenset(priorities_of(g.classes))) for g in groups
+        ]
+        self.lease_seconds = lease_seconds
+        self.heartbeat_seconds = heartbeat_seconds
+        self.poll_interval = poll_interval_seconds
+        self.notifier = notifier
+        self.role = role
+        self.worker_id = worker_id or new_worker_id()
+        self._stopping = asyncio.Event()
+        self._heartbeat_stop = asyncio.Event()
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self.started = False
+        self.claimed_total = 0
+        self.heartbeat_failures = 0
+        if notifier is not None:
+            notifier.on_work(self._on_work)
+
+    # --- public -------------------------------------------------------------------------------
+    def occupancy(self) -> dict[str, dict[str, int]]:
+        return {g.spec.name: {"busy": len(g.running), "size": g.spec.size} for g in self.groups}
+
+    def held(self) -> list[ExecutionContext]:
+        return [e.ctx for g in self.groups for e in g.running.values()]
+
+    async def start(self) -> None:
+        await self._register()
+        for group in self.groups:
+            group.task = asyncio.create_task(
+                self._claim_loop(group), name=f"turnstile-claim-{group.spec.name}"
+            )
+        self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(), name="turnstile-beat")
+        self.started = True
+        log.info(
+            "worker pool started",
+            extra={"worker_id": self.worker_id, "slots": self._slot_groups_json()},
+        )
+
+    async def stop(self, grace_seconds: float = 10.0) -> None:
+        """Drain: stop claiming now, let executions finish within the grace period, release
+        the rest gracefully, then deregister. Safe to call more than once."""
+        if not self.started:
+            return
+        self.started = False
+        self._stopping.set()
+        for group in self.groups:
+            group.wake.set()
+        await asyncio.gather(*(g.task for g in self.groups if g.task is not None))
+        executions = [e for g in self.groups for e in g.running.values() if e.task is not None]
+        if executions:
+            _, pending = await asyncio.wait(
+                [e.task for e in executions if e.task is not None], timeout=grace_seconds
+            )
+            for execution in executions:
+                if execution.task in pending:
+                    self._interrupt(execution, "drain")
+            await asyncio.gather(*pending, return_exceptions=True)
+        self._heartbeat_stop.set()
+        if self._heartbeat_task is not None:
+            await self._heartbeat_task
+        with contextlib.suppress(Exception):
+            await self._deregister()
+        log.info("worker pool stopped", extra={"worker_id": self.worker_id})
+
+    # --- claiming -----------------------------------------------------------------------------
+    def _on_work(self, priorities: set[int] | None) -> None:
+        for group in self.groups:
+            if priorities is None or group.priorities & priorities:
+                group.wake.set()
+
+    async def _claim_loop(self, group: _Group) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            # Cleared before claiming, so a notification that lands during the claim is kept.
+            group.wake.clear()
+            free = group.free
+            if free > 0:
+                sent = time.monotonic()
+                try:
+                    claimed = await self.queue.claim(
+                        self.worker_id,
+                        group.spec.classes,
+                        limit=free,
+                        lease_seconds=self.lease_seconds,
+                    )
+                    failures = 0
+                except Exception:
+                    failures += 1
+                    log.warning(
+                        "claim failed; retrying",
+                        extra={"slot_group": group.spec.name, "failures": failures},
+                        exc_info=failures == 1,
+                    )
+                    await self._pause(min(0.1 * 2**failures, self.poll_interval))
+                    continue
+                for item in claimed:
+                    self._start(group, item, trusted_until=sent + self.lease_seconds)
+                self.claimed_total += len(claimed)
+                if claimed and len(claimed) == free:
+                    continue  # there may be more; the loop waits only once slots are full
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(group.wake.wait(), timeout=self.poll_interval)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+
+    # --- executing ----------------------------------------------------------------------------
+    def _start(self, group: _Group, claimed: ClaimedRun, *, trusted_until: float) -> None:
+        ctx = ExecutionContext(
+            queue=self.queue,
+            claimed=claimed,
+            slot_group=group.spec.name,
+            lease_seconds=self.lease_seconds,
+            trusted_until=trusted_until,
+        )
+        execution = _Execution(ctx=ctx)
+        group.running[claimed.lease.run_id] = execution
+        execution.task = asyncio.create_task(
+            self._execute(group, execution), name=f"turnstile-run-{claimed.lease.run_id}"
+        )
+
+    def _interrupt(self, execution: _Execution, reason: str) -> None:
+        if execution.stop_reason is None:
+            execution.stop_reason = reason
+            if reason == "fenced":
+                execution.ctx.fenced = True
+            elif reason == "self_fenced":
+                execution.ctx.self_fenced = True
+            if execution.task is not None:
+                execution.task.cancel()
+
+    async def _execute(self, group: _Group, execution: _Execution) -> None:
+        ctx = execution.ctx
+        run_id = ctx.lease.run_id
+        try:
+            await self.executor.execute(ctx)
+        except asyncio.CancelledError:
+            if execution.stop_reason is None:
+                raise  # not ours: the event loop is going away
+        except StopExecution:
+            pass
+        except Exception as exc:
+            log.exception(
+                "executor failed; releasing the run with backoff",
+                extra={"run_id": str(run_id), "epoch": ctx.lease.epoch},
+            )
+            if ctx.may_continue():
+                outcome = await self.queue.release(
+                    ctx.lease, graceful=False, reason=f"executor error: {exc!r}"[:500]
+                )
+                if isinstance(outcome, Fenced):
+                    await ctx.stop_fenced("release")
+        finally:
+            try:
+                await self._after(execution)
+            finally:
+                group.running.pop(run_id, None)
+                group.wake.set()
+
+    async def _after(self, execution: _Execution) -> None:
+        ctx = execution.ctx
+        if execution.stop_reason == "fenced":
+            await ctx.stop_fenced("heartbeat")
+        elif execution.stop_reason == "drain":
+            outcome = await self.queue.release(
+                ctx.lease, graceful=True, reason="worker shutting down"
+            )
+            if isinstance(outcome, Fenced):
+                await ctx.stop_fenced("release")
+        elif execution.stop_reason == "self_fenced":
+            log.warning(
+                "self-fenced: heartbeats failed until the lease deadline",
+                extra={"run_id": str(ctx.lease.run_id), "epoch": ctx.lease.epoch},
+            )
+
+    # --- heartbeats ---------------------------------------------------------------------------
+    async def _heartbeat_loop(self) -> None:
+        while not self._heartbeat_stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._heartbeat_stop.wait(), timeout=self.heartbeat_seconds)
+            if self._heartbeat_stop.is_set():
+                return
+            await self.beat()
+
+    async def beat(self) -> None:
+        """One heartbeat for every held lease, in one statement."""
+        executions = [e for g in self.groups for e in g.running.values() if e.stop_reason is None]
+        sent = time.monotonic()
+        try:
+            held = await self.queue.heartbeat_many(
+                [e.ctx.lease for e in executions], lease_seconds=self.lease_seconds
+            )
+            await self._touch()
+        except Exception:
+            self.heartbeat_failures += 1
+            log.warning("heartbeat failed", exc_info=self.heartbeat_failures == 1)
+            now = time.monotonic()
+            for execution in executions:
+                if now >= execution.ctx.trusted_until:
+                    self._interrupt(execution, "self_fenced")
+            return
+        self.heartbeat_failures = 0
+        for execution in executions:
+            if execution.ctx.lease.run_id in held:
+                execution.ctx.trusted_until = sent + self.lease_seconds
+            else:
+                self._interrupt(execution, "fenced")
+
+    # --- registration -------------------------------------------------------------------------
+    def _slot_groups_json(self) -> str:
+        return json.dumps([{**g.spec.describe(), "busy": len(g.running)} for g in self.groups])
+
+    async def _register(self) -> None:
+        async with self.queue.engine.begin() as conn:
+            await conn.execute(
+                q("register_worker"),
+                {
+                    "id": self.worker_id,
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "role": self.role,
+                    "slot_groups": self._slot_groups_json(),
+                    "now": self.queue.clock(),
+                },
+            )
+
+    async def _touch(self) -> None:
+        async with self.queue.engine.begin() as conn:
+            await conn.execute(
+                q("touch_worker"),
+                {
+                    "id": self.worker_id,
+                    "slot_groups": self._slot_groups_json(),
+                    "now": self.queue.clock(),
+                },
+            )
+
+    async def _deregister(self) -> None:
+        async with self.queue.engine.begin() as conn:
+            await conn.execute(
+                q("deregister_worker"), {"id": self.worker_id, "now": self.queue.clock()}
+            )

@@ -1,0 +1,60 @@
+"""The slot layout setting: syntax, and the rule that every class must head a group."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from app.config import Settings
+from app.queue.classes import PriorityClass
+from app.worker.layout import SlotLayoutError, parse_slots
+
+INTERACTIVE, ASYNC, MAINTENANCE = PriorityClass
+
+
+def test_default_layout() -> None:
+    groups = parse_slots("interactive:4,async:4,maintenance:1")
+    assert [(g.classes, g.size) for g in groups] == [
+        ((INTERACTIVE,), 4),
+        ((ASYNC,), 4),
+        ((MAINTENANCE,), 1),
+    ]
+
+
+def test_multi_class_groups_order_by_priority_not_by_writing() -> None:
+    groups = parse_slots(" maintenance:1 , async+interactive:2, interactive:1, async:1")
+    shared = groups[1]
+    assert shared.classes == (INTERACTIVE, ASYNC)
+    assert shared.name == "interactive+async"
+    assert shared.top_class == INTERACTIVE
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("interactive:4,async:4", "no slot group reserves capacity for maintenance"),
+        ("interactive+async:4,maintenance:1", "no slot group reserves capacity for async"),
+        ("interactive:4,batch:2", "unknown class 'batch'"),
+        ("interactive:0,async:1,maintenance:1", "at least one slot"),
+        ("interactive,async:1,maintenance:1", "must look like"),
+        ("interactive:x,async:1,maintenance:1", "must look like"),
+        ("interactive:1,,async:1,maintenance:1", "empty slot group"),
+        ("interactive:1,interactive:2,async:1,maintenance:1", "given twice"),
+    ],
+)
+def test_bad_layouts_are_refused(spec: str, message: str) -> None:
+    with pytest.raises(SlotLayoutError, match=message):
+        parse_slots(spec)
+
+
+def test_settings_refuse_a_starving_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNSTILE_SLOTS", "interactive:4,async:4")
+    with pytest.raises(ValidationError, match="maintenance"):
+        Settings()
+
+
+def test_pool_size_follows_the_slots() -> None:
+    settings = Settings(slots="interactive:4,async:4,maintenance:1")
+    assert settings.total_slots == 9
+    assert settings.pool_size == 9 + 3 + 5
+    assert Settings(db_pool_size=7).pool_size == 7
