@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -30,19 +29,17 @@ from typing import Any
 
 import asyncpg
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from app.config import Settings  # noqa: E402
-from app.db.embedded import start_embedded  # noqa: E402
-from app.db.engine import create_engine, plain_url  # noqa: E402
-from app.db.migrate import upgrade  # noqa: E402
-from app.queue.classes import PriorityClass  # noqa: E402
-from app.queue.core import Queue, QueueConfig  # noqa: E402
-from app.queue.models import NewRun  # noqa: E402
-from app.worker.executor import ExecutionContext  # noqa: E402
-from app.worker.layout import parse_slots  # noqa: E402
-from app.worker.notifier import Notifier  # noqa: E402
-from app.worker.pool import WorkerPool  # noqa: E402
+from app.config import Settings
+from app.db.embedded import start_embedded
+from app.db.engine import create_engine, plain_url
+from app.db.migrate import upgrade
+from app.queue.classes import PriorityClass
+from app.queue.core import Queue, QueueConfig
+from app.queue.models import NewRun
+from app.worker.executor import ExecutionContext
+from app.worker.layout import parse_slots
+from app.worker.notifier import Notifier
+from app.worker.pool import WorkerPool
 
 INTERACTIVE, ASYNC, MAINTENANCE = PriorityClass
 LATENCY_SQL = """
@@ -103,16 +100,16 @@ async def drop_database(server: str, name: str) -> None:
         await conn.close()
 
 
-async def wait_drained(url: str, total: int, timeout: float) -> float:
+async def wait_drained(url: str, total: int, within: float) -> float:
     conn = await asyncpg.connect(plain_url(url))
     try:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             done = await conn.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'")
             if done >= total:
                 return time.monotonic()
             await asyncio.sleep(0.05)
-        raise TimeoutError(f"backlog not drained within {timeout}s")
+        raise TimeoutError(f"backlog not drained within {within}s")
     finally:
         await conn.close()
 
@@ -126,8 +123,14 @@ async def start_pool(
     await notifier.start()
     await asyncio.wait_for(notifier.connected.wait(), 10)
     pool = WorkerPool(
-        queue, executor, parse_slots(slots), lease_seconds=30, heartbeat_seconds=10,
-        poll_interval_seconds=1.0, notifier=notifier, role="bench",
+        queue,
+        executor,
+        parse_slots(slots),
+        lease_seconds=30,
+        heartbeat_seconds=10,
+        poll_interval_seconds=1.0,
+        notifier=notifier,
+        role="bench",
     )
     await pool.start()
     return pool, notifier, queue
@@ -150,11 +153,15 @@ async def throughput(url: str, settings: Settings, runs: int, slots: str) -> dic
     await engine.dispose()
     pool, notifier, pool_queue = await start_pool(url, settings, slots, WorkingExecutor({}))
     began = time.monotonic()
-    finished = await wait_drained(url, runs, timeout=600)
+    finished = await wait_drained(url, runs, within=600)
     await stop_pool(pool, notifier, pool_queue)
     seconds = finished - began
-    return {"slots": slots, "runs": runs, "seconds": round(seconds, 3),
-            "runs_per_second": round(runs / seconds, 1)}
+    return {
+        "slots": slots,
+        "runs": runs,
+        "seconds": round(seconds, 3),
+        "runs_per_second": round(runs / seconds, 1),
+    }
 
 
 async def latency(url: str, settings: Settings, seconds: float, rate: float) -> dict[str, Any]:
@@ -175,8 +182,13 @@ async def latency(url: str, settings: Settings, seconds: float, rate: float) -> 
     began = time.monotonic()
     while time.monotonic() - began < seconds:
         await queue.enqueue(
-            NewRun(tenant_id="bench", principal="bench", agent="noop", input={},
-                   priority=INTERACTIVE.base)
+            NewRun(
+                tenant_id="bench",
+                principal="bench",
+                agent="noop",
+                input={},
+                priority=INTERACTIVE.base,
+            )
         )
         sent += 1
         await asyncio.sleep(max(0.0, began + sent * interval - time.monotonic()))
@@ -227,14 +239,18 @@ async def main() -> None:
     for row in results["throughput"]:
         print(f"| {row['slots']} | {row['runs']} | {row['seconds']} | {row['runs_per_second']} |")
     lat = results["latency"]
-    print(f"\nEnqueue-to-claim behind a 10,000-run async backlog ({lat['interactive_sent']} "
-          f"interactive arrivals; {lat['async_backlog_left']} runs still queued at the end):\n")
+    print(
+        f"\nEnqueue-to-claim behind a 10,000-run async backlog ({lat['interactive_sent']} "
+        f"interactive arrivals; {lat['async_backlog_left']} runs still queued at the end):\n"
+    )
     print("| class | claimed | p50 ms | p95 ms | p99 ms |\n|---|---|---|---|---|")
     for klass in ("interactive", "async"):
         if klass in lat:
             row = lat[klass]
-            print(f"| {klass} | {row['claimed']} | {row['p50_ms']} | {row['p95_ms']} | "
-                  f"{row['p99_ms']} |")
+            print(
+                f"| {klass} | {row['claimed']} | {row['p50_ms']} | {row['p95_ms']} | "
+                f"{row['p99_ms']} |"
+            )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2, default=str))
