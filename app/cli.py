@@ -7,13 +7,26 @@ error (exit status 2) rather than a traceback.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import sys
+import uuid
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app.config import Settings
 from app.db.embedded import EmbeddedUnavailableError
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    import uvicorn
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from app.security.api_keys import KeyInfo
 
 
 class CommandError(Exception):
@@ -52,10 +65,146 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     from app.main import create_app
 
-    settings = _migrated_settings(_settings(host=args.host, port=args.port))
+    overrides: dict[str, object] = {"host": args.host, "port": args.port}
+    if args.no_workers:
+        overrides["run_workers"] = False
+    settings = _migrated_settings(_settings(**overrides))
+    asyncio.run(_first_start_key(settings))
     app = create_app(settings)
     print(f"turnstile: serving on http://{settings.host}:{settings.port}/docs", file=sys.stderr)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=max(1, int(settings.drain_grace_seconds) + 5),
+    )
+    server = _server(config, app.state.shutdown)
+    server.run()
+
+
+def _server(config: uvicorn.Config, shutdown: asyncio.Event) -> uvicorn.Server:
+    """uvicorn's server, telling the app the moment a stop signal arrives: uvicorn waits for
+    open connections before it runs the lifespan's shutdown, so long polls and event streams
+    must learn of the signal directly."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            shutdown.set()  # signal handlers run on the event loop's thread
+            super().handle_exit(sig, frame)
+
+    return Server(config)
+
+
+async def _engine_for(settings: Settings) -> AsyncEngine:
+    from app.db.engine import create_engine
+    from app.db.state import resolve_database
+
+    database = await asyncio.to_thread(resolve_database, settings)
+    return create_engine(settings, database.url, pool_size=2)
+
+
+async def _first_start_key(settings: Settings) -> None:
+    """On first start against a database without keys, make a development key and print it
+    once, so the quick start works in one command. The key is an ordinary revocable key."""
+    from app.security.api_keys import create_key, has_any_key
+
+    engine = await _engine_for(settings)
+    try:
+        if await has_any_key(engine):
+            return
+        new = await create_key(
+            engine, tenant_id="dev", principal="dev", scopes=("operator",), name="first start"
+        )
+    finally:
+        await engine.dispose()
+    print(
+        "turnstile: no API keys existed, so a development key was created (tenant 'dev', "
+        f"operator scope); it is shown only now:\n\n    {new.secret}\n\n"
+        f"  revoke it with: turnstile keys revoke {new.info.id}",
+        file=sys.stderr,
+    )
+
+
+def cmd_keys_create(args: argparse.Namespace) -> None:
+    from app.security.api_keys import create_key
+
+    scopes = tuple(s for s, on in (("operator", args.operator), ("admin", args.admin)) if on)
+
+    async def run() -> None:
+        engine = await _engine_for(_settings())
+        try:
+            new = await create_key(
+                engine, tenant_id=args.tenant, principal=args.principal, scopes=scopes,
+                name=args.name,
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        finally:
+            await engine.dispose()
+        if args.json:
+            print(json.dumps({"key": new.secret, **_key_json(new.info)}))
+        else:
+            print(new.secret)
+            print(
+                f"key {new.info.id} for tenant {new.info.tenant_id}, principal "
+                f"{new.info.principal}, scopes {list(new.info.scopes) or 'none'}; it is shown "
+                "only now",
+                file=sys.stderr,
+            )
+
+    asyncio.run(run())
+
+
+def cmd_keys_list(args: argparse.Namespace) -> None:
+    from app.security.api_keys import list_keys
+
+    async def run() -> None:
+        engine = await _engine_for(_settings())
+        try:
+            keys = await list_keys(engine, args.tenant)
+        finally:
+            await engine.dispose()
+        if args.json:
+            print(json.dumps([_key_json(k) for k in keys]))
+            return
+        for k in keys:
+            state = f"revoked {k.revoked_at:%Y-%m-%d}" if k.revoked_at else "active"
+            print(f"{k.id}  {k.prefix}...  {k.tenant_id}/{k.principal}  "
+                  f"{','.join(k.scopes) or '-'}  {state}")
+
+    asyncio.run(run())
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> None:
+    from app.security.api_keys import revoke_key
+
+    try:
+        key_id = uuid.UUID(args.key_id)
+    except ValueError:
+        raise CommandError(f"not a key id: {args.key_id!r}") from None
+
+    async def run() -> None:
+        engine = await _engine_for(_settings())
+        try:
+            revoked = await revoke_key(engine, key_id)
+        finally:
+            await engine.dispose()
+        if not revoked:
+            raise CommandError(f"no active key {key_id}")
+        print(json.dumps({"revoked": str(key_id)}) if args.json else f"revoked {key_id}")
+
+    asyncio.run(run())
+
+
+def _key_json(info: KeyInfo) -> dict[str, object]:
+    return {
+        "id": str(info.id), "prefix": info.prefix, "tenant": info.tenant_id,
+        "principal": info.principal, "scopes": list(info.scopes), "name": info.name,
+        "created_at": info.created_at.isoformat(),
+        "revoked_at": info.revoked_at.isoformat() if info.revoked_at else None,
+    }
 
 
 def cmd_migrate(args: argparse.Namespace) -> None:
@@ -69,7 +218,30 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the API (and its worker pool)")
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default 8000)")
+    serve.add_argument(
+        "--no-workers", action="store_true", help="API only: run no worker pool or sweeper"
+    )
     serve.set_defaults(func=cmd_serve)
+
+    keys = sub.add_parser("keys", help="create, list and revoke API keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="create a key and print it (shown once)")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--principal", required=True)
+    scope = create.add_mutually_exclusive_group()
+    scope.add_argument("--operator", action="store_true", help="runbook actions, own tenant")
+    scope.add_argument("--admin", action="store_true", help="queue-wide views and any run")
+    create.add_argument("--name", help="a note to remember the key by")
+    create.add_argument("--json", action="store_true")
+    create.set_defaults(func=cmd_keys_create)
+    listing = keys_sub.add_parser("list", help="list keys (never their secrets)")
+    listing.add_argument("--tenant")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(func=cmd_keys_list)
+    revoke = keys_sub.add_parser("revoke", help="revoke a key by id")
+    revoke.add_argument("key_id")
+    revoke.add_argument("--json", action="store_true")
+    revoke.set_defaults(func=cmd_keys_revoke)
 
     migrate = sub.add_parser("migrate", help="upgrade the database schema to this version")
     migrate.set_defaults(func=cmd_migrate)
@@ -84,6 +256,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         func(args)
     except (CommandError, EmbeddedUnavailableError) as exc:
         print(f"turnstile: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except (OperationalError, DBAPIError, OSError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        print(f"turnstile: database error: {reason}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

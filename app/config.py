@@ -52,6 +52,13 @@ class Settings(BaseSettings):
     retry_backoff_max_seconds: float = Field(default=300.0, ge=0)
     sweep_interval_seconds: float = Field(default=5.0, ge=0)
     idempotency_ttl_seconds: float = Field(default=86_400.0, gt=0)
+    idempotency_wait_seconds: float = Field(
+        default=5.0, gt=0, description="How long a request waits for its in-flight twin."
+    )
+
+    # --- API ---------------------------------------------------------------------------------
+    default_agent: str = Field(default="scripted", min_length=1)
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
 
     # --- worker pool ------------------------------------------------------------------------
     slots: str = Field(

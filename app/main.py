@@ -10,15 +10,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.api.watch import RunWatch
 from app.config import Settings, get_settings
 from app.db.engine import create_engine
 from app.db.state import ResolvedDatabase, resolve_database
 from app.queue.core import Queue, QueueConfig
+from app.queue.submit import Submissions
 from app.queue.sweeper import Sweeper
 from app.worker.executor import CompletingExecutor, Executor
 from app.worker.notifier import Notifier
@@ -35,6 +38,13 @@ class AppState:
     queue: Queue
     notifier: Notifier
     pool: WorkerPool | None
+    submissions: Submissions
+    agents: frozenset[str]
+    watch: RunWatch = field(default_factory=RunWatch)
+    # Set when the process is asked to stop, before uvicorn waits for open connections:
+    # long polls and event streams watch it so they end promptly.
+    shutdown: asyncio.Event = field(default_factory=asyncio.Event)
+    key_cache: dict[bytes, Any] = field(default_factory=dict)
 
 
 @asynccontextmanager
@@ -68,14 +78,24 @@ async def services(
             await pool.start()
             sweeper = Sweeper(queue, interval=settings.sweep_interval_seconds)
             sweeping = asyncio.create_task(sweeper.run(), name="turnstile-sweeper")
-        yield AppState(
+        state = AppState(
             settings=settings,
             database=database,
             engine=engine,
             queue=queue,
             notifier=notifier,
             pool=pool,
+            submissions=Submissions(
+                queue,
+                default_agent=settings.default_agent,
+                idempotency_ttl_seconds=settings.idempotency_ttl_seconds,
+                idempotency_wait_seconds=settings.idempotency_wait_seconds,
+                lock_timeout_ms=settings.lock_timeout_ms,
+            ),
+            agents=known_agents(settings),
         )
+        notifier.on_runs(state.watch.notify)
+        yield state
     finally:
         if sweeper is not None and sweeping is not None:
             sweeper.stop()
@@ -86,22 +106,49 @@ async def services(
         await engine.dispose()
 
 
+def known_agents(settings: Settings) -> frozenset[str]:
+    """Agent names submissions may ask for. Until the runtime's registry is plugged in, the
+    pool's executor runs every run the same way, under the default agent's name."""
+    return frozenset({settings.default_agent})
+
+
 def create_app(settings: Settings | None = None, executor: Executor | None = None) -> FastAPI:
     settings = settings or get_settings()
+    shutdown = asyncio.Event()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with services(settings, executor) as state:
+            state.shutdown = shutdown
             app.state.turnstile = state
             yield
 
     app = FastAPI(
         title="Turnstile",
         summary="A durable run queue for AI-agent turns, on PostgreSQL.",
+        description=API_DESCRIPTION,
         version="0.1.0",
         lifespan=lifespan,
     )
-    from app.api.health import router as health_router
+    app.state.shutdown = shutdown
+    from app.api import health, problems, runs, sessions
+    from app.api.limits import BodyLimit
 
-    app.include_router(health_router)
+    problems.install(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.include_router(health.router)
+    app.include_router(sessions.router)
+    # The runbook's fixed paths (/runs/stuck, /runs/failed) before /runs/{run_id}.
+    app.include_router(runs.runbook)
+    app.include_router(runs.router)
     return app
+
+
+API_DESCRIPTION = """
+Chat clients post a user's turn to a session (`POST /sessions/{id}/turns`, with an
+`Idempotency-Key`) and poll the run (`GET /runs/{id}?wait=30`) or follow its events
+(`GET /runs/{id}/events` with `Accept: text/event-stream`). Back-end services submit
+sessionless runs (`POST /runs`). Operators use the runbook endpoints. Every error is
+`application/problem+json` with a stable `type`. Authenticate with `Authorization: Bearer <key>`
+(`turnstile keys create`).
+"""

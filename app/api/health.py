@@ -33,6 +33,9 @@ async def readyz(request: Request) -> JSONResponse:
         checks["database"] = "ok"
         checks["schema"] = {"current": revision, "expected": head_revision()}
         ready = revision == head_revision()
+        if state.pool is not None:
+            checks["workers"] = "up" if state.pool.started else "stopped"
+            ready = ready and state.pool.started
     except (SQLAlchemyError, OSError) as exc:
         checks["database"] = f"unreachable: {type(exc).__name__}"
         ready = False

@@ -39,3 +39,50 @@ class RunNotWaitingError(TurnstileError):
         super().__init__(f"run {run_id} is {status}, not waiting_for_user")
         self.run_id = run_id
         self.status = status
+
+
+class SessionBusyError(TurnstileError):
+    """A turn was submitted while the session's run is queued or running."""
+
+    def __init__(self, session_id: UUID, active_run_id: UUID, status: str) -> None:
+        super().__init__(f"session {session_id} has a {status} run {active_run_id}")
+        self.session_id = session_id
+        self.active_run_id = active_run_id
+        self.status = status
+
+
+class AnswerConflictError(TurnstileError):
+    """An answer to a waiting run set a field to another value than the run's."""
+
+    def __init__(self, field: str, run_value: object, given: object) -> None:
+        super().__init__(
+            f"{field} is {given!r} but the waiting run's is {run_value!r}: an answer resumes the "
+            f"same run and cannot change it"
+        )
+        self.field = field
+
+
+class IdempotencyKeyReusedError(TurnstileError):
+    """The key was used before with a different request (ADR-0004's ConflictError)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"Idempotency-Key {key!r} was already used with a different request")
+        self.key = key
+
+
+class IdempotencyKeyInFlightError(TurnstileError):
+    """A request with the same key is still being processed; retry shortly."""
+
+    def __init__(self, key: str, retry_after: int = 1) -> None:
+        super().__init__(f"a request with Idempotency-Key {key!r} is still in flight")
+        self.key = key
+        self.retry_after = retry_after
+
+
+class RunNotFailedError(TurnstileError):
+    """Resubmit and dismiss apply to failed runs only."""
+
+    def __init__(self, run_id: UUID, status: str) -> None:
+        super().__init__(f"run {run_id} is {status}, not failed")
+        self.run_id = run_id
+        self.status = status

@@ -87,6 +87,35 @@ class Run:
     def from_row(cls, row: RowMapping) -> Run:
         return cls(**{name: row[name] for name in _RUN_FIELDS})
 
+    def to_document(self) -> dict[str, JSON]:
+        """The run as clients see it (GET /runs/{id}), JSON-ready; idempotent replays return
+        the document stored with the first response."""
+        return {
+            "id": str(self.id),
+            "session_id": str(self.session_id) if self.session_id else None,
+            "status": self.status,
+            "class": self.priority_class.value,
+            "priority": self.priority,
+            "agent": self.agent,
+            "input": self.input,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "scheduled_for": _iso(self.scheduled_for),
+            "question": self.question if self.status == "waiting_for_user" else None,
+            "result": self.result,
+            "failure": self.failure,
+            "resubmitted_from": str(self.resubmitted_from) if self.resubmitted_from else None,
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+            "dismissed_at": _iso(self.dismissed_at),
+        }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
 
 _RUN_FIELDS = [f for f in Run.__dataclass_fields__]
 

@@ -5,7 +5,8 @@
   the stale epoch of the worker that lost the run).
 - Every checkpoint and journal row points at an event of its own transaction with the same
   epoch, so their epochs never go backwards either.
-- At most one terminal event, and after it nothing but `run.fenced`.
+- At most one terminal event, and after it nothing but `run.fenced` and `operator.*` notes
+  (dismiss, resubmit), which are not transitions.
 - Replaying the transition events gives a valid path through the statuses that ends at the
   run's status; a run is `queued` again only through the four requeue paths; tool records,
   checkpoints and notes appear only while the run is running.
@@ -87,8 +88,8 @@ def check_log(log: RunLog) -> None:
     terminal_seen = False
     by_seq = {seq: (type_, epoch) for seq, type_, epoch in log.events}
     for seq, type_, epoch in log.events:
-        if type_ == "run.fenced":
-            continue
+        if type_ == "run.fenced" or type_.startswith("operator."):
+            continue  # a stale worker's record, or an operator's note on a finished run
         assert not terminal_seen, f"{log.run_id}: {type_} at {seq} after a terminal event"
         assert epoch >= highest, f"{log.run_id}: epoch {epoch} at {seq} after epoch {highest}"
         highest = epoch
@@ -107,7 +108,7 @@ def check_log(log: RunLog) -> None:
             sources, target = TRANSITIONS[type_]
             assert status in sources, f"{log.run_id}: {type_} at {seq} from status {status}"
             status = target
-        elif type_ != "run.fenced":
+        elif type_ != "run.fenced" and not type_.startswith("operator."):
             # Tool records, checkpoints and agent notes are worker writes: only while running.
             assert status == "running", f"{log.run_id}: {type_} at {seq} while {status}"
     assert status == log.status, f"{log.run_id}: log ends {status}, row says {log.status}"

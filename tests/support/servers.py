@@ -41,5 +41,8 @@ async def running_server(app: FastAPI) -> AsyncIterator[str]:
             await asyncio.sleep(0.01)
         yield f"http://127.0.0.1:{port}"
     finally:
+        shutdown = getattr(app.state, "shutdown", None)
+        if shutdown is not None:
+            shutdown.set()  # what the serve command's signal handler does
         server.should_exit = True
         await asyncio.wait_for(task, timeout=30)

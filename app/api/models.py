@@ -1,0 +1,112 @@
+"""Request and response bodies of the HTTP API. Requests refuse unknown fields."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
+
+ClassName = Literal["interactive", "async", "maintenance"]
+RunStatus = Literal["queued", "running", "waiting_for_user", "succeeded", "failed", "cancelled"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TurnRequest(Strict):
+    """A user's turn. Fields left out of an answer to a waiting run come from that run."""
+
+    input: JsonValue = Field(description="Anything JSON: the turn's content for the agent.")
+    agent: str | None = Field(
+        default=None, min_length=1, max_length=200, description="Default: the service's."
+    )
+    priority: ClassName | None = Field(
+        default=None, description="interactive (default for turns) or async; maintenance "
+        "needs the operator scope."
+    )
+    scheduled_for: AwareDatetime | None = Field(
+        default=None, description="Not claimable before this time (RFC 3339 with offset)."
+    )
+
+
+class RunRequest(TurnRequest):
+    """A sessionless run for back-end services; `async` by default."""
+
+
+class RunDocument(BaseModel):
+    id: UUID
+    session_id: UUID | None
+    status: RunStatus
+    class_: ClassName = Field(alias="class")
+    priority: int
+    agent: str
+    input: JsonValue
+    attempts: int
+    max_attempts: int
+    scheduled_for: datetime | None
+    question: JsonValue = Field(description="The pending question while waiting_for_user.")
+    result: JsonValue
+    failure: JsonValue = Field(description="Why the run failed (the dead letter).")
+    resubmitted_from: UUID | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    dismissed_at: datetime | None
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class SessionDocument(BaseModel):
+    id: UUID
+    created_at: datetime
+    state: Literal["idle", "busy", "waiting_for_user"]
+    active_run_id: UUID | None = None
+    active_run_status: RunStatus | None = None
+    question: JsonValue = None
+
+
+class RunPage(BaseModel):
+    runs: list[RunDocument]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page.")
+
+
+class EventDocument(BaseModel):
+    seq: int
+    type: str
+    epoch: int
+    data: JsonValue
+    created_at: datetime
+
+
+class EventPage(BaseModel):
+    events: list[EventDocument]
+    last_seq: int = Field(description="Pass as `after` to resume.")
+    finished: bool = Field(description="True once the run's terminal event is in the log.")
+
+
+class ClassDepth(BaseModel):
+    queued: int = 0
+    running: int = 0
+    waiting_for_user: int = 0
+    oldest_eligible_age_seconds: float | None = None
+
+
+class QueueStats(BaseModel):
+    scope: str = Field(description="'tenant:<id>' or 'all' (admin keys).")
+    classes: dict[ClassName, ClassDepth]
+
+
+class StuckRun(BaseModel):
+    reason: Literal["lease_expired", "queued_too_long", "waiting_too_long"]
+    run: RunDocument
+
+
+class StuckRuns(BaseModel):
+    runs: list[StuckRun]
+
+
+def run_document(document: dict[str, Any]) -> RunDocument:
+    return RunDocument.model_validate(document)

@@ -1,0 +1,346 @@
+"""Runs: sessionless submission, reading a run (ETag, long poll), its events (JSON or
+Server-Sent Events), cancel, and the operator runbook (queue depth, stuck runs, dead letter,
+resubmit, dismiss)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from app.api.auth import CallerDep, OperatorDep, visible_tenant
+from app.api.models import (
+    ClassDepth,
+    EventPage,
+    QueueStats,
+    RunDocument,
+    RunPage,
+    RunRequest,
+    StuckRun,
+    StuckRuns,
+    run_document,
+)
+from app.api.problems import ApiProblem, responses
+from app.api.sessions import (
+    IdempotencyHeader,
+    decode_cursor,
+    encode_cursor,
+    idempotency_of,
+    spec_from,
+    submitted_response,
+)
+from app.api.watch import wait_for_change
+from app.queue.classes import PriorityClass
+from app.queue.core import Queue
+from app.queue.errors import RunNotFoundError
+from app.queue.models import Run
+from app.queue.sql import q
+from app.queue.submit import Submitter
+
+router = APIRouter(tags=["runs"])
+runbook = APIRouter(tags=["runbook"])
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+MAX_WAIT_SECONDS = 60.0
+COARSE_RECHECK_SECONDS = 1.0  # unnotified transitions (claims) are seen at this pace
+STREAM_RECHECK_SECONDS = 0.5
+KEEPALIVE_SECONDS = 15.0
+
+
+def etag_of(document: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:32]
+    return f'"{digest}"'
+
+
+async def load_run(request: Request, run_id: UUID, tenant_id: str | None) -> Run:
+    queue: Queue = request.app.state.turnstile.queue
+    run = await queue.get_run(run_id, tenant_id=tenant_id)
+    if run is None:
+        raise RunNotFoundError(run_id)
+    return run
+
+
+# --- the runbook (operator and admin keys) ---------------------------------------------------
+@runbook.get(
+    "/queue/stats",
+    response_model=QueueStats,
+    summary="Queue depth per class and status, and the oldest eligible queued run's age",
+    description="Operator keys see their tenant; admin keys see the whole queue.",
+    responses=responses("unauthorized", "forbidden"),
+)
+async def queue_stats(request: Request, caller: OperatorDep) -> Any:
+    tenant = visible_tenant(caller)
+    state = request.app.state.turnstile
+    async with state.engine.connect() as conn:
+        rows = (
+            await conn.execute(q("queue_depth"), {"tenant_id": tenant, "now": None})
+        ).mappings().all()
+    classes = {klass.value: ClassDepth() for klass in PriorityClass}
+    for row in rows:
+        depth = classes[list(PriorityClass)[int(row["class_index"])].value]
+        setattr(depth, row["status"], int(row["runs"]))
+        if row["oldest_eligible_age"] is not None:
+            depth.oldest_eligible_age_seconds = round(float(row["oldest_eligible_age"]), 3)
+    return QueueStats(scope="all" if tenant is None else f"tenant:{tenant}", classes=classes)
+
+
+@runbook.get(
+    "/runs/stuck",
+    response_model=StuckRuns,
+    summary="Runs whose lease expired unswept, queued too long, or waiting too long",
+    responses=responses("unauthorized", "forbidden", "invalid-request"),
+)
+async def stuck_runs(
+    request: Request,
+    caller: OperatorDep,
+    queued_seconds: Annotated[float, Query(ge=0, le=10**7)] = 300,
+    waiting_seconds: Annotated[float, Query(ge=0, le=10**8)] = 86_400,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> Any:
+    state = request.app.state.turnstile
+    async with state.engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                q("stuck_runs"),
+                {"tenant_id": visible_tenant(caller), "queued_seconds": queued_seconds,
+                 "waiting_seconds": waiting_seconds, "limit": limit, "now": None},
+            )
+        ).mappings().all()
+    return StuckRuns(
+        runs=[
+            StuckRun(reason=row["reason"], run=run_document(Run.from_row(row).to_document()))
+            for row in rows
+        ]
+    )
+
+
+@runbook.get(
+    "/runs/failed",
+    response_model=RunPage,
+    summary="The dead letter: failed runs not yet dismissed, newest first, with their failure",
+    responses=responses("unauthorized", "forbidden", "invalid-request"),
+)
+async def failed_runs(
+    request: Request,
+    caller: OperatorDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> Any:
+    before = decode_cursor(cursor) if cursor else (None, None)
+    state = request.app.state.turnstile
+    async with state.engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                q("failed_runs"),
+                {"tenant_id": visible_tenant(caller), "before_finished": before[0],
+                 "before_id": before[1], "limit": limit + 1},
+            )
+        ).mappings().all()
+    runs = [Run.from_row(row) for row in rows[:limit]]
+    next_cursor = None
+    if len(rows) > limit and runs[-1].finished_at is not None:
+        next_cursor = encode_cursor(runs[-1].finished_at, runs[-1].id)
+    return RunPage(runs=[run_document(r.to_document()) for r in runs], next_cursor=next_cursor)
+
+
+@runbook.post(
+    "/runs/{run_id}/resubmit",
+    status_code=202,
+    response_model=RunDocument,
+    summary="A new run with a failed run's input; the failed run stays failed",
+    responses=responses("unauthorized", "forbidden", "not-found", "run-not-failed",
+                        "session-busy", "invalid-request"),
+)
+async def resubmit(run_id: UUID, request: Request, caller: OperatorDep) -> Any:
+    state = request.app.state.turnstile
+    outcome = await state.submissions.resubmit(
+        Submitter(caller.tenant_id, caller.principal, caller.actor), run_id,
+        tenant_id=visible_tenant(caller),
+    )
+    return submitted_response(outcome)
+
+
+@runbook.post(
+    "/runs/{run_id}/dismiss",
+    response_model=RunDocument,
+    summary="Dismiss a failed run: it leaves the dead letter and retention may prune it",
+    responses=responses("unauthorized", "forbidden", "not-found", "run-not-failed",
+                        "invalid-request"),
+)
+async def dismiss(run_id: UUID, request: Request, caller: OperatorDep) -> Any:
+    state = request.app.state.turnstile
+    run = await state.submissions.dismiss(
+        Submitter(caller.tenant_id, caller.principal, caller.actor), run_id,
+        tenant_id=visible_tenant(caller),
+    )
+    return run.to_document()
+
+
+# --- runs ------------------------------------------------------------------------------------
+@router.post(
+    "/runs",
+    status_code=202,
+    response_model=RunDocument,
+    summary="Submit a sessionless run (back-end work; async by default)",
+    responses={
+        **responses("unauthorized", "forbidden", "invalid-request", "idempotency-key-reused",
+                    "idempotency-key-in-flight", "malformed-json", "body-too-large"),
+        202: {"headers": {"Location": {"schema": {"type": "string"}}}},
+    },
+)
+async def submit_run(
+    body: RunRequest,
+    request: Request,
+    caller: CallerDep,
+    idempotency_key: IdempotencyHeader = None,
+) -> Any:
+    state = request.app.state.turnstile
+    outcome = await state.submissions.submit_run(
+        Submitter(caller.tenant_id, caller.principal, caller.actor),
+        spec_from(body, caller, state.agents),
+        await idempotency_of(request, idempotency_key),
+    )
+    return submitted_response(outcome)
+
+
+@router.get(
+    "/runs/{run_id}",
+    response_model=RunDocument,
+    summary="A run: status, class, attempts, result, failure, the pending question",
+    description=(
+        "Sends an `ETag`; `If-None-Match` with it answers 304 when nothing changed. "
+        "`wait=N` long-polls up to N seconds (at most 60) until the run's status differs from "
+        "`status` (default: its status when the request arrived); a finished run answers at "
+        "once."
+    ),
+    responses={**responses("unauthorized", "not-found", "invalid-request"),
+               304: {"description": "Not modified"}},
+)
+async def get_run(
+    run_id: UUID,
+    request: Request,
+    caller: CallerDep,
+    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_SECONDS)] = 0,
+    status: Annotated[
+        str | None, Query(pattern="^(queued|running|waiting_for_user|succeeded|failed|"
+                                  "cancelled)$")
+    ] = None,
+    if_none_match: Annotated[str | None, Header(alias="If-None-Match", max_length=200)] = None,
+) -> Any:
+    state = request.app.state.turnstile
+    tenant = visible_tenant(caller)
+    run = await load_run(request, run_id, tenant)
+    if wait > 0:
+        known = status or run.status
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        with state.watch.watching(str(run_id)) as changed:
+            while (
+                run.status == known
+                and run.status not in TERMINAL
+                and not state.shutdown.is_set()
+                and (remaining := deadline - loop.time()) > 0
+            ):
+                changed.clear()
+                await wait_for_change(
+                    changed, state.shutdown, min(COARSE_RECHECK_SECONDS, remaining)
+                )
+                run = await load_run(request, run_id, tenant)
+    document = run.to_document()
+    etag = etag_of(document)
+    if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
+        return Response(status_code=304, headers={"ETag": etag})
+    return JSONResponse(document, headers={"ETag": etag})
+
+
+@router.get(
+    "/runs/{run_id}/events",
+    response_model=EventPage,
+    summary="A run's events in order; Server-Sent Events with `Accept: text/event-stream`",
+    description=(
+        "JSON: the events after `after`, up to `limit`. With `Accept: text/event-stream`, a "
+        "stream of the events (`id` is the sequence number), resuming after `Last-Event-ID` or "
+        "`after`, that ends after the run's terminal event."
+    ),
+    responses={**responses("unauthorized", "not-found", "invalid-request"),
+               200: {"content": {"text/event-stream": {}}}},
+)
+async def run_events(
+    run_id: UUID,
+    request: Request,
+    caller: CallerDep,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+    accept: Annotated[str | None, Header(max_length=500)] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=30)] = None,
+) -> Any:
+    state = request.app.state.turnstile
+    tenant = visible_tenant(caller)
+    run = await load_run(request, run_id, tenant)
+    if accept is not None and "text/event-stream" in accept:
+        start = after
+        if last_event_id is not None:
+            if not last_event_id.strip().isdigit():
+                raise ApiProblem("invalid-request", "Last-Event-ID must be a sequence number")
+            start = int(last_event_id)
+        return StreamingResponse(
+            stream_events(request, run_id, tenant, start),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    events = await state.queue.events(run_id, after=after, limit=limit)
+    return EventPage(
+        events=[e.__dict__ for e in events],
+        last_seq=events[-1].seq if events else after,
+        finished=run.status in TERMINAL and (not events or events[-1].seq >= run.last_event_seq),
+    )
+
+
+async def stream_events(
+    request: Request, run_id: UUID, tenant: str | None, after: int
+) -> AsyncIterator[str]:
+    state = request.app.state.turnstile
+    loop = asyncio.get_running_loop()
+    last_sent = loop.time()
+    with state.watch.watching(str(run_id)) as changed:
+        while not state.shutdown.is_set():
+            changed.clear()
+            events = await state.queue.events(run_id, after=after, limit=500)
+            for event in events:
+                data = json.dumps(
+                    {"seq": event.seq, "type": event.type, "epoch": event.epoch,
+                     "data": event.data, "created_at": event.created_at.isoformat()}
+                )
+                yield f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n"
+                after = event.seq
+                last_sent = loop.time()
+            if len(events) == 500:
+                continue
+            run = await state.queue.get_run(run_id, tenant_id=tenant)
+            if run is None or (run.status in TERMINAL and after >= run.last_event_seq):
+                return
+            if loop.time() - last_sent > KEEPALIVE_SECONDS:
+                yield ": keep-alive\n\n"
+                last_sent = loop.time()
+            await wait_for_change(changed, state.shutdown, STREAM_RECHECK_SECONDS)
+
+
+@router.post(
+    "/runs/{run_id}/cancel",
+    response_model=RunDocument,
+    summary="Cancel a run from any non-terminal status (a cancelled run answers 200 again)",
+    responses=responses("unauthorized", "not-found", "run-finished", "invalid-request"),
+)
+async def cancel(run_id: UUID, request: Request, caller: CallerDep) -> Any:
+    state = request.app.state.turnstile
+    outcome = await state.queue.cancel(
+        run_id, actor=caller.actor, reason="cancelled through the API",
+        tenant_id=visible_tenant(caller),
+    )
+    return outcome.run.to_document()

@@ -1,0 +1,216 @@
+"""Sessions and turns: `POST /sessions`, `GET /sessions/{id}`, `GET /sessions/{id}/runs`,
+`POST /sessions/{id}/turns`. Routing and idempotency are the core's (app/queue/submit.py);
+these handlers parse, authorize and render."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import datetime
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from app.api.auth import CallerDep
+from app.api.models import (
+    RunDocument,
+    RunPage,
+    SessionDocument,
+    TurnRequest,
+    run_document,
+)
+from app.api.problems import ApiProblem, responses
+from app.queue.classes import PriorityClass
+from app.queue.errors import SessionNotFoundError
+from app.queue.models import Run
+from app.queue.sql import q
+from app.queue.submit import IdempotencyKey, RunSpec, Submitted, Submitter, request_hash
+from app.security.api_keys import Caller
+
+router = APIRouter(tags=["sessions"])
+
+IdempotencyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=255,
+        description="Makes retries safe: the same key and body replay the first outcome.",
+    ),
+]
+
+
+def spec_from(body: TurnRequest, caller: Caller, agents: frozenset[str]) -> RunSpec:
+    """Validate what the core cannot know (agents registered here, scopes) and build a spec."""
+    if body.agent is not None and body.agent not in agents:
+        raise ApiProblem(
+            "invalid-request",
+            f"body.agent: unknown agent {body.agent!r} (known: {', '.join(sorted(agents))})",
+            errors=[{"loc": ["body", "agent"], "msg": "unknown agent", "type": "unknown_agent"}],
+        )
+    priority = PriorityClass(body.priority) if body.priority else None
+    if priority is PriorityClass.MAINTENANCE and not caller.is_operator:
+        raise ApiProblem("forbidden", "maintenance runs need a key with the operator scope")
+    return RunSpec(
+        input=body.input, agent=body.agent, priority=priority, scheduled_for=body.scheduled_for
+    )
+
+
+async def idempotency_of(
+    request: Request, key: str | None
+) -> IdempotencyKey | None:
+    if key is None:
+        return None
+    body: Any = json.loads(await request.body())
+    return IdempotencyKey(key=key, request_hash=request_hash(request.method, request.url.path,
+                                                              body))
+
+
+def submitted_response(outcome: Submitted) -> JSONResponse:
+    headers = {"Location": f"/runs/{outcome.run_id}"}
+    if outcome.replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return JSONResponse(outcome.document, status_code=outcome.status_code, headers=headers)
+
+
+@router.post(
+    "/sessions",
+    status_code=201,
+    response_model=SessionDocument,
+    summary="Create a session (a conversation)",
+    responses=responses("unauthorized"),
+)
+async def create_session(request: Request, caller: CallerDep, response: Response) -> Any:
+    state = request.app.state.turnstile
+    async with state.engine.begin() as conn:
+        row = (
+            await conn.execute(
+                q("create_session"),
+                {"tenant_id": caller.tenant_id, "principal": caller.principal, "now": None},
+            )
+        ).mappings().one()
+    response.headers["Location"] = f"/sessions/{row['id']}"
+    return SessionDocument(id=row["id"], created_at=row["created_at"], state="idle")
+
+
+@router.get(
+    "/sessions/{session_id}",
+    response_model=SessionDocument,
+    summary="A session and its state: idle, busy (with its active run), or waiting for the user",
+    responses=responses("unauthorized", "not-found", "invalid-request"),
+)
+async def get_session(session_id: UUID, request: Request, caller: CallerDep) -> Any:
+    state = request.app.state.turnstile
+    async with state.engine.connect() as conn:
+        row = (
+            await conn.execute(
+                q("get_session"), {"session_id": session_id, "tenant_id": caller.tenant_id}
+            )
+        ).mappings().one_or_none()
+    if row is None:
+        raise SessionNotFoundError(session_id)
+    active = row["active_status"]
+    return SessionDocument(
+        id=row["id"],
+        created_at=row["created_at"],
+        state="idle" if active is None else (
+            "waiting_for_user" if active == "waiting_for_user" else "busy"
+        ),
+        active_run_id=row["active_run_id"],
+        active_run_status=active,
+        question=row["active_question"],
+    )
+
+
+def encode_cursor(created_at: datetime, run_id: UUID) -> str:
+    raw = f"{created_at.isoformat()}|{run_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        when, _, run_id = base64.urlsafe_b64decode(padded).decode().partition("|")
+        return datetime.fromisoformat(when), UUID(run_id)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiProblem(
+            "invalid-request", "cursor: not a cursor this API returned",
+            errors=[{"loc": ["query", "cursor"], "msg": "invalid cursor", "type": "cursor"}],
+        ) from None
+
+
+@router.get(
+    "/sessions/{session_id}/runs",
+    response_model=RunPage,
+    summary="A session's runs, newest first",
+    responses=responses("unauthorized", "not-found", "invalid-request"),
+)
+async def session_runs(
+    session_id: UUID,
+    request: Request,
+    caller: CallerDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> Any:
+    state = request.app.state.turnstile
+    before = decode_cursor(cursor) if cursor else (None, None)
+    async with state.engine.connect() as conn:
+        exists = (
+            await conn.execute(
+                q("get_session"), {"session_id": session_id, "tenant_id": caller.tenant_id}
+            )
+        ).one_or_none()
+        if exists is None:
+            raise SessionNotFoundError(session_id)
+        rows = (
+            await conn.execute(
+                q("session_runs"),
+                {"session_id": session_id, "before_created": before[0], "before_id": before[1],
+                 "limit": limit + 1},
+            )
+        ).mappings().all()
+    runs = [Run.from_row(row) for row in rows[:limit]]
+    next_cursor = (
+        encode_cursor(runs[-1].created_at, runs[-1].id) if len(rows) > limit else None
+    )
+    return RunPage(runs=[run_document(r.to_document()) for r in runs], next_cursor=next_cursor)
+
+
+@router.post(
+    "/sessions/{session_id}/turns",
+    status_code=202,
+    response_model=RunDocument,
+    summary="Submit a user's turn: starts a run, or answers the run waiting for the user",
+    description=(
+        "With no active run in the session, a new run is queued (202, `Location: /runs/{id}`). "
+        "When the session's run is waiting for the user, the input is delivered to that same "
+        "run, which goes back to the queue (202). When its run is queued or running, the turn "
+        "is refused with 409 `session-busy`. With `Idempotency-Key`, a retry of the same "
+        "request replays the first outcome (`Idempotent-Replayed: true`)."
+    ),
+    responses={
+        **responses(
+            "unauthorized", "forbidden", "not-found", "session-busy", "invalid-request",
+            "answer-conflict", "idempotency-key-in-flight", "malformed-json", "body-too-large",
+        ),
+        202: {"headers": {"Location": {"schema": {"type": "string"}}}},
+    },
+)
+async def submit_turn(
+    session_id: UUID,
+    body: TurnRequest,
+    request: Request,
+    caller: CallerDep,
+    idempotency_key: IdempotencyHeader = None,
+) -> Any:
+    state = request.app.state.turnstile
+    spec = spec_from(body, caller, state.agents)
+    outcome = await state.submissions.submit_turn(
+        Submitter(caller.tenant_id, caller.principal, caller.actor),
+        session_id,
+        spec,
+        await idempotency_of(request, idempotency_key),
+    )
+    return submitted_response(outcome)

@@ -1,0 +1,58 @@
+"""An API under test: the real app in a real uvicorn server on loopback, with keys made
+through the same code as `turnstile keys create`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.config import Settings
+from app.main import create_app
+from app.queue.core import Queue
+from app.security.api_keys import create_key
+from app.worker.executor import Executor
+from tests.support.servers import running_server
+
+
+@dataclass
+class Api:
+    base: str
+    engine: AsyncEngine
+    queue: Queue
+    clients: list[httpx.AsyncClient] = field(default_factory=list)
+
+    async def key(self, tenant: str = "acme", principal: str = "alice",
+                  *scopes: str) -> str:
+        return (await create_key(self.engine, tenant_id=tenant, principal=principal,
+                                 scopes=tuple(scopes))).secret
+
+    async def client(self, tenant: str = "acme", principal: str = "alice",
+                     *scopes: str) -> httpx.AsyncClient:
+        secret = await self.key(tenant, principal, *scopes)
+        client = httpx.AsyncClient(
+            base_url=self.base, headers={"Authorization": f"Bearer {secret}"}, timeout=30
+        )
+        self.clients.append(client)
+        return client
+
+
+@asynccontextmanager
+async def running_api(
+    database_url: str, engine: AsyncEngine, *, workers: bool = False,
+    executor: Executor | None = None, **settings: object,
+) -> AsyncIterator[Api]:
+    app = create_app(
+        Settings(database_url=database_url, run_workers=workers, **settings),  # type: ignore[arg-type]
+        executor,
+    )
+    async with running_server(app) as base:
+        api = Api(base=base, engine=engine, queue=Queue(engine))
+        try:
+            yield api
+        finally:
+            for client in api.clients:
+                await client.aclose()
