@@ -25,13 +25,16 @@ class Api:
     queue: Queue
     clients: list[httpx.AsyncClient] = field(default_factory=list)
 
-    async def key(self, tenant: str = "acme", principal: str = "alice",
-                  *scopes: str) -> str:
-        return (await create_key(self.engine, tenant_id=tenant, principal=principal,
-                                 scopes=tuple(scopes))).secret
+    async def key(self, tenant: str = "acme", principal: str = "alice", *scopes: str) -> str:
+        return (
+            await create_key(
+                self.engine, tenant_id=tenant, principal=principal, scopes=tuple(scopes)
+            )
+        ).secret
 
-    async def client(self, tenant: str = "acme", principal: str = "alice",
-                     *scopes: str) -> httpx.AsyncClient:
+    async def client(
+        self, tenant: str = "acme", principal: str = "alice", *scopes: str
+    ) -> httpx.AsyncClient:
         secret = await self.key(tenant, principal, *scopes)
         client = httpx.AsyncClient(
             base_url=self.base, headers={"Authorization": f"Bearer {secret}"}, timeout=30
@@ -42,8 +45,12 @@ class Api:
 
 @asynccontextmanager
 async def running_api(
-    database_url: str, engine: AsyncEngine, *, workers: bool = False,
-    executor: Executor | None = None, **settings: object,
+    database_url: str,
+    engine: AsyncEngine,
+    *,
+    workers: bool = False,
+    executor: Executor | None = None,
+    **settings: object,
 ) -> AsyncIterator[Api]:
     app = create_app(
         Settings(database_url=database_url, run_workers=workers, **settings),  # type: ignore[arg-type]

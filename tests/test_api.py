@@ -1,0 +1,470 @@
+"""The HTTP API through a real server: turn routing (new run, delivery to a waiting run,
+session-busy), idempotency (replay, reuse, concurrency, in-flight, expiry, only 2xx stored),
+tenancy, long poll, ETag, events and Server-Sent Events, cancel, and the operator runbook."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+from uuid import UUID
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.queue.classes import PriorityClass
+from app.queue.models import Lease
+from tests.support.api import Api, running_api
+from tests.support.waiting import eventually
+
+
+@pytest.fixture
+async def api(database_url: str, engine: AsyncEngine) -> AsyncIterator[Api]:
+    async with running_api(database_url, engine, idempotency_wait_seconds=0.5) as running:
+        yield running
+
+
+async def new_session(client: httpx.AsyncClient) -> str:
+    response = await client.post("/sessions")
+    assert response.status_code == 201
+    assert response.headers["location"] == f"/sessions/{response.json()['id']}"
+    return str(response.json()["id"])
+
+
+async def turn(
+    client: httpx.AsyncClient, session: str, body: dict[str, Any], key: str | None = None
+) -> httpx.Response:
+    headers = {"Idempotency-Key": key} if key else {}
+    return await client.post(f"/sessions/{session}/turns", json=body, headers=headers)
+
+
+async def claim(api: Api) -> Lease:
+    claimed = await api.queue.claim("test-worker", list(PriorityClass))
+    assert len(claimed) == 1
+    return claimed[0].lease
+
+
+async def count_runs(engine: AsyncEngine) -> int:
+    async with engine.connect() as conn:
+        return int((await conn.execute(text("SELECT count(*) FROM runs"))).scalar_one())
+
+
+def assert_problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body: dict[str, Any] = response.json()
+    assert body["type"] == f"/problems/{slug}"
+    assert body["status"] == status
+    return body
+
+
+# --- routing -----------------------------------------------------------------------------------
+async def test_a_turn_on_an_idle_session_starts_a_run(api: Api) -> None:
+    client = await api.client()
+    session = await new_session(client)
+    response = await turn(client, session, {"input": {"text": "hello"}})
+    assert response.status_code == 202
+    run = response.json()
+    assert response.headers["location"] == f"/runs/{run['id']}"
+    assert (run["status"], run["class"], run["agent"], run["session_id"]) == (
+        "queued",
+        "interactive",
+        "scripted",
+        session,
+    )
+    state = (await client.get(f"/sessions/{session}")).json()
+    assert (state["state"], state["active_run_id"]) == ("busy", run["id"])
+
+
+@pytest.mark.parametrize("active", ["queued", "running"])
+async def test_a_turn_while_a_run_is_active_is_refused(api: Api, active: str) -> None:
+    client = await api.client()
+    session = await new_session(client)
+    first = (await turn(client, session, {"input": 1})).json()
+    if active == "running":
+        await claim(api)
+    busy = assert_problem(await turn(client, session, {"input": 2}), 409, "session-busy")
+    assert busy["active_run_id"] == first["id"]
+    assert busy["active_run_status"] == active
+    assert await count_runs(api.engine) == 1
+
+
+async def test_an_answer_resumes_the_waiting_run(api: Api) -> None:
+    client = await api.client()
+    session = await new_session(client)
+    first = (await turn(client, session, {"input": "book", "priority": "async"})).json()
+    lease = await claim(api)
+    await api.queue.wait_for_user(lease, {"text": "Which day?"}, step=1, state={})
+    waiting = (await client.get(f"/runs/{first['id']}")).json()
+    assert (waiting["status"], waiting["question"]) == ("waiting_for_user", {"text": "Which day?"})
+    assert (await client.get(f"/sessions/{session}")).json()["state"] == "waiting_for_user"
+
+    # Fields the answer leaves out come from the waiting run; it is the same run, queued again.
+    answer = await turn(client, session, {"input": "Tuesday"})
+    assert answer.status_code == 202
+    resumed = answer.json()
+    assert (resumed["id"], resumed["status"], resumed["class"]) == (first["id"], "queued", "async")
+    assert resumed["question"] is None
+    assert await api.queue.inputs(UUID(first["id"])) == ["book", "Tuesday"]
+    assert await count_runs(api.engine) == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("priority", "interactive"), ("scheduled_for", "2031-01-01T00:00:00+00:00")],
+)
+async def test_an_answer_cannot_change_the_waiting_run(api: Api, field: str, value: str) -> None:
+    client = await api.client()
+    session = await new_session(client)
+    await turn(client, session, {"input": 1, "priority": "async"})
+    await api.queue.wait_for_user(await claim(api), "?", step=1, state={})
+    refused = assert_problem(
+        await turn(client, session, {"input": 2, field: value}), 422, "answer-conflict"
+    )
+    assert refused["field"] == field
+    # The run's own values are fine, and so is leaving them out.
+    assert (await turn(client, session, {"input": 2, "priority": "async"})).status_code == 202
+
+
+async def test_sessionless_runs_default_to_async(api: Api) -> None:
+    client = await api.client()
+    runs = [await client.post("/runs", json={"input": {"n": i}}) for i in range(3)]
+    assert {r.status_code for r in runs} == {202}
+    assert {r.json()["class"] for r in runs} == {"async"}
+    assert {r.json()["session_id"] for r in runs} == {None}
+
+
+async def test_maintenance_needs_the_operator_scope(api: Api) -> None:
+    plain = await api.client()
+    assert_problem(
+        await plain.post("/runs", json={"input": 1, "priority": "maintenance"}), 403, "forbidden"
+    )
+    operator = await api.client("acme", "ops", "operator")
+    response = await operator.post("/runs", json={"input": 1, "priority": "maintenance"})
+    assert response.json()["class"] == "maintenance"
+
+
+# --- idempotency -----------------------------------------------------------------------------
+async def test_replay_and_reuse(api: Api) -> None:
+    client = await api.client()
+    session = await new_session(client)
+    first = await turn(client, session, {"input": {"a": 1, "b": 2}}, key="k-1")
+    # Same request, keys in another order: the same canonical body, so a replay.
+    again = await client.post(
+        f"/sessions/{session}/turns",
+        content=b'{"input": {"b": 2, "a": 1}}',
+        headers={"Idempotency-Key": "k-1", "Content-Type": "application/json"},
+    )
+    assert again.status_code == 202
+    assert again.headers["idempotent-replayed"] == "true"
+    assert "idempotent-replayed" not in first.headers
+    assert again.json() == first.json()
+    assert again.headers["location"] == first.headers["location"]
+    reused = await turn(client, session, {"input": {"a": 2}}, key="k-1")
+    assert_problem(reused, 422, "idempotency-key-reused")
+    # The same key on another path is another request too.
+    assert_problem(
+        await client.post(
+            "/runs", json={"input": {"a": 1, "b": 2}}, headers={"Idempotency-Key": "k-1"}
+        ),
+        422,
+        "idempotency-key-reused",
+    )
+    assert await count_runs(api.engine) == 1
+
+
+async def test_keys_are_scoped_to_tenant_and_principal(api: Api) -> None:
+    alice = await api.client("acme", "alice")
+    bob = await api.client("acme", "bob")
+    for client in (alice, bob):
+        response = await client.post("/runs", json={"input": 1}, headers={"Idempotency-Key": "x"})
+        assert response.status_code == 202
+        assert "idempotent-replayed" not in response.headers
+    assert await count_runs(api.engine) == 2
+
+
+async def test_fifty_identical_submissions_make_one_run(api: Api) -> None:
+    client = await api.client()
+    session = await new_session(client)
+    responses = await asyncio.gather(
+        *(turn(client, session, {"input": "same"}, key="burst") for _ in range(50))
+    )
+    assert {r.status_code for r in responses} == {202}, {r.text for r in responses}
+    assert len({r.json()["id"] for r in responses}) == 1
+    assert sum(r.headers.get("idempotent-replayed") == "true" for r in responses) == 49
+    assert await count_runs(api.engine) == 1
+
+
+async def test_fifty_different_turns_to_one_session_make_one_run(api: Api) -> None:
+    client = await api.client()
+    session = await new_session(client)
+    responses = await asyncio.gather(
+        *(turn(client, session, {"input": i}, key=f"k{i}") for i in range(50))
+    )
+    codes = sorted(r.status_code for r in responses)
+    assert codes == [202] + [409] * 49
+    winner = next(r.json()["id"] for r in responses if r.status_code == 202)
+    assert {r.json()["active_run_id"] for r in responses if r.status_code == 409} == {winner}
+    assert await count_runs(api.engine) == 1
+
+
+async def test_a_twin_in_flight_waits_then_gets_409_with_retry_after(api: Api) -> None:
+    secret = await api.key("acme", "carol")
+    client = httpx.AsyncClient(base_url=api.base, headers={"Authorization": f"Bearer {secret}"})
+    api.clients.append(client)
+    async with api.engine.connect() as holder:
+        # A twin's uncommitted key, as if its request were still being processed.
+        await holder.execute(
+            text(
+                "INSERT INTO idempotency_keys (tenant_id, principal, key, request_hash, "
+                "response_status, response_body, expires_at) VALUES ('acme', 'carol', 'slow', 'h', "
+                "0, '{}', now() + interval '1 hour')"
+            )
+        )
+        response = await client.post(
+            "/runs", json={"input": 1}, headers={"Idempotency-Key": "slow"}
+        )
+        body = assert_problem(response, 409, "idempotency-key-in-flight")
+        assert response.headers["retry-after"] == "1"
+        assert "slow" in body["detail"]
+        await holder.rollback()
+    # The twin gave up (rolled back): the key is free, and the retry goes through.
+    retry = await client.post("/runs", json={"input": 1}, headers={"Idempotency-Key": "slow"})
+    assert retry.status_code == 202
+    assert await count_runs(api.engine) == 1
+
+
+async def test_an_expired_key_counts_as_absent(api: Api) -> None:
+    client = await api.client("acme", "dave")
+    first = await client.post("/runs", json={"input": 1}, headers={"Idempotency-Key": "old"})
+    async with api.engine.begin() as conn:
+        await conn.execute(
+            text(
+                "UPDATE idempotency_keys SET expires_at = now() - interval '1 second' "
+                "WHERE key = 'old'"
+            )
+        )
+    second = await client.post("/runs", json={"input": 2}, headers={"Idempotency-Key": "old"})
+    assert second.status_code == 202
+    assert second.json()["id"] != first.json()["id"]
+
+
+async def test_only_successful_outcomes_are_stored(api: Api) -> None:
+    client = await api.client()
+    session = await new_session(client)
+    first = (await turn(client, session, {"input": 1})).json()
+    refused = await turn(client, session, {"input": 2}, key="after-busy")
+    assert_problem(refused, 409, "session-busy")
+    await api.queue.complete(await claim(api), {"ok": True})
+    # The 409 was not remembered: the same request now starts a run.
+    accepted = await turn(client, session, {"input": 2}, key="after-busy")
+    assert accepted.status_code == 202
+    assert accepted.json()["id"] != first["id"]
+    assert "idempotent-replayed" not in accepted.headers
+
+
+# --- tenancy ---------------------------------------------------------------------------------
+async def test_another_tenant_sees_nothing(api: Api) -> None:
+    mine = await api.client("acme", "alice")
+    theirs = await api.client("globex", "mallory")
+    session = await new_session(mine)
+    run = (await turn(mine, session, {"input": 1})).json()["id"]
+    for response in [
+        await theirs.get(f"/sessions/{session}"),
+        await theirs.get(f"/sessions/{session}/runs"),
+        await theirs.post(f"/sessions/{session}/turns", json={"input": 2}),
+        await theirs.get(f"/runs/{run}"),
+        await theirs.get(f"/runs/{run}/events"),
+        await theirs.post(f"/runs/{run}/cancel"),
+    ]:
+        assert_problem(response, 404, "not-found")
+    assert (await mine.get(f"/runs/{run}")).json()["status"] == "queued"
+    # An admin key sees any run.
+    admin = await api.client("platform", "sre", "admin")
+    assert (await admin.get(f"/runs/{run}")).status_code == 200
+
+
+# --- reading runs ----------------------------------------------------------------------------
+async def test_etag_and_not_modified(api: Api) -> None:
+    client = await api.client()
+    run = (await client.post("/runs", json={"input": 1})).json()
+    first = await client.get(f"/runs/{run['id']}")
+    etag = first.headers["etag"]
+    assert (
+        await client.get(f"/runs/{run['id']}", headers={"If-None-Match": etag})
+    ).status_code == 304
+    await claim(api)
+    changed = await client.get(f"/runs/{run['id']}", headers={"If-None-Match": etag})
+    assert changed.status_code == 200
+    assert changed.json()["status"] == "running"
+
+
+async def test_long_poll_returns_when_the_status_changes(api: Api) -> None:
+    client = await api.client()
+    run = (await client.post("/runs", json={"input": 1})).json()["id"]
+    lease = await claim(api)
+    poll = asyncio.create_task(client.get(f"/runs/{run}", params={"wait": 30}))
+    await asyncio.sleep(0)  # the poll is in flight; completing notifies it
+    await api.queue.complete(lease, {"answer": 42})
+    response = await asyncio.wait_for(poll, 20)
+    assert response.json()["status"] == "succeeded"
+    assert response.json()["result"] == {"answer": 42}
+    # A finished run answers at once, whatever the wait.
+    done = await asyncio.wait_for(client.get(f"/runs/{run}", params={"wait": 60}), 10)
+    assert done.json()["status"] == "succeeded"
+
+
+async def test_long_poll_from_a_known_status(api: Api) -> None:
+    client = await api.client()
+    run = (await client.post("/runs", json={"input": 1})).json()["id"]
+    await claim(api)
+    # The client last saw "queued"; the run is already running: answer at once.
+    response = await asyncio.wait_for(
+        client.get(f"/runs/{run}", params={"wait": 30, "status": "queued"}), 10
+    )
+    assert response.json()["status"] == "running"
+
+
+async def test_events_page_and_stream_resume(api: Api) -> None:
+    client = await api.client()
+    run = (await client.post("/runs", json={"input": 1})).json()["id"]
+    lease = await claim(api)
+    await api.queue.append_event(lease, "agent.note", {"n": 1})
+    page = (await client.get(f"/runs/{run}/events")).json()
+    assert [e["type"] for e in page["events"]] == ["run.created", "run.claimed", "agent.note"]
+    assert (page["last_seq"], page["finished"]) == (3, False)
+    after = (await client.get(f"/runs/{run}/events", params={"after": 2})).json()
+    assert [e["seq"] for e in after["events"]] == [3]
+
+    received: list[tuple[str, str]] = []
+
+    async def follow(last_event_id: str) -> None:
+        headers = {"Accept": "text/event-stream", "Last-Event-ID": last_event_id}
+        async with client.stream("GET", f"/runs/{run}/events", headers=headers) as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            event_id = ""
+            async for line in stream.aiter_lines():
+                if line.startswith("id: "):
+                    event_id = line[4:]
+                elif line.startswith("event: "):
+                    received.append((event_id, line[7:]))
+                    if line[7:] == "agent.note":
+                        await api.queue.complete(lease, {})
+
+    await asyncio.wait_for(follow("2"), 20)  # ends by itself after the terminal event
+    assert received == [("3", "agent.note"), ("4", "run.succeeded")]
+    body = (await client.get(f"/runs/{run}/events", params={"after": 3})).json()
+    assert body["finished"] is True
+
+
+async def test_session_runs_newest_first_with_cursor(api: Api) -> None:
+    client = await api.client()
+    session = await new_session(client)
+    ids = []
+    for i in range(3):
+        ids.append((await turn(client, session, {"input": i})).json()["id"])
+        await api.queue.complete(await claim(api), {})
+    first = (await client.get(f"/sessions/{session}/runs", params={"limit": 2})).json()
+    assert [r["id"] for r in first["runs"]] == [ids[2], ids[1]]
+    rest = (
+        await client.get(
+            f"/sessions/{session}/runs", params={"limit": 2, "cursor": first["next_cursor"]}
+        )
+    ).json()
+    assert [r["id"] for r in rest["runs"]] == [ids[0]]
+    assert rest["next_cursor"] is None
+
+
+# --- cancel ----------------------------------------------------------------------------------
+async def test_cancel_semantics(api: Api) -> None:
+    client = await api.client()
+    run = (await client.post("/runs", json={"input": 1})).json()["id"]
+    lease = await claim(api)
+    cancelled = await client.post(f"/runs/{run}/cancel")
+    assert (cancelled.status_code, cancelled.json()["status"]) == (200, "cancelled")
+    assert await api.queue.heartbeat(lease) is False
+    again = await client.post(f"/runs/{run}/cancel")
+    assert (again.status_code, again.json()["status"]) == (200, "cancelled")
+    done = (await client.post("/runs", json={"input": 2})).json()["id"]
+    await api.queue.complete(await claim(api), {})
+    assert_problem(await client.post(f"/runs/{done}/cancel"), 409, "run-finished")
+    events = (await client.get(f"/runs/{run}/events")).json()["events"]
+    assert events[-1]["type"] == "run.cancelled"
+    assert events[-1]["data"]["by"].startswith("key:")
+
+
+# --- the runbook ------------------------------------------------------------------------------
+async def test_queue_stats_per_tenant_and_for_admins(api: Api) -> None:
+    acme = await api.client("acme", "alice")
+    globex = await api.client("globex", "bob")
+    for _ in range(2):
+        await acme.post("/runs", json={"input": 1})
+    await globex.post("/runs", json={"input": 1, "priority": "interactive"})
+    ops = await api.client("acme", "ops", "operator")
+    stats = (await ops.get("/queue/stats")).json()
+    assert stats["scope"] == "tenant:acme"
+    assert stats["classes"]["async"]["queued"] == 2
+    assert stats["classes"]["interactive"]["queued"] == 0
+    assert stats["classes"]["async"]["oldest_eligible_age_seconds"] >= 0
+    admin = await api.client("platform", "sre", "admin")
+    everything = (await admin.get("/queue/stats")).json()
+    assert everything["scope"] == "all"
+    assert everything["classes"]["interactive"]["queued"] == 1
+
+
+async def test_dead_letter_resubmit_and_dismiss(api: Api) -> None:
+    client = await api.client()
+    ops = await api.client("acme", "ops", "operator")
+    run = (await client.post("/runs", json={"input": {"job": 7}})).json()["id"]
+    await api.queue.fail(await claim(api), {"kind": "permanent", "message": "bad input"})
+    failed = (await ops.get("/runs/failed")).json()["runs"]
+    assert [(r["id"], r["failure"]["kind"]) for r in failed] == [(run, "permanent")]
+
+    again = await ops.post(f"/runs/{run}/resubmit")
+    assert again.status_code == 202
+    new = again.json()
+    assert (new["input"], new["resubmitted_from"], new["status"]) == ({"job": 7}, run, "queued")
+    assert (await client.get(f"/runs/{run}")).json()["status"] == "failed"
+
+    dismissed = await ops.post(f"/runs/{run}/dismiss")
+    assert dismissed.json()["dismissed_at"] is not None
+    assert (await ops.post(f"/runs/{run}/dismiss")).status_code == 200  # idempotent
+    assert (await ops.get("/runs/failed")).json()["runs"] == []
+    types = [e["type"] for e in (await client.get(f"/runs/{run}/events")).json()["events"]]
+    assert types[-2:] == ["operator.resubmitted", "operator.dismissed"]
+    assert_problem(await ops.post(f"/runs/{new['id']}/dismiss"), 409, "run-not-failed")
+    # Another tenant's operator cannot touch it.
+    other = await api.client("globex", "ops", "operator")
+    assert_problem(await other.post(f"/runs/{run}/resubmit"), 404, "not-found")
+
+
+async def test_stuck_runs(api: Api) -> None:
+    client = await api.client()
+    ops = await api.client("acme", "ops", "operator")
+    run = (await client.post("/runs", json={"input": 1})).json()["id"]
+    await api.queue.claim("w", list(PriorityClass), lease_seconds=0.001)
+
+    async def reported() -> list[Any] | None:
+        runs: list[Any] = (await ops.get("/runs/stuck")).json()["runs"]
+        return runs or None
+
+    stuck = await eventually(reported, what="the expired lease to be reported")
+    assert [(s["reason"], s["run"]["id"]) for s in stuck] == [("lease_expired", run)]
+    queued = (await client.post("/runs", json={"input": 2})).json()["id"]
+    both = (await ops.get("/runs/stuck", params={"queued_seconds": 0})).json()["runs"]
+    assert {(s["reason"], s["run"]["id"]) for s in both} == {
+        ("lease_expired", run),
+        ("queued_too_long", queued),
+    }
+
+
+async def test_readiness_reports_workers(database_url: str, engine: AsyncEngine) -> None:
+    async with (
+        running_api(database_url, engine, workers=True) as running,
+        httpx.AsyncClient(base_url=running.base) as client,
+    ):
+        ready = (await client.get("/readyz")).json()
+    assert ready["status"] == "ready"
+    assert ready["checks"]["workers"] == "up"
