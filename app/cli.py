@@ -136,7 +136,10 @@ def cmd_keys_create(args: argparse.Namespace) -> None:
         engine = await _engine_for(_settings())
         try:
             new = await create_key(
-                engine, tenant_id=args.tenant, principal=args.principal, scopes=scopes,
+                engine,
+                tenant_id=args.tenant,
+                principal=args.principal,
+                scopes=scopes,
                 name=args.name,
             )
         except ValueError as exc:
@@ -171,8 +174,10 @@ def cmd_keys_list(args: argparse.Namespace) -> None:
             return
         for k in keys:
             state = f"revoked {k.revoked_at:%Y-%m-%d}" if k.revoked_at else "active"
-            print(f"{k.id}  {k.prefix}...  {k.tenant_id}/{k.principal}  "
-                  f"{','.join(k.scopes) or '-'}  {state}")
+            print(
+                f"{k.id}  {k.prefix}...  {k.tenant_id}/{k.principal}  "
+                f"{','.join(k.scopes) or '-'}  {state}"
+            )
 
     asyncio.run(run())
 
@@ -200,8 +205,12 @@ def cmd_keys_revoke(args: argparse.Namespace) -> None:
 
 def _key_json(info: KeyInfo) -> dict[str, object]:
     return {
-        "id": str(info.id), "prefix": info.prefix, "tenant": info.tenant_id,
-        "principal": info.principal, "scopes": list(info.scopes), "name": info.name,
+        "id": str(info.id),
+        "prefix": info.prefix,
+        "tenant": info.tenant_id,
+        "principal": info.principal,
+        "scopes": list(info.scopes),
+        "name": info.name,
         "created_at": info.created_at.isoformat(),
         "revoked_at": info.revoked_at.isoformat() if info.revoked_at else None,
     }

@@ -56,6 +56,16 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="How long a request waits for its in-flight twin."
     )
 
+    # --- runtime -----------------------------------------------------------------------------
+    http_allowed_hosts: str = Field(
+        default="*",
+        description="Hosts http_request may reach: names, '*.suffix' or '*'. Internal addresses "
+        "only when the host is listed by its exact name or address.",
+    )
+    http_timeout_seconds: float = Field(default=10.0, gt=0)
+    agent_time_limit_seconds: float = Field(default=600.0, gt=0)
+    transient_retries: int = Field(default=3, ge=0, le=20)
+
     # --- API ---------------------------------------------------------------------------------
     default_agent: str = Field(default="scripted", min_length=1)
     max_body_bytes: int = Field(default=1_048_576, ge=1024)

@@ -23,7 +23,8 @@ from app.db.state import ResolvedDatabase, resolve_database
 from app.queue.core import Queue, QueueConfig
 from app.queue.submit import Submissions
 from app.queue.sweeper import Sweeper
-from app.worker.executor import CompletingExecutor, Executor
+from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
+from app.worker.executor import Executor
 from app.worker.notifier import Notifier
 from app.worker.pool import WorkerPool
 
@@ -58,6 +59,17 @@ async def services(
     database = await asyncio.to_thread(resolve_database, settings)
     engine = create_engine(settings, database.url, pool_size=settings.pool_size)
     queue = Queue(engine, QueueConfig.from_settings(settings))
+    registry = default_registry(
+        [h for h in settings.http_allowed_hosts.split(",") if h.strip()],
+        settings.http_timeout_seconds,
+    )
+    runtime = RuntimeExecutor(
+        registry,
+        RuntimeLimits(
+            transient_retries=settings.transient_retries,
+            default_time_limit_seconds=settings.agent_time_limit_seconds,
+        ),
+    )
     notifier = Notifier(settings.listen_database_url or database.url)
     pool: WorkerPool | None = None
     sweeper: Sweeper | None = None
@@ -67,7 +79,7 @@ async def services(
         if settings.run_workers:
             pool = WorkerPool(
                 queue,
-                executor or CompletingExecutor(),
+                executor or runtime,
                 settings.slot_groups,
                 lease_seconds=settings.lease_seconds,
                 heartbeat_seconds=settings.heartbeat_seconds,
@@ -92,7 +104,7 @@ async def services(
                 idempotency_wait_seconds=settings.idempotency_wait_seconds,
                 lock_timeout_ms=settings.lock_timeout_ms,
             ),
-            agents=known_agents(settings),
+            agents=registry.agent_names(),
         )
         notifier.on_runs(state.watch.notify)
         yield state
@@ -104,12 +116,6 @@ async def services(
             await pool.stop(settings.drain_grace_seconds)
         await notifier.stop()
         await engine.dispose()
-
-
-def known_agents(settings: Settings) -> frozenset[str]:
-    """Agent names submissions may ask for. Until the runtime's registry is plugged in, the
-    pool's executor runs every run the same way, under the default agent's name."""
-    return frozenset({settings.default_agent})
 
 
 def create_app(settings: Settings | None = None, executor: Executor | None = None) -> FastAPI:

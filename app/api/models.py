@@ -24,8 +24,9 @@ class TurnRequest(Strict):
         default=None, min_length=1, max_length=200, description="Default: the service's."
     )
     priority: ClassName | None = Field(
-        default=None, description="interactive (default for turns) or async; maintenance "
-        "needs the operator scope."
+        default=None,
+        description="interactive (default for turns) or async; maintenance "
+        "needs the operator scope.",
     )
     scheduled_for: AwareDatetime | None = Field(
         default=None, description="Not claimable before this time (RFC 3339 with offset)."

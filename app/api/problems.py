@@ -35,38 +35,73 @@ MEDIA_TYPE = "application/problem+json"
 
 # slug -> (status, title, description served at /problems/<slug>)
 PROBLEMS: dict[str, tuple[int, str, str]] = {
-    "invalid-request": (422, "The request is not valid",
-                        "The body, a parameter or a header failed validation; `errors` lists "
-                        "each problem with its location."),
+    "invalid-request": (
+        422,
+        "The request is not valid",
+        "The body, a parameter or a header failed validation; `errors` lists "
+        "each problem with its location.",
+    ),
     "malformed-json": (400, "The body is not valid JSON", "Send a JSON object."),
-    "body-too-large": (413, "The request body is too large",
-                       "Bodies are limited by TURNSTILE_MAX_BODY_BYTES."),
-    "unauthorized": (401, "Authentication required",
-                     "Send `Authorization: Bearer <api key>` with a valid, unrevoked key."),
-    "forbidden": (403, "The key lacks a scope for this action",
-                  "Runbook actions need the operator scope; queue-wide views need admin."),
+    "body-too-large": (
+        413,
+        "The request body is too large",
+        "Bodies are limited by TURNSTILE_MAX_BODY_BYTES.",
+    ),
+    "unauthorized": (
+        401,
+        "Authentication required",
+        "Send `Authorization: Bearer <api key>` with a valid, unrevoked key.",
+    ),
+    "forbidden": (
+        403,
+        "The key lacks a scope for this action",
+        "Runbook actions need the operator scope; queue-wide views need admin.",
+    ),
     "not-found": (404, "Not found", "No such resource is visible to this key's tenant."),
     "method-not-allowed": (405, "Method not allowed", "See the OpenAPI document."),
-    "session-busy": (409, "The session already has a run in progress",
-                     "A session holds one active run. Wait for it to finish or to ask the "
-                     "user, or cancel it; `active_run_id` names it."),
-    "run-finished": (409, "The run has already finished",
-                     "Succeeded and failed runs cannot be cancelled."),
-    "run-not-waiting": (409, "The run is not waiting for the user",
-                        "Input can only be delivered to a run in waiting_for_user."),
-    "run-not-failed": (409, "The run has not failed",
-                       "Resubmit and dismiss apply to failed runs only."),
-    "answer-conflict": (422, "The answer would change the waiting run",
-                        "An answer resumes the same run; leave agent, priority and "
-                        "scheduled_for out, or send the run's own values."),
-    "idempotency-key-reused": (422, "Idempotency-Key reused with a different request",
-                               "A key identifies one request; this key was used with another "
-                               "method, path or body. Use a new key for a new request."),
-    "idempotency-key-in-flight": (409, "A request with this Idempotency-Key is in progress",
-                                  "Retry after the `Retry-After` seconds; the first request's "
-                                  "outcome will then be replayed."),
-    "database-unavailable": (503, "The database is unavailable",
-                             "Retry after the `Retry-After` seconds."),
+    "session-busy": (
+        409,
+        "The session already has a run in progress",
+        "A session holds one active run. Wait for it to finish or to ask the "
+        "user, or cancel it; `active_run_id` names it.",
+    ),
+    "run-finished": (
+        409,
+        "The run has already finished",
+        "Succeeded and failed runs cannot be cancelled.",
+    ),
+    "run-not-waiting": (
+        409,
+        "The run is not waiting for the user",
+        "Input can only be delivered to a run in waiting_for_user.",
+    ),
+    "run-not-failed": (
+        409,
+        "The run has not failed",
+        "Resubmit and dismiss apply to failed runs only.",
+    ),
+    "answer-conflict": (
+        422,
+        "The answer would change the waiting run",
+        "An answer resumes the same run; leave agent, priority and "
+        "scheduled_for out, or send the run's own values.",
+    ),
+    "idempotency-key-reused": (
+        422,
+        "Idempotency-Key reused with a different request",
+        "A key identifies one request; this key was used with another "
+        "method, path or body. Use a new key for a new request.",
+    ),
+    "idempotency-key-in-flight": (
+        409,
+        "A request with this Idempotency-Key is in progress",
+        "Retry after the `Retry-After` seconds; the first request's outcome will then be replayed.",
+    ),
+    "database-unavailable": (
+        503,
+        "The database is unavailable",
+        "Retry after the `Retry-After` seconds.",
+    ),
     "internal-error": (500, "Internal error", "Something unexpected happened; it was logged."),
 }
 
@@ -104,7 +139,10 @@ class ApiProblem(Exception):
     """Raised by handlers for errors that do not come from the core (auth, scopes, ...)."""
 
     def __init__(
-        self, slug: str, detail: str | None = None, headers: dict[str, str] | None = None,
+        self,
+        slug: str,
+        detail: str | None = None,
+        headers: dict[str, str] | None = None,
         **extra: Any,
     ) -> None:
         super().__init__(detail or slug)
@@ -133,8 +171,11 @@ def _core_problem(exc: TurnstileError, request: Request) -> JSONResponse:
         return problem_response("not-found", str(exc), instance=path)
     if isinstance(exc, SessionBusyError):
         return problem_response(
-            "session-busy", str(exc), instance=path,
-            active_run_id=str(exc.active_run_id), active_run_status=exc.status,
+            "session-busy",
+            str(exc),
+            instance=path,
+            active_run_id=str(exc.active_run_id),
+            active_run_status=exc.status,
         )
     if isinstance(exc, RunFinishedError):
         return problem_response("run-finished", str(exc), instance=path, run_status=exc.status)
@@ -148,7 +189,9 @@ def _core_problem(exc: TurnstileError, request: Request) -> JSONResponse:
         return problem_response("idempotency-key-reused", str(exc), instance=path)
     if isinstance(exc, IdempotencyKeyInFlightError):
         return problem_response(
-            "idempotency-key-in-flight", str(exc), instance=path,
+            "idempotency-key-in-flight",
+            str(exc),
+            instance=path,
             headers={"Retry-After": str(exc.retry_after)},
         )
     log.error("unmapped core error", exc_info=exc)
@@ -181,22 +224,31 @@ def install(app: FastAPI) -> None:
         first = errors[0] if errors else {"loc": [], "msg": "invalid"}
         where = ".".join(str(p) for p in first["loc"])
         return problem_response(
-            "invalid-request", f"{where}: {first['msg']}", instance=request.url.path,
+            "invalid-request",
+            f"{where}: {first['msg']}",
+            instance=request.url.path,
             errors=errors,
         )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        slug = {401: "unauthorized", 403: "forbidden", 404: "not-found",
-                405: "method-not-allowed", 413: "body-too-large"}.get(exc.status_code)
+        slug = {
+            401: "unauthorized",
+            403: "forbidden",
+            404: "not-found",
+            405: "method-not-allowed",
+            413: "body-too-large",
+        }.get(exc.status_code)
         if slug is None:
             return JSONResponse(
                 {"type": "about:blank", "title": str(exc.detail), "status": exc.status_code},
-                status_code=exc.status_code, media_type=MEDIA_TYPE,
+                status_code=exc.status_code,
+                media_type=MEDIA_TYPE,
             )
         detail = exc.detail if isinstance(exc.detail, str) else None
-        return problem_response(slug, detail, instance=request.url.path,
-                                headers=getattr(exc, "headers", None))
+        return problem_response(
+            slug, detail, instance=request.url.path, headers=getattr(exc, "headers", None)
+        )
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(InterfaceError)
@@ -211,7 +263,8 @@ def install(app: FastAPI) -> None:
     async def database_error(request: Request, exc: DBAPIError) -> JSONResponse:
         if exc.connection_invalidated:
             return problem_response(
-                "database-unavailable", instance=request.url.path,
+                "database-unavailable",
+                instance=request.url.path,
                 headers={"Retry-After": "2"},
             )
         log.error("database error", exc_info=exc)

@@ -79,8 +79,10 @@ async def queue_stats(request: Request, caller: OperatorDep) -> Any:
     state = request.app.state.turnstile
     async with state.engine.connect() as conn:
         rows = (
-            await conn.execute(q("queue_depth"), {"tenant_id": tenant, "now": None})
-        ).mappings().all()
+            (await conn.execute(q("queue_depth"), {"tenant_id": tenant, "now": None}))
+            .mappings()
+            .all()
+        )
     classes = {klass.value: ClassDepth() for klass in PriorityClass}
     for row in rows:
         depth = classes[list(PriorityClass)[int(row["class_index"])].value]
@@ -106,12 +108,21 @@ async def stuck_runs(
     state = request.app.state.turnstile
     async with state.engine.connect() as conn:
         rows = (
-            await conn.execute(
-                q("stuck_runs"),
-                {"tenant_id": visible_tenant(caller), "queued_seconds": queued_seconds,
-                 "waiting_seconds": waiting_seconds, "limit": limit, "now": None},
+            (
+                await conn.execute(
+                    q("stuck_runs"),
+                    {
+                        "tenant_id": visible_tenant(caller),
+                        "queued_seconds": queued_seconds,
+                        "waiting_seconds": waiting_seconds,
+                        "limit": limit,
+                        "now": None,
+                    },
+                )
             )
-        ).mappings().all()
+            .mappings()
+            .all()
+        )
     return StuckRuns(
         runs=[
             StuckRun(reason=row["reason"], run=run_document(Run.from_row(row).to_document()))
@@ -136,12 +147,20 @@ async def failed_runs(
     state = request.app.state.turnstile
     async with state.engine.connect() as conn:
         rows = (
-            await conn.execute(
-                q("failed_runs"),
-                {"tenant_id": visible_tenant(caller), "before_finished": before[0],
-                 "before_id": before[1], "limit": limit + 1},
+            (
+                await conn.execute(
+                    q("failed_runs"),
+                    {
+                        "tenant_id": visible_tenant(caller),
+                        "before_finished": before[0],
+                        "before_id": before[1],
+                        "limit": limit + 1,
+                    },
+                )
             )
-        ).mappings().all()
+            .mappings()
+            .all()
+        )
     runs = [Run.from_row(row) for row in rows[:limit]]
     next_cursor = None
     if len(rows) > limit and runs[-1].finished_at is not None:
@@ -154,13 +173,20 @@ async def failed_runs(
     status_code=202,
     response_model=RunDocument,
     summary="A new run with a failed run's input; the failed run stays failed",
-    responses=responses("unauthorized", "forbidden", "not-found", "run-not-failed",
-                        "session-busy", "invalid-request"),
+    responses=responses(
+        "unauthorized",
+        "forbidden",
+        "not-found",
+        "run-not-failed",
+        "session-busy",
+        "invalid-request",
+    ),
 )
 async def resubmit(run_id: UUID, request: Request, caller: OperatorDep) -> Any:
     state = request.app.state.turnstile
     outcome = await state.submissions.resubmit(
-        Submitter(caller.tenant_id, caller.principal, caller.actor), run_id,
+        Submitter(caller.tenant_id, caller.principal, caller.actor),
+        run_id,
         tenant_id=visible_tenant(caller),
     )
     return submitted_response(outcome)
@@ -170,13 +196,15 @@ async def resubmit(run_id: UUID, request: Request, caller: OperatorDep) -> Any:
     "/runs/{run_id}/dismiss",
     response_model=RunDocument,
     summary="Dismiss a failed run: it leaves the dead letter and retention may prune it",
-    responses=responses("unauthorized", "forbidden", "not-found", "run-not-failed",
-                        "invalid-request"),
+    responses=responses(
+        "unauthorized", "forbidden", "not-found", "run-not-failed", "invalid-request"
+    ),
 )
 async def dismiss(run_id: UUID, request: Request, caller: OperatorDep) -> Any:
     state = request.app.state.turnstile
     run = await state.submissions.dismiss(
-        Submitter(caller.tenant_id, caller.principal, caller.actor), run_id,
+        Submitter(caller.tenant_id, caller.principal, caller.actor),
+        run_id,
         tenant_id=visible_tenant(caller),
     )
     return run.to_document()
@@ -189,8 +217,15 @@ async def dismiss(run_id: UUID, request: Request, caller: OperatorDep) -> Any:
     response_model=RunDocument,
     summary="Submit a sessionless run (back-end work; async by default)",
     responses={
-        **responses("unauthorized", "forbidden", "invalid-request", "idempotency-key-reused",
-                    "idempotency-key-in-flight", "malformed-json", "body-too-large"),
+        **responses(
+            "unauthorized",
+            "forbidden",
+            "invalid-request",
+            "idempotency-key-reused",
+            "idempotency-key-in-flight",
+            "malformed-json",
+            "body-too-large",
+        ),
         202: {"headers": {"Location": {"schema": {"type": "string"}}}},
     },
 )
@@ -219,8 +254,10 @@ async def submit_run(
         "`status` (default: its status when the request arrived); a finished run answers at "
         "once."
     ),
-    responses={**responses("unauthorized", "not-found", "invalid-request"),
-               304: {"description": "Not modified"}},
+    responses={
+        **responses("unauthorized", "not-found", "invalid-request"),
+        304: {"description": "Not modified"},
+    },
 )
 async def get_run(
     run_id: UUID,
@@ -228,8 +265,7 @@ async def get_run(
     caller: CallerDep,
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_SECONDS)] = 0,
     status: Annotated[
-        str | None, Query(pattern="^(queued|running|waiting_for_user|succeeded|failed|"
-                                  "cancelled)$")
+        str | None, Query(pattern="^(queued|running|waiting_for_user|succeeded|failed|cancelled)$")
     ] = None,
     if_none_match: Annotated[str | None, Header(alias="If-None-Match", max_length=200)] = None,
 ) -> Any:
@@ -268,8 +304,10 @@ async def get_run(
         "stream of the events (`id` is the sequence number), resuming after `Last-Event-ID` or "
         "`after`, that ends after the run's terminal event."
     ),
-    responses={**responses("unauthorized", "not-found", "invalid-request"),
-               200: {"content": {"text/event-stream": {}}}},
+    responses={
+        **responses("unauthorized", "not-found", "invalid-request"),
+        200: {"content": {"text/event-stream": {}}},
+    },
 )
 async def run_events(
     run_id: UUID,
@@ -314,8 +352,13 @@ async def stream_events(
             events = await state.queue.events(run_id, after=after, limit=500)
             for event in events:
                 data = json.dumps(
-                    {"seq": event.seq, "type": event.type, "epoch": event.epoch,
-                     "data": event.data, "created_at": event.created_at.isoformat()}
+                    {
+                        "seq": event.seq,
+                        "type": event.type,
+                        "epoch": event.epoch,
+                        "data": event.data,
+                        "created_at": event.created_at.isoformat(),
+                    }
                 )
                 yield f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n"
                 after = event.seq
@@ -340,7 +383,9 @@ async def stream_events(
 async def cancel(run_id: UUID, request: Request, caller: CallerDep) -> Any:
     state = request.app.state.turnstile
     outcome = await state.queue.cancel(
-        run_id, actor=caller.actor, reason="cancelled through the API",
+        run_id,
+        actor=caller.actor,
+        reason="cancelled through the API",
         tenant_id=visible_tenant(caller),
     )
     return outcome.run.to_document()

@@ -58,14 +58,13 @@ def spec_from(body: TurnRequest, caller: Caller, agents: frozenset[str]) -> RunS
     )
 
 
-async def idempotency_of(
-    request: Request, key: str | None
-) -> IdempotencyKey | None:
+async def idempotency_of(request: Request, key: str | None) -> IdempotencyKey | None:
     if key is None:
         return None
     body: Any = json.loads(await request.body())
-    return IdempotencyKey(key=key, request_hash=request_hash(request.method, request.url.path,
-                                                              body))
+    return IdempotencyKey(
+        key=key, request_hash=request_hash(request.method, request.url.path, body)
+    )
 
 
 def submitted_response(outcome: Submitted) -> JSONResponse:
@@ -86,11 +85,15 @@ async def create_session(request: Request, caller: CallerDep, response: Response
     state = request.app.state.turnstile
     async with state.engine.begin() as conn:
         row = (
-            await conn.execute(
-                q("create_session"),
-                {"tenant_id": caller.tenant_id, "principal": caller.principal, "now": None},
+            (
+                await conn.execute(
+                    q("create_session"),
+                    {"tenant_id": caller.tenant_id, "principal": caller.principal, "now": None},
+                )
             )
-        ).mappings().one()
+            .mappings()
+            .one()
+        )
     response.headers["Location"] = f"/sessions/{row['id']}"
     return SessionDocument(id=row["id"], created_at=row["created_at"], state="idle")
 
@@ -105,19 +108,23 @@ async def get_session(session_id: UUID, request: Request, caller: CallerDep) -> 
     state = request.app.state.turnstile
     async with state.engine.connect() as conn:
         row = (
-            await conn.execute(
-                q("get_session"), {"session_id": session_id, "tenant_id": caller.tenant_id}
+            (
+                await conn.execute(
+                    q("get_session"), {"session_id": session_id, "tenant_id": caller.tenant_id}
+                )
             )
-        ).mappings().one_or_none()
+            .mappings()
+            .one_or_none()
+        )
     if row is None:
         raise SessionNotFoundError(session_id)
     active = row["active_status"]
     return SessionDocument(
         id=row["id"],
         created_at=row["created_at"],
-        state="idle" if active is None else (
-            "waiting_for_user" if active == "waiting_for_user" else "busy"
-        ),
+        state="idle"
+        if active is None
+        else ("waiting_for_user" if active == "waiting_for_user" else "busy"),
         active_run_id=row["active_run_id"],
         active_run_status=active,
         question=row["active_question"],
@@ -136,7 +143,8 @@ def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
         return datetime.fromisoformat(when), UUID(run_id)
     except (ValueError, UnicodeDecodeError):
         raise ApiProblem(
-            "invalid-request", "cursor: not a cursor this API returned",
+            "invalid-request",
+            "cursor: not a cursor this API returned",
             errors=[{"loc": ["query", "cursor"], "msg": "invalid cursor", "type": "cursor"}],
         ) from None
 
@@ -165,16 +173,22 @@ async def session_runs(
         if exists is None:
             raise SessionNotFoundError(session_id)
         rows = (
-            await conn.execute(
-                q("session_runs"),
-                {"session_id": session_id, "before_created": before[0], "before_id": before[1],
-                 "limit": limit + 1},
+            (
+                await conn.execute(
+                    q("session_runs"),
+                    {
+                        "session_id": session_id,
+                        "before_created": before[0],
+                        "before_id": before[1],
+                        "limit": limit + 1,
+                    },
+                )
             )
-        ).mappings().all()
+            .mappings()
+            .all()
+        )
     runs = [Run.from_row(row) for row in rows[:limit]]
-    next_cursor = (
-        encode_cursor(runs[-1].created_at, runs[-1].id) if len(rows) > limit else None
-    )
+    next_cursor = encode_cursor(runs[-1].created_at, runs[-1].id) if len(rows) > limit else None
     return RunPage(runs=[run_document(r.to_document()) for r in runs], next_cursor=next_cursor)
 
 
@@ -192,8 +206,15 @@ async def session_runs(
     ),
     responses={
         **responses(
-            "unauthorized", "forbidden", "not-found", "session-busy", "invalid-request",
-            "answer-conflict", "idempotency-key-in-flight", "malformed-json", "body-too-large",
+            "unauthorized",
+            "forbidden",
+            "not-found",
+            "session-busy",
+            "invalid-request",
+            "answer-conflict",
+            "idempotency-key-in-flight",
+            "malformed-json",
+            "body-too-large",
         ),
         202: {"headers": {"Location": {"schema": {"type": "string"}}}},
     },

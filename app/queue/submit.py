@@ -121,8 +121,10 @@ class Submissions:
             if locked.one_or_none() is None:
                 raise SessionNotFoundError(session_id)
             active = (
-                await conn.execute(q("active_run_of_session"), {"session_id": session_id})
-            ).mappings().one_or_none()
+                (await conn.execute(q("active_run_of_session"), {"session_id": session_id}))
+                .mappings()
+                .one_or_none()
+            )
             if active is None:
                 run = await self._create(conn, who, spec, session_id, PriorityClass.INTERACTIVE)
                 routed = "created"
@@ -159,14 +161,17 @@ class Submissions:
             if failed.session_id is not None:
                 await conn.execute(
                     q("lock_session"),
-                    {"session_id": failed.session_id, "tenant_id": failed.tenant_id,
-                     "now": None},
+                    {"session_id": failed.session_id, "tenant_id": failed.tenant_id, "now": None},
                 )
                 active = (
-                    await conn.execute(
-                        q("active_run_of_session"), {"session_id": failed.session_id}
+                    (
+                        await conn.execute(
+                            q("active_run_of_session"), {"session_id": failed.session_id}
+                        )
                     )
-                ).mappings().one_or_none()
+                    .mappings()
+                    .one_or_none()
+                )
                 if active is not None:
                     raise SessionBusyError(failed.session_id, active["id"], active["status"])
             new = await self.queue.enqueue(
@@ -196,11 +201,15 @@ class Submissions:
         """Mark a failed run dismissed (retention may then prune it); idempotent."""
         async with self.queue.engine.begin() as conn:
             row = (
-                await conn.execute(
-                    q("dismiss"),
-                    {"run_id": run_id, "tenant_id": tenant_id, "actor": who.actor, "now": None},
+                (
+                    await conn.execute(
+                        q("dismiss"),
+                        {"run_id": run_id, "tenant_id": tenant_id, "actor": who.actor, "now": None},
+                    )
                 )
-            ).mappings().one_or_none()
+                .mappings()
+                .one_or_none()
+            )
             if row is not None:
                 return Run.from_row(row)
             current = await self.queue.get_run(run_id, tenant_id=tenant_id, conn=conn)
@@ -237,8 +246,10 @@ class Submissions:
             if "uq_runs_session_id_active" not in str(exc.orig) or session_id is None:
                 raise
             active = (
-                await conn.execute(q("active_run_of_session"), {"session_id": session_id})
-            ).mappings().one()
+                (await conn.execute(q("active_run_of_session"), {"session_id": session_id}))
+                .mappings()
+                .one()
+            )
             raise SessionBusyError(session_id, active["id"], active["status"]) from None
         await savepoint.commit()
         return run
@@ -249,9 +260,7 @@ class Submissions:
         if spec.agent is not None and spec.agent != waiting.agent:
             raise AnswerConflictError("agent", waiting.agent, spec.agent)
         if spec.priority is not None and spec.priority != waiting.priority_class:
-            raise AnswerConflictError(
-                "priority", waiting.priority_class.value, spec.priority.value
-            )
+            raise AnswerConflictError("priority", waiting.priority_class.value, spec.priority.value)
         if spec.scheduled_for is not None and spec.scheduled_for != waiting.scheduled_for:
             raise AnswerConflictError(
                 "scheduled_for",

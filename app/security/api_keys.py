@@ -135,7 +135,9 @@ async def authenticate(engine: AsyncEngine, secret: str) -> Caller | None:
     if row is None:
         return None
     return Caller(
-        key_id=row.id, tenant_id=row.tenant_id, principal=row.principal,
+        key_id=row.id,
+        tenant_id=row.tenant_id,
+        principal=row.principal,
         scopes=frozenset(row.scopes),
     )
 

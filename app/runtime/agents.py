@@ -1,0 +1,127 @@
+"""Agents: given a run's state, the next action (call tools, ask the user, or finish).
+
+`ScriptedAgent` is deterministic and driven by the turn's input:
+
+    {"script": [{"call": "sleep", "args": {"seconds": 0.2}},
+                {"call": "http_request", "args": {...}, "idempotency_key": true},
+                {"ask": "Which account?"},
+                {"final": "done"}]}
+
+It is what the demo, the tests and the benchmarks use. Its result lists every tool outcome it
+saw (`uncertain` included) and the answers it received. An input without a script finishes at
+once, answering with the input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from app.runtime.state import RunState
+
+JSON = Any
+
+
+@dataclass(frozen=True)
+class CallTool:
+    tool: str
+    args: dict[str, JSON] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Ask:
+    question: JSON
+
+
+@dataclass(frozen=True)
+class Finish:
+    result: JSON
+
+
+Decision = list[CallTool] | Ask | Finish
+
+
+class AgentError(Exception):
+    """The agent cannot continue; `permanent` errors fail the run, others are retried."""
+
+    def __init__(self, message: str, *, permanent: bool) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+class Agent(Protocol):
+    name: str
+    time_limit_seconds: float | None  # execution time while claimed; None: the default
+
+    async def decide(self, state: RunState) -> Decision: ...
+
+
+class ScriptedAgent:
+    name = "scripted"
+    time_limit_seconds: float | None = None
+
+    async def decide(self, state: RunState) -> Decision:
+        first = state.inputs[0] if state.inputs else None
+        script = first.get("script") if isinstance(first, dict) else None
+        if script is None:
+            return Finish({"final": first, "tool_outcomes": [], "answers": []})
+        if not isinstance(script, list):
+            raise AgentError("input.script must be a list of steps", permanent=True)
+        cursor = int(state.agent.get("cursor", 0))
+        # Tool outcomes and answers advance the cursor; recompute it from the state so a
+        # checkpoint written at any boundary resumes at the right item.
+        cursor = self._advance(script, cursor, state)
+        if cursor >= len(script):
+            return Finish(self._result(None, state))
+        item = script[cursor]
+        if not isinstance(item, dict):
+            raise AgentError(f"script step {cursor} must be an object", permanent=True)
+        if "call" in item:
+            args = dict(item.get("args") or {})
+            if item.get("idempotency_key"):
+                args["idempotency_key"] = True
+            return [CallTool(tool=str(item["call"]), args=args)]
+        if "ask" in item:
+            return Ask(item["ask"])
+        if "final" in item:
+            return Finish(self._result(item["final"], state))
+        raise AgentError(f"script step {cursor} has none of call, ask, final", permanent=True)
+
+    def _advance(self, script: list[JSON], cursor: int, state: RunState) -> int:
+        calls_done = len(state.tools)
+        answers = len(state.answers)
+        position = calls_seen = asks_seen = 0
+        for position, item in enumerate(script):  # noqa: B007
+            if not isinstance(item, dict):
+                break
+            if "call" in item:
+                if calls_seen == calls_done:
+                    break
+                calls_seen += 1
+            elif "ask" in item:
+                if asks_seen == answers:
+                    # A delivered answer not yet consumed: take it and move past the question.
+                    if state.unconsumed_inputs:
+                        state.answers.append(state.unconsumed_inputs[0])
+                        answers += 1
+                        asks_seen += 1
+                        continue
+                    break
+                asks_seen += 1
+            else:
+                break
+        else:
+            position = len(script)
+        state.agent["cursor"] = position
+        return position
+
+    @staticmethod
+    def _result(final: JSON, state: RunState) -> JSON:
+        return {
+            "final": final,
+            "tool_outcomes": [
+                {"step": t.step, "tool": t.tool, "status": t.status, "outcome": t.outcome}
+                for t in state.tools
+            ],
+            "answers": state.answers,
+        }

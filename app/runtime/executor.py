@@ -1,0 +1,316 @@
+"""The runtime's executor: runs a claimed run from its last checkpoint to its next resting
+point (finished, waiting for the user, released, or failed), writing only through fenced
+statements and stopping at the first `Fenced`.
+
+For each tool call: journal `started` (fenced), run the tool, then record the outcome and the
+checkpoint after it in one fenced statement. On recovery, a `started` entry without an outcome
+is re-executed when the tool is safe, re-executed with the same key when keyed, and recorded as
+`uncertain` when unsafe: the agent is told the outcome is unknown, never that it failed.
+
+Failures: transient tool errors are retried with bounded backoff (only when repeating is safe
+or the request provably never left), then the lease is released early (requeued with backoff,
+counted as an attempt); permanent errors fail the run at once; execution time while claimed is
+limited per agent (`failure.kind = "timeout"`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.queue.models import ToolCall
+from app.runtime.agents import Agent, AgentError, Ask, CallTool, Finish
+from app.runtime.state import RunState, ToolRecord
+from app.runtime.tools import (
+    PermanentToolError,
+    Tool,
+    ToolContext,
+    TransientToolError,
+    derive_idempotency_key,
+)
+from app.worker.executor import ExecutionContext, StopExecution
+
+log = logging.getLogger("turnstile.runtime")
+JSON = Any
+
+UNKNOWN_OUTCOME = (
+    "The outcome of this call is unknown: it started, but the worker running it stopped before "
+    "recording a result. It may or may not have taken effect; it will not be repeated."
+)
+
+
+class SimulatedCrash(BaseException):
+    """Raised by a test's crash hook: the execution dies on the spot, like a killed process,
+    writing nothing more (a BaseException, so no handler on the way out records anything)."""
+
+
+@dataclass
+class RuntimeLimits:
+    transient_retries: int = 3
+    retry_backoff_seconds: float = 0.2
+    retry_backoff_max_seconds: float = 5.0
+    default_time_limit_seconds: float = 600.0
+    max_state_bytes: int = 1_048_576
+    max_result_bytes: int = 262_144
+
+
+@dataclass
+class Registry:
+    agents: dict[str, Agent]
+    tools: dict[str, Tool]
+
+    def agent_names(self) -> frozenset[str]:
+        return frozenset(self.agents)
+
+
+@dataclass
+class RuntimeExecutor:
+    registry: Registry
+    limits: RuntimeLimits = field(default_factory=RuntimeLimits)
+    # Fault injection for tests: called with a boundary name; may raise SimulatedCrash.
+    crash_hook: Callable[[str, int], None] | None = None
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        run = ctx.claimed.run
+        queue = ctx.queue
+        agent = self.registry.agents.get(run.agent)
+        if agent is None:
+            await self._fail(ctx, "unknown_agent", f"no agent named {run.agent!r}")
+            return
+        checkpoint = await queue.latest_checkpoint(run.id)
+        inputs = await queue.inputs(run.id)
+        state = RunState.from_json(checkpoint.state) if checkpoint else RunState(inputs=[run.input])
+        state.inputs = inputs  # answers delivered since the checkpoint
+        limit = agent.time_limit_seconds or self.limits.default_time_limit_seconds
+        clock = _Budget(state.elapsed_seconds, limit)
+
+        await self._recover(ctx, state, clock)
+        while True:
+            ctx.ensure_may_continue()
+            if clock.exhausted():
+                await self._fail(ctx, "timeout", f"execution time limit of {limit:g}s reached")
+                return
+            try:
+                decision = await asyncio.wait_for(agent.decide(state), clock.remaining())
+            except TimeoutError:
+                await self._fail(ctx, "timeout", f"execution time limit of {limit:g}s reached")
+                return
+            except AgentError as exc:
+                if exc.permanent:
+                    await self._fail(ctx, "agent_error", str(exc))
+                else:
+                    await self._release_early(ctx, f"agent error: {exc}")
+                return
+            if isinstance(decision, Finish):
+                if _too_big(decision.result, self.limits.max_result_bytes):
+                    await self._fail(
+                        ctx,
+                        "result_too_large",
+                        f"the result exceeds {self.limits.max_result_bytes} bytes",
+                    )
+                    return
+                await ctx.checked(await queue.complete(ctx.lease, decision.result), "complete")
+                return
+            if isinstance(decision, Ask):
+                state.questions.append(decision.question)
+                state.elapsed_seconds = clock.elapsed()
+                await ctx.checked(
+                    await queue.wait_for_user(
+                        ctx.lease,
+                        decision.question,
+                        step=state.next_step,
+                        state=state.to_json(),
+                    ),
+                    "wait_for_user",
+                )
+                return
+            for call in decision:
+                if not await self._call(ctx, state, clock, call):
+                    return
+
+    # --- one tool call ----------------------------------------------------------------------
+    async def _call(
+        self, ctx: ExecutionContext, state: RunState, clock: _Budget, call: CallTool
+    ) -> bool:
+        """Run one tool call through the journal; False when the execution must end here."""
+        tool = self.registry.tools.get(call.tool)
+        if tool is None:
+            await self._fail(ctx, "unknown_tool", f"no tool named {call.tool!r}")
+            return False
+        step = state.next_step
+        klass = tool.idempotency_class(call.args)
+        key = derive_idempotency_key(str(ctx.lease.run_id), step) if klass == "keyed" else None
+        record = ToolCall(
+            step=step, tool=tool.name, idempotency_class=klass, idempotency_key=key, args=call.args
+        )
+        self._crash("before_started", step)
+        await ctx.checked(await ctx.queue.tool_started(ctx.lease, record), "tool_started")
+        self._crash("after_started", step)
+        return await self._run_and_record(ctx, state, clock, tool, record)
+
+    async def _run_and_record(
+        self,
+        ctx: ExecutionContext,
+        state: RunState,
+        clock: _Budget,
+        tool: Tool,
+        record: ToolCall,
+    ) -> bool:
+        args = record.args if isinstance(record.args, dict) else {}
+        tool_ctx = ToolContext(str(ctx.lease.run_id), record.step, record.idempotency_key)
+        repeatable = record.idempotency_class in ("safe", "keyed")
+        attempt = 0
+        while True:
+            # Self-fencing: never start an external call on a lease that may have lapsed.
+            ctx.ensure_may_continue()
+            attempt += 1
+            try:
+                outcome = await asyncio.wait_for(tool.run(args, tool_ctx), clock.remaining())
+                status = "succeeded"
+                break
+            except TimeoutError:
+                if clock.exhausted():
+                    await self._fail(ctx, "timeout", "execution time limit reached in a tool")
+                    return False
+                raise
+            except PermanentToolError as exc:
+                await self._fail(ctx, "tool_error", f"{record.tool}: {exc}")
+                return False
+            except TransientToolError as exc:
+                if not repeatable and exc.sent:
+                    # An unsafe call may have taken effect: report it as unknown, never repeat.
+                    outcome = {"error": str(exc), "message": UNKNOWN_OUTCOME}
+                    status = "uncertain"
+                    break
+                if attempt > self.limits.transient_retries:
+                    await self._release_early(
+                        ctx, f"{record.tool} kept failing after {attempt} attempts: {exc}"
+                    )
+                    return False
+                await asyncio.sleep(
+                    min(
+                        self.limits.retry_backoff_max_seconds,
+                        self.limits.retry_backoff_seconds * 2 ** (attempt - 1),
+                    )
+                )
+        self._crash("after_tool", record.step)
+        await self._record(ctx, state, clock, record, status, outcome)
+        self._crash("after_outcome", record.step)
+        return True
+
+    async def _record(
+        self,
+        ctx: ExecutionContext,
+        state: RunState,
+        clock: _Budget,
+        record: ToolCall,
+        status: str,
+        outcome: JSON,
+    ) -> None:
+        state.tools.append(
+            ToolRecord(
+                step=record.step,
+                tool=record.tool,
+                args=record.args,
+                idempotency_class=record.idempotency_class,
+                status=status,  # type: ignore[arg-type]
+                outcome=outcome,
+            )
+        )
+        state.elapsed_seconds = clock.elapsed()
+        snapshot = state.to_json()
+        if _too_big(snapshot, self.limits.max_state_bytes):
+            await self._fail(
+                ctx,
+                "checkpoint_too_large",
+                f"the run's state exceeds {self.limits.max_state_bytes} bytes",
+            )
+            raise StopExecution("checkpoint too large")
+        await ctx.checked(
+            await ctx.queue.tool_finished(ctx.lease, record, status, outcome, snapshot),
+            "tool_finished",
+        )
+
+    # --- recovery ---------------------------------------------------------------------------
+    async def _recover(self, ctx: ExecutionContext, state: RunState, clock: _Budget) -> None:
+        """Settle a tool call that started under an earlier claim but recorded no outcome."""
+        journal = await ctx.queue.journal(ctx.lease.run_id)
+        started = {e.step: e for e in journal if e.entry == "started"}
+        finished = {e.step for e in journal if e.entry == "finished"}
+        pending = started.get(state.next_step)
+        if pending is None or pending.step in finished:
+            return
+        record = ToolCall(
+            step=pending.step,
+            tool=pending.tool,
+            idempotency_class=pending.idempotency_class,
+            idempotency_key=pending.idempotency_key,
+            args=pending.args,
+        )
+        if pending.idempotency_class == "unsafe":
+            await self._record(ctx, state, clock, record, "uncertain", {"message": UNKNOWN_OUTCOME})
+            return
+        tool = self.registry.tools.get(pending.tool)
+        if tool is None:
+            await self._fail(ctx, "unknown_tool", f"no tool named {pending.tool!r}")
+            raise StopExecution("unknown tool")
+        # Safe: run it again. Keyed: again, with the key recorded in the journal.
+        await ctx.checked(await ctx.queue.tool_started(ctx.lease, record), "tool_started")
+        if not await self._run_and_record(ctx, state, clock, tool, record):
+            raise StopExecution("recovery ended the run")
+
+    # --- endings ------------------------------------------------------------------------------
+    async def _fail(self, ctx: ExecutionContext, kind: str, message: str) -> None:
+        log.info("run failed", extra={"run_id": str(ctx.lease.run_id), "kind": kind})
+        await ctx.checked(
+            await ctx.queue.fail(ctx.lease, {"kind": kind, "message": message}), "fail"
+        )
+
+    async def _release_early(self, ctx: ExecutionContext, reason: str) -> None:
+        await ctx.checked(
+            await ctx.queue.release(ctx.lease, graceful=False, reason=reason[:500]), "release"
+        )
+
+    def _crash(self, boundary: str, step: int) -> None:
+        if self.crash_hook is not None:
+            self.crash_hook(boundary, step)
+
+
+class _Budget:
+    """Execution time while claimed: what earlier claims used plus this claim's monotonic time."""
+
+    def __init__(self, used: float, limit: float) -> None:
+        self.used = used
+        self.limit = limit
+        self.started = time.monotonic()
+
+    def elapsed(self) -> float:
+        return self.used + (time.monotonic() - self.started)
+
+    def remaining(self) -> float:
+        return max(0.0, self.limit - self.elapsed())
+
+    def exhausted(self) -> bool:
+        return self.remaining() <= 0
+
+
+def _too_big(value: JSON, limit: int) -> bool:
+    return len(json.dumps(value, separators=(",", ":"), default=str)) > limit
+
+
+def default_registry(allowed_hosts: list[str], http_timeout_seconds: float = 10.0) -> Registry:
+    from app.runtime.agents import ScriptedAgent
+    from app.runtime.http_tool import HttpRequestTool
+    from app.runtime.tools import EchoTool, SleepTool
+
+    tools: list[Tool] = [
+        SleepTool(),
+        EchoTool(),
+        HttpRequestTool(allowed_hosts, timeout_seconds=http_timeout_seconds),
+    ]
+    return Registry(agents={"scripted": ScriptedAgent()}, tools={t.name: t for t in tools})

@@ -1,0 +1,71 @@
+"""A run's state as the runtime checkpoints it: the inputs it has seen, the outcome of every
+tool call, the answers it received, and whatever the agent keeps for itself. Plain JSON, so a
+checkpoint is one JSONB value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+JSON = Any
+OutcomeStatus = Literal["succeeded", "failed", "uncertain"]
+
+
+@dataclass
+class ToolRecord:
+    step: int
+    tool: str
+    args: JSON
+    idempotency_class: str
+    status: OutcomeStatus
+    outcome: JSON
+
+    def to_json(self) -> dict[str, JSON]:
+        return {
+            "step": self.step,
+            "tool": self.tool,
+            "args": self.args,
+            "idempotency_class": self.idempotency_class,
+            "status": self.status,
+            "outcome": self.outcome,
+        }
+
+
+@dataclass
+class RunState:
+    inputs: list[JSON]
+    tools: list[ToolRecord] = field(default_factory=list)
+    answers: list[JSON] = field(default_factory=list)
+    questions: list[JSON] = field(default_factory=list)
+    agent: dict[str, JSON] = field(default_factory=dict)  # the agent's own bookkeeping
+    elapsed_seconds: float = 0.0  # execution time while claimed, across claims
+
+    @property
+    def next_step(self) -> int:
+        return len(self.tools) + 1
+
+    @property
+    def unconsumed_inputs(self) -> list[JSON]:
+        """Inputs delivered after the first that no question has consumed yet (answers)."""
+        return self.inputs[1 + len(self.answers) :]
+
+    def to_json(self) -> dict[str, JSON]:
+        return {
+            "inputs": self.inputs,
+            "tools": [t.to_json() for t in self.tools],
+            "answers": self.answers,
+            "questions": self.questions,
+            "agent": self.agent,
+            "elapsed_seconds": round(self.elapsed_seconds, 3),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, JSON]) -> RunState:
+        return cls(
+            inputs=list(data["inputs"]),
+            tools=[ToolRecord(**t) for t in data.get("tools", [])],
+            answers=list(data.get("answers", [])),
+            questions=list(data.get("questions", [])),
+            agent=dict(data.get("agent", {})),
+            elapsed_seconds=float(data.get("elapsed_seconds", 0.0)),
+        )
