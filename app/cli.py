@@ -19,6 +19,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app.config import Settings
 from app.db.embedded import EmbeddedUnavailableError
+from app.runtime.plugins import PluginError
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -68,7 +69,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
     overrides: dict[str, object] = {"host": args.host, "port": args.port}
     if args.no_workers:
         overrides["run_workers"] = False
-    settings = _migrated_settings(_settings(**overrides))
+    settings = _settings(**overrides)
+    _check_plugins(settings)
+    settings = _migrated_settings(settings)
     asyncio.run(_first_start_key(settings))
     app = create_app(settings)
     print(f"turnstile: serving on http://{settings.host}:{settings.port}/docs", file=sys.stderr)
@@ -95,6 +98,15 @@ def _server(config: uvicorn.Config, shutdown: asyncio.Event) -> uvicorn.Server:
             super().handle_exit(sig, frame)
 
     return Server(config)
+
+
+def _check_plugins(settings: Settings) -> None:
+    """Load the plugins once before serving, so a bad one is a one-line error, not a traceback
+    from inside the server's startup."""
+    from app.runtime.executor import default_registry
+    from app.runtime.plugins import load_plugins
+
+    load_plugins(settings.plugins, default_registry([]))
 
 
 async def _engine_for(settings: Settings) -> AsyncEngine:
@@ -263,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     func: Callable[[argparse.Namespace], None] = args.func
     try:
         func(args)
-    except (CommandError, EmbeddedUnavailableError) as exc:
+    except (CommandError, EmbeddedUnavailableError, PluginError) as exc:
         print(f"turnstile: {exc}", file=sys.stderr)
         sys.exit(2)
     except (OperationalError, DBAPIError, OSError) as exc:

@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     http_timeout_seconds: float = Field(default=10.0, gt=0)
     agent_time_limit_seconds: float = Field(default=600.0, gt=0)
     transient_retries: int = Field(default=3, ge=0, le=20)
+    plugins: str = Field(
+        default="", description="'package.module:function,...' adding agents and tools."
+    )
 
     # --- API ---------------------------------------------------------------------------------
     default_agent: str = Field(default="scripted", min_length=1)

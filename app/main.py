@@ -24,6 +24,7 @@ from app.queue.core import Queue, QueueConfig
 from app.queue.submit import Submissions
 from app.queue.sweeper import Sweeper
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
+from app.runtime.plugins import load_plugins
 from app.worker.executor import Executor
 from app.worker.notifier import Notifier
 from app.worker.pool import WorkerPool
@@ -63,6 +64,7 @@ async def services(
         [h for h in settings.http_allowed_hosts.split(",") if h.strip()],
         settings.http_timeout_seconds,
     )
+    load_plugins(settings.plugins, registry)
     runtime = RuntimeExecutor(
         registry,
         RuntimeLimits(

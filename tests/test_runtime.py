@@ -373,3 +373,32 @@ async def test_no_script_answers_with_the_input(queue: Queue) -> None:
         "tool_outcomes": [],
         "answers": [],
     }
+
+
+async def test_plugins_add_agents_and_tools(database_url: str, engine: Any) -> None:
+    async with running_api(
+        database_url, engine, workers=True, plugins="tests.support.example_plugin:register"
+    ) as api:
+        client = await api.client()
+        session = (await client.post("/sessions")).json()["id"]
+        turn = await client.post(
+            f"/sessions/{session}/turns", json={"input": "hello", "agent": "shop"}
+        )
+        run_id = turn.json()["id"]
+
+        async def state(status: str) -> dict[str, Any] | None:
+            run: dict[str, Any] = (
+                await client.get(f"/runs/{run_id}", params={"wait": 5, "status": "queued"})
+            ).json()
+            return run if run["status"] == status else None
+
+        waiting = await eventually(lambda: state("waiting_for_user"), within=20)
+        assert waiting["question"] == "What should I order?"
+        await client.post(f"/sessions/{session}/turns", json={"input": "a book"})
+        done = await eventually(lambda: state("succeeded"), within=20)
+        assert done["result"]["ordered"]["item"] == "a book"
+        assert done["result"]["status"] == "succeeded"
+        journal = await api.queue.journal(UUID(run_id))
+        assert {(e.idempotency_class, e.idempotency_key) for e in journal} == {
+            ("keyed", f"turnstile-{run_id}-step-1")
+        }
