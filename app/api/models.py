@@ -2,14 +2,55 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
+import math
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
 ClassName = Literal["interactive", "async", "maintenance"]
 RunStatus = Literal["queued", "running", "waiting_for_user", "succeeded", "failed", "cancelled"]
+
+
+def storable_json(value: JsonValue) -> JsonValue:
+    """Refuse what PostgreSQL's jsonb cannot hold: NUL characters, lone surrogates, and the
+    non-finite numbers Python's JSON parser accepts (NaN, Infinity, 1e400)."""
+
+    def check(item: Any, where: str) -> None:
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise ValueError(f"{where}: strings may not contain NUL characters")
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"{where}: strings must be valid Unicode") from None
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{where}: numbers must be finite")
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                check(key, where)
+                check(inner, f"{where}.{key}")
+        elif isinstance(item, list):
+            for index, inner in enumerate(item):
+                check(inner, f"{where}[{index}]")
+
+    check(value, "input")
+    return value
+
+
+def storable_time(value: datetime | None) -> datetime | None:
+    """A timestamp PostgreSQL can store once converted to UTC."""
+    if value is None:
+        return None
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("the time is out of range once converted to UTC") from None
+
+
+StorableJson = Annotated[JsonValue, AfterValidator(storable_json)]
+StorableTime = Annotated[AwareDatetime | None, AfterValidator(storable_time)]
 
 
 class Strict(BaseModel):
@@ -19,7 +60,7 @@ class Strict(BaseModel):
 class TurnRequest(Strict):
     """A user's turn. Fields left out of an answer to a waiting run come from that run."""
 
-    input: JsonValue = Field(description="Anything JSON: the turn's content for the agent.")
+    input: StorableJson = Field(description="Anything JSON: the turn's content for the agent.")
     agent: str | None = Field(
         default=None, min_length=1, max_length=200, description="Default: the service's."
     )
@@ -28,7 +69,7 @@ class TurnRequest(Strict):
         description="interactive (default for turns) or async; maintenance "
         "needs the operator scope.",
     )
-    scheduled_for: AwareDatetime | None = Field(
+    scheduled_for: StorableTime = Field(
         default=None, description="Not claimable before this time (RFC 3339 with offset)."
     )
 

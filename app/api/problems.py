@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -117,6 +118,13 @@ class Problem(BaseModel):
     model_config = {"extra": "allow"}
 
 
+class ProblemType(BaseModel):
+    type: str
+    title: str
+    status: int
+    description: str
+
+
 def problem_response(
     slug: str,
     detail: str | None = None,
@@ -158,7 +166,11 @@ def responses(*slugs: str) -> dict[int | str, dict[str, Any]]:
     for slug in slugs:
         status, title, _ = PROBLEMS[slug]
         entry = out.setdefault(
-            status, {"model": Problem, "content": {MEDIA_TYPE: {}}, "description": title}
+            status,
+            {
+                "content": {MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+                "description": title,
+            },
         )
         if entry["description"] != title:
             entry["description"] = f"{entry['description']}; or: {title}"
@@ -199,7 +211,50 @@ def _core_problem(exc: TurnstileError, request: Request) -> JSONResponse:
 
 
 def install(app: FastAPI) -> None:
-    """Register the handlers that turn every error into problem+json."""
+    """Register the handlers that turn every error into problem+json, the `Problem` schema in
+    the OpenAPI document, and `GET /problems/{slug}` describing each problem type."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                summary=app.summary,
+                description=app.description,
+                routes=app.routes,
+            )
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components["Problem"] = Problem.model_json_schema()
+            # FastAPI documents its own validation errors as HTTPValidationError JSON; ours are
+            # problem+json, so point every 422 at the Problem schema instead.
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    response = operation.get("responses", {}).get("422")
+                    if response is not None:
+                        response["content"] = {
+                            MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}
+                        }
+            for unused in ("HTTPValidationError", "ValidationError"):
+                components.pop(unused, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    @app.get(
+        "/problems/{slug}",
+        tags=["health"],
+        summary="What a problem type means",
+        response_model=ProblemType,
+        responses=responses("not-found"),
+    )
+    async def problem_type(slug: str) -> ProblemType:
+        if slug not in PROBLEMS:
+            raise ApiProblem("not-found", f"no problem type {slug!r}")
+        status, title, description = PROBLEMS[slug]
+        return ProblemType(
+            type=f"/problems/{slug}", title=title, status=status, description=description
+        )
 
     @app.exception_handler(TurnstileError)
     async def core_error(request: Request, exc: TurnstileError) -> JSONResponse:
@@ -232,7 +287,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI answers 400 when it cannot read the body at all (not UTF-8, say).
         slug = {
+            400: "malformed-json",
             401: "unauthorized",
             403: "forbidden",
             404: "not-found",
@@ -246,6 +303,8 @@ def install(app: FastAPI) -> None:
                 media_type=MEDIA_TYPE,
             )
         detail = exc.detail if isinstance(exc.detail, str) else None
+        if exc.status_code == 400:
+            detail = "the body could not be read as JSON; send UTF-8 encoded JSON text"
         return problem_response(
             slug, detail, instance=request.url.path, headers=getattr(exc, "headers", None)
         )

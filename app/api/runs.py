@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 from uuid import UUID
@@ -51,6 +52,7 @@ MAX_WAIT_SECONDS = 60.0
 COARSE_RECHECK_SECONDS = 1.0  # unnotified transitions (claims) are seen at this pace
 STREAM_RECHECK_SECONDS = 0.5
 KEEPALIVE_SECONDS = 15.0
+MAX_SEQ = 2**63 - 1  # sequence numbers are bigint
 
 
 def etag_of(document: dict[str, Any]) -> str:
@@ -313,7 +315,7 @@ async def run_events(
     run_id: UUID,
     request: Request,
     caller: CallerDep,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
     accept: Annotated[str | None, Header(max_length=500)] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=30)] = None,
@@ -324,9 +326,19 @@ async def run_events(
     if accept is not None and "text/event-stream" in accept:
         start = after
         if last_event_id is not None:
-            if not last_event_id.strip().isdigit():
-                raise ApiProblem("invalid-request", "Last-Event-ID must be a sequence number")
-            start = int(last_event_id)
+            if not re.fullmatch(r"[0-9]{1,18}", last_event_id.strip()):
+                raise ApiProblem(
+                    "invalid-request",
+                    "Last-Event-ID must be an event sequence number",
+                    errors=[
+                        {
+                            "loc": ["header", "Last-Event-ID"],
+                            "msg": "not a sequence number",
+                            "type": "last_event_id",
+                        }
+                    ],
+                )
+            start = int(last_event_id.strip())
         return StreamingResponse(
             stream_events(request, run_id, tenant, start),
             media_type="text/event-stream",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -140,8 +140,11 @@ def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         when, _, run_id = base64.urlsafe_b64decode(padded).decode().partition("|")
-        return datetime.fromisoformat(when), UUID(run_id)
-    except (ValueError, UnicodeDecodeError):
+        moment = datetime.fromisoformat(when)
+        if moment.tzinfo is None:
+            raise ValueError("naive time in cursor")
+        return moment.astimezone(UTC), UUID(run_id)
+    except (ValueError, UnicodeDecodeError, OverflowError):
         raise ApiProblem(
             "invalid-request",
             "cursor: not a cursor this API returned",
