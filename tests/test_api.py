@@ -468,3 +468,32 @@ async def test_readiness_reports_workers(database_url: str, engine: AsyncEngine)
         ready = (await client.get("/readyz")).json()
     assert ready["status"] == "ready"
     assert ready["checks"]["workers"] == "up"
+
+
+async def test_an_open_stream_ends_when_the_service_stops(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    ended = asyncio.Event()
+    client = httpx.AsyncClient(timeout=30)  # outlives the server, unlike the Api's clients
+    async with running_api(database_url, engine) as running:
+        client.base_url = httpx.URL(running.base)
+        client.headers["Authorization"] = f"Bearer {await running.key()}"
+        run = (await client.post("/runs", json={"input": 1})).json()["id"]  # stays queued
+        opened = asyncio.Event()
+
+        async def follow() -> None:
+            headers = {"Accept": "text/event-stream"}
+            async with client.stream("GET", f"/runs/{run}/events", headers=headers) as stream:
+                async for line in stream.aiter_lines():
+                    if line.startswith("event: run.created"):
+                        opened.set()
+            ended.set()
+
+        follower = asyncio.create_task(follow())
+        await asyncio.wait_for(opened.wait(), 10)
+    # Leaving the block stops the server the way a SIGTERM does; the stream must not hold it.
+    try:
+        await asyncio.wait_for(follower, 10)
+    finally:
+        await client.aclose()
+    assert ended.is_set()
