@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
@@ -65,6 +65,15 @@ class Settings(BaseSettings):
     http_timeout_seconds: float = Field(default=10.0, gt=0)
     agent_time_limit_seconds: float = Field(default=600.0, gt=0)
     transient_retries: int = Field(default=3, ge=0, le=20)
+    openai_base_url: str | None = Field(
+        default=None,
+        description="An OpenAI-compatible endpoint (e.g. https://api.openai.com/v1, or a vLLM or "
+        "Ollama server's /v1); set to enable the 'openai' agent.",
+    )
+    openai_model: str = "gpt-4o-mini"
+    openai_api_key: SecretStr | None = None
+    openai_timeout_seconds: float = Field(default=60.0, gt=0)
+    openai_system_prompt: str | None = None
     plugins: str = Field(
         default="", description="'package.module:function,...' adding agents and tools."
     )

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -24,6 +25,7 @@ from app.queue.core import Queue, QueueConfig
 from app.queue.submit import Submissions
 from app.queue.sweeper import Sweeper
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
+from app.runtime.openai_agent import OpenAIAgent
 from app.runtime.plugins import load_plugins
 from app.worker.executor import Executor
 from app.worker.notifier import Notifier
@@ -64,6 +66,20 @@ async def services(
         [h for h in settings.http_allowed_hosts.split(",") if h.strip()],
         settings.http_timeout_seconds,
     )
+    http_client = httpx.AsyncClient()  # shared: connections to a model endpoint are reused
+    if settings.openai_base_url:
+        registry.agents["openai"] = OpenAIAgent(
+            base_url=settings.openai_base_url,
+            model=settings.openai_model,
+            api_key=(
+                settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+            ),
+            tools=lambda: registry.tools,
+            timeout_seconds=settings.openai_timeout_seconds,
+            retries=settings.transient_retries,
+            system_prompt=settings.openai_system_prompt,
+            client=http_client,
+        )
     load_plugins(settings.plugins, registry)
     runtime = RuntimeExecutor(
         registry,
@@ -117,6 +133,7 @@ async def services(
         if pool is not None:
             await pool.stop(settings.drain_grace_seconds)
         await notifier.stop()
+        await http_client.aclose()
         await engine.dispose()
 
 

@@ -5,7 +5,6 @@ real API."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +16,7 @@ from fastapi.responses import JSONResponse
 
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue
-from app.queue.models import NewRun, Run
+from app.queue.models import NewRun
 from app.runtime.executor import (
     RuntimeExecutor,
     RuntimeLimits,
@@ -26,10 +25,10 @@ from app.runtime.executor import (
 )
 from app.runtime.http_tool import HttpRequestTool
 from app.runtime.tools import PermanentToolError, ToolContext
-from app.worker.executor import ExecutionContext, StopExecution
 from tests.support.api import running_api
 from tests.support.clock import ManualClock
 from tests.support.invariants import check_all_runs
+from tests.support.runtime import current, execute_once, recover
 from tests.support.servers import running_server
 from tests.support.waiting import eventually
 
@@ -81,40 +80,6 @@ def scripted(*steps: dict[str, Any]) -> NewRun:
         input={"script": list(steps)},
         priority=PriorityClass.INTERACTIVE.base,
     )
-
-
-async def execute_once(queue: Queue, executor: RuntimeExecutor) -> bool:
-    """Claim the run and execute it; False when the execution 'crashed'."""
-    claimed = await queue.claim("worker", list(PriorityClass))
-    assert len(claimed) == 1
-    ctx = ExecutionContext(
-        queue=queue,
-        claimed=claimed[0],
-        slot_group="test",
-        lease_seconds=30,
-        trusted_until=time.monotonic() + 30,
-    )
-    try:
-        await executor.execute(ctx)
-    except SimulatedCrash:
-        return False
-    except StopExecution:
-        pass  # fenced: the pool would catch this and move on
-    return True
-
-
-async def recover(queue: Queue, clock: ManualClock) -> None:
-    """What the world does after a worker dies: its lease expires and the sweeper requeues."""
-    clock.advance(31)
-    report = await queue.sweep()
-    assert report.requeued == 1
-    clock.advance(3600)  # past any backoff
-
-
-async def current(queue: Queue, run_id: UUID) -> Run:
-    run = await queue.get_run(run_id)
-    assert run is not None
-    return run
 
 
 CALLS = {

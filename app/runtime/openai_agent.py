@@ -1,0 +1,364 @@
+"""The `openai` agent: drives any OpenAI-compatible chat-completions endpoint with tool calling
+(hosted services, or self-hosted servers such as vLLM or Ollama that speak the same API).
+
+The message list is rebuilt from the run's state at every decision, never trusted from memory:
+the first input is the user's message; each assistant turn the model produced is kept in
+`state.agent["turns"]` with the runtime steps its tool calls became; every tool call's result
+comes from the run's recorded tool outcomes (an `uncertain` one reaches the model as "the
+outcome is unknown", never as a failure), and answers to `ask_user` from the run's answers. A
+tool call that a recovered run settled but whose turn was lost in the crash gets a turn of its
+own, so the model always sees every call that may have had an effect.
+
+Failures: timeouts, 429 (honouring Retry-After) and 5xx are transient and retried here with
+bounded backoff, then reported as transient (the run is released early); other 4xx, malformed
+responses and unknown tool names are permanent and fail the run with what the endpoint said.
+The API key never appears in a failure or a log line. Token usage is summed on the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+
+from app.runtime.agents import AgentError, Ask, CallTool, Decision, Finish
+from app.runtime.state import RunState
+from app.runtime.tools import Tool
+
+log = logging.getLogger("turnstile.openai")
+JSON = Any
+ASK_USER = "ask_user"
+UNKNOWN = (
+    "The outcome of this tool call is unknown: it started but its result was never recorded "
+    "(the worker stopped). It may or may not have taken effect, and it was not repeated."
+)
+
+
+class OpenAIAgent:
+    name = "openai"
+    time_limit_seconds: float | None = None
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str | None,
+        tools: Callable[[], Mapping[str, Tool]],
+        timeout_seconds: float = 60.0,
+        retries: int = 3,
+        backoff_seconds: float = 0.5,
+        max_retry_after_seconds: float = 30.0,
+        system_prompt: str | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self._api_key = api_key
+        self._tools = tools
+        self.timeout = timeout_seconds
+        self.retries = retries
+        self.backoff = backoff_seconds
+        self.max_retry_after = max_retry_after_seconds
+        self.system_prompt = system_prompt
+        # One client for the process: connections to the endpoint are reused across runs.
+        self._client = client
+
+    # --- the decision -------------------------------------------------------------------------
+    async def decide(self, state: RunState) -> Decision:
+        turns: list[dict[str, JSON]] = state.agent.setdefault("turns", [])
+        self._adopt_orphan_calls(state, turns)
+        self._take_answer(state, turns)
+        deferred = self._deferred_question(state, turns)
+        if deferred is not None:
+            return deferred
+        reply = await self._complete(self._messages(state, turns))
+        usage = reply.get("usage") or {}
+        totals = state.agent.setdefault(
+            "usage", {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        )
+        for field_name in totals:
+            value = usage.get(field_name)
+            if isinstance(value, int):
+                totals[field_name] += value
+        message = self._message_of(reply)
+        calls = message.get("tool_calls") or []
+        if not calls:
+            return Finish(
+                {
+                    "final": message.get("content"),
+                    "usage": totals,
+                    "tool_outcomes": [
+                        {"step": t.step, "tool": t.tool, "status": t.status, "outcome": t.outcome}
+                        for t in state.tools
+                    ],
+                    "answers": state.answers,
+                }
+            )
+        return self._plan(state, turns, message, calls)
+
+    def _plan(
+        self,
+        state: RunState,
+        turns: list[dict[str, JSON]],
+        message: dict[str, JSON],
+        calls: list[JSON],
+    ) -> Decision:
+        known = self._tools()
+        planned: list[dict[str, JSON]] = []
+        actions: list[CallTool] = []
+        ask: Ask | None = None
+        step = state.next_step
+        for call in calls:
+            if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+                raise AgentError(
+                    f"malformed tool call from the endpoint: {call!r:.300}", permanent=True
+                )
+            name = call["function"].get("name")
+            raw = call["function"].get("arguments") or "{}"
+            try:
+                args = json.loads(raw) if isinstance(raw, str) else raw
+            except ValueError:
+                raise AgentError(
+                    f"the endpoint sent tool arguments that are not JSON: {raw!r:.300}",
+                    permanent=True,
+                ) from None
+            if not isinstance(args, dict):
+                raise AgentError(
+                    f"tool arguments must be an object, got {raw!r:.300}", permanent=True
+                )
+            call_id = str(call.get("id") or f"call_{step}")
+            if name == ASK_USER:
+                if ask is not None:
+                    raise AgentError("the model asked the user twice at once", permanent=True)
+                ask = Ask(args.get("question", args))
+                planned.append(
+                    {
+                        "id": call_id,
+                        "name": ASK_USER,
+                        "arguments": raw,
+                        "ask_index": len(state.answers),
+                        "question": ask.question,
+                    }
+                )
+                continue
+            if name not in known:
+                raise AgentError(f"the endpoint called an unknown tool {name!r}", permanent=True)
+            planned.append({"id": call_id, "name": name, "arguments": raw, "step": step})
+            actions.append(CallTool(tool=str(name), args=args))
+            step += 1
+        turns.append({"content": message.get("content"), "calls": planned})
+        if actions:
+            # Tools first; a question in the same turn is asked once their results are in.
+            return actions
+        assert ask is not None
+        return ask
+
+    # --- rebuilding the conversation ----------------------------------------------------------
+    @staticmethod
+    def _adopt_orphan_calls(state: RunState, turns: list[dict[str, JSON]]) -> None:
+        """Give a turn to recorded tool calls no turn mentions (their turn died in a crash)."""
+        mentioned = {c.get("step") for t in turns for c in t["calls"]}
+        for record in state.tools:
+            if record.step not in mentioned:
+                turns.append(
+                    {
+                        "content": None,
+                        "calls": [
+                            {
+                                "id": f"call_step_{record.step}",
+                                "name": record.tool,
+                                "arguments": json.dumps(record.args),
+                                "step": record.step,
+                            }
+                        ],
+                    }
+                )
+
+    @staticmethod
+    def _take_answer(state: RunState, turns: list[dict[str, JSON]]) -> None:
+        pending = [
+            c
+            for t in turns
+            for c in t["calls"]
+            if c["name"] == ASK_USER and c["ask_index"] >= len(state.answers)
+        ]
+        if pending and state.unconsumed_inputs:
+            state.answers.append(state.unconsumed_inputs[0])
+
+    @staticmethod
+    def _deferred_question(state: RunState, turns: list[dict[str, JSON]]) -> Ask | None:
+        """A question the model asked beside tool calls, due once their results are in."""
+        if not turns or state.unconsumed_inputs:
+            return None
+        calls = turns[-1]["calls"]
+        steps = {t.step for t in state.tools}
+        tools_done = all(c["step"] in steps for c in calls if c["name"] != ASK_USER)
+        for call in calls:
+            if tools_done and call["name"] == ASK_USER and call["ask_index"] >= len(state.answers):
+                return Ask(call.get("question"))
+        return None
+
+    def _messages(self, state: RunState, turns: list[dict[str, JSON]]) -> list[dict[str, JSON]]:
+        messages: list[dict[str, JSON]] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        first = state.inputs[0] if state.inputs else ""
+        text = first.get("text") if isinstance(first, dict) and "text" in first else first
+        messages.append(
+            {"role": "user", "content": text if isinstance(text, str) else json.dumps(text)}
+        )
+        by_step = {t.step: t for t in state.tools}
+        for turn in turns:
+            answered = [c for c in turn["calls"] if self._result(c, by_step, state) is not None]
+            if not answered:
+                continue  # nothing of this turn happened (or it is still in progress)
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": turn.get("content"),
+                    "tool_calls": [
+                        {
+                            "id": c["id"],
+                            "type": "function",
+                            "function": {"name": c["name"], "arguments": c["arguments"]},
+                        }
+                        for c in answered
+                    ],
+                }
+            )
+            for call in answered:
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call["id"],
+                        "content": self._result(call, by_step, state),
+                    }
+                )
+        return messages
+
+    @staticmethod
+    def _result(call: dict[str, JSON], by_step: dict[int, Any], state: RunState) -> str | None:
+        if call["name"] == ASK_USER:
+            index = call["ask_index"]
+            if index < len(state.answers):
+                answer = state.answers[index]
+                return answer if isinstance(answer, str) else json.dumps(answer)
+            return None
+        record = by_step.get(int(call.get("step", 0)))
+        if record is None:
+            return None
+        if record.status == "uncertain":
+            return json.dumps({"status": "unknown", "message": UNKNOWN})
+        return json.dumps({"status": record.status, "result": record.outcome})
+
+    # --- the endpoint -------------------------------------------------------------------------
+    def _tool_schema(self) -> list[dict[str, JSON]]:
+        schema = [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.parameters,
+                },
+            }
+            for tool in self._tools().values()
+        ]
+        schema.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": ASK_USER,
+                    "description": "Ask the user a question and wait for the answer.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"question": {"type": "string"}},
+                        "required": ["question"],
+                    },
+                },
+            }
+        )
+        return schema
+
+    async def _complete(self, messages: list[dict[str, JSON]]) -> dict[str, JSON]:
+        body = {"model": self.model, "messages": messages, "tools": self._tool_schema()}
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        client = self._client or httpx.AsyncClient()
+        attempt = 0
+        try:
+            while True:
+                attempt += 1
+                wait = self.backoff * 2 ** (attempt - 1)
+                try:
+                    response = await client.post(
+                        self.url, json=body, headers=headers, timeout=self.timeout
+                    )
+                except httpx.TimeoutException:
+                    problem = f"the endpoint did not answer within {self.timeout:g}s"
+                except httpx.TransportError as exc:
+                    problem = f"cannot reach the endpoint: {type(exc).__name__}"
+                else:
+                    if response.status_code == 429 or response.status_code >= 500:
+                        problem = f"the endpoint answered {response.status_code}: " + _excerpt(
+                            response
+                        )
+                        wait = max(wait, _retry_after(response, self.max_retry_after))
+                    elif response.status_code >= 400:
+                        raise AgentError(
+                            f"the endpoint answered {response.status_code}: {_excerpt(response)}",
+                            permanent=True,
+                        )
+                    else:
+                        try:
+                            reply = response.json()
+                        except ValueError:
+                            raise AgentError(
+                                f"the endpoint's answer is not JSON: {_excerpt(response)}",
+                                permanent=True,
+                            ) from None
+                        if not isinstance(reply, dict):
+                            raise AgentError(
+                                "the endpoint's answer is not a JSON object", permanent=True
+                            )
+                        return reply
+                if attempt > self.retries:
+                    raise AgentError(f"{problem} (after {attempt} attempts)", permanent=False)
+                log.info(
+                    "chat completion failed; retrying",
+                    extra={"attempt": attempt, "retry_in": wait, "problem": problem},
+                )
+                await asyncio.sleep(wait)
+        finally:
+            if self._client is None:
+                await client.aclose()
+
+    @staticmethod
+    def _message_of(reply: dict[str, JSON]) -> dict[str, JSON]:
+        choices = reply.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise AgentError(
+                f"the endpoint's answer has no choices: {str(reply)[:300]}", permanent=True
+            )
+        message = choices[0].get("message")
+        if not isinstance(message, dict):
+            raise AgentError(
+                f"the endpoint's answer has no message: {str(reply)[:300]}", permanent=True
+            )
+        return message
+
+
+def _excerpt(response: httpx.Response) -> str:
+    return response.text[:500].replace("\n", " ")
+
+
+def _retry_after(response: httpx.Response, ceiling: float) -> float:
+    value = response.headers.get("retry-after", "")
+    try:
+        return min(max(float(value), 0.0), ceiling)
+    except ValueError:
+        return 0.0
