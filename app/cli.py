@@ -228,6 +228,47 @@ def _key_json(info: KeyInfo) -> dict[str, object]:
     }
 
 
+def cmd_worker(args: argparse.Namespace) -> None:
+    """The worker pool and the sweeper with no HTTP server, for more machines. SIGTERM or SIGINT
+    drains it: no new claims, running steps get the grace period, the rest are released."""
+    settings = _settings(run_workers=True)
+    _check_plugins(settings)
+    asyncio.run(_run_worker(settings))
+
+
+async def _run_worker(settings: Settings) -> None:
+    import signal
+
+    from app.db.migrate import head_revision
+    from app.db.state import schema_revision
+    from app.main import services
+
+    engine = await _engine_for(settings)
+    try:
+        revision = await schema_revision(engine)
+    finally:
+        await engine.dispose()
+    if revision != head_revision():
+        raise CommandError(
+            f"the database schema is at {revision or 'nothing'}, this worker needs "
+            f"{head_revision()}: run 'turnstile migrate' first"
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with services(settings, role="worker") as state:
+        pool = state.pool
+        assert pool is not None
+        print(
+            f"turnstile: worker {pool.worker_id} running slots {settings.slots}",
+            file=sys.stderr, flush=True,
+        )
+        await stop.wait()
+        print("turnstile: draining", file=sys.stderr, flush=True)
+    print("turnstile: worker stopped", file=sys.stderr, flush=True)
+
+
 def cmd_migrate(args: argparse.Namespace) -> None:
     _migrated_settings(_settings())
 
@@ -263,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("key_id")
     revoke.add_argument("--json", action="store_true")
     revoke.set_defaults(func=cmd_keys_revoke)
+
+    worker = sub.add_parser("worker", help="run a worker pool with no HTTP server")
+    worker.set_defaults(func=cmd_worker)
 
     migrate = sub.add_parser("migrate", help="upgrade the database schema to this version")
     migrate.set_defaults(func=cmd_migrate)

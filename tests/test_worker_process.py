@@ -1,0 +1,128 @@
+"""`turnstile worker` as a real OS process: it runs runs, and SIGTERM drains it (the running
+run is released with its attempt given back and finishes elsewhere), exiting 0."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.queue.core import Queue
+from app.queue.models import NewRun, Run
+from tests.support.waiting import eventually
+
+
+@asynccontextmanager
+async def worker_process(
+    database_url: str, **env: str
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "app.cli",
+        "worker",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "TURNSTILE_POLL_INTERVAL_SECONDS": "60",
+            **env,
+        },
+    )
+    try:
+        assert process.stderr is not None
+        line = await asyncio.wait_for(process.stderr.readline(), 30)
+        assert b"running slots" in line, line
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def run_state(queue: Queue, run_id: Any) -> Run:
+    run = await queue.get_run(run_id)
+    assert run is not None
+    return run
+
+
+def scripted(*steps: dict[str, Any]) -> NewRun:
+    return NewRun(tenant_id="t", principal="p", agent="scripted", input={"script": list(steps)})
+
+
+async def test_a_worker_process_runs_runs_and_drains_on_sigterm(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    queue = Queue(engine)
+    async with worker_process(database_url, TURNSTILE_DRAIN_GRACE_SECONDS="0") as process:
+        quick = await queue.enqueue(scripted({"call": "echo", "args": {}}, {"final": "ok"}))
+
+        async def finished(run_id: Any) -> bool:
+            return (await run_state(queue, run_id)).status == "succeeded"
+
+        await eventually(lambda: finished(quick.id), within=20, what="the quick run")
+        slow = await queue.enqueue(scripted({"call": "sleep", "args": {"seconds": 5}}))
+
+        async def sleeping() -> bool:
+            types = [e.type for e in await queue.events(slow.id)]
+            return "tool.started" in types
+
+        await eventually(sleeping, within=20, what="the slow run's tool call")
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+    released = await run_state(queue, slow.id)
+    assert (released.status, released.attempts, released.lease_owner) == ("queued", 0, None)
+    last = (await queue.events(slow.id))[-1]
+    assert (last.type, last.data["graceful"]) == ("run.released", True)
+    async with engine.connect() as conn:
+        stopped = (
+            await conn.execute(
+                text(
+                    "SELECT count(*) FROM workers WHERE role = 'worker' AND stopped_at IS NOT NULL"
+                )
+            )
+        ).scalar_one()
+    assert stopped == 1
+
+    # Another worker finishes it, from its journal: the sleep started but has no outcome, and
+    # being safe it runs again. Its attempt was given back, so it shows 1.
+    async with worker_process(database_url):
+        await eventually(lambda: finished(slow.id), within=60, what="the released run")
+    assert (await run_state(queue, slow.id)).attempts == 1
+
+
+async def test_a_worker_refuses_an_unmigrated_database(server_url: str) -> None:
+    from tests.support.databases import (
+        admin_execute,
+        drop_database,
+        new_database_name,
+        with_database,
+    )
+
+    name = new_database_name("ts_bare")
+    await admin_execute(server_url, f'CREATE DATABASE "{name}"')
+    url = with_database(server_url, name)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "app.cli",
+            "worker",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "DATABASE_URL": url},
+        )
+        _, err = await asyncio.wait_for(process.communicate(), 30)
+        assert process.returncode == 2
+        assert err.decode().strip().startswith("turnstile: the database schema is at nothing")
+        assert err.decode().strip().count("\n") == 0
+    finally:
+        await drop_database(server_url, url)
