@@ -497,3 +497,20 @@ async def test_an_open_stream_ends_when_the_service_stops(
     finally:
         await client.aclose()
     assert ended.is_set()
+
+
+async def test_a_lock_timeout_is_a_503_with_retry_after(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with running_api(database_url, engine, lock_timeout_ms=200) as running:
+        client = await running.client()
+        session = await new_session(client)
+        async with engine.connect() as holder:
+            await holder.execute(
+                text("SELECT 1 FROM sessions WHERE id = :id FOR UPDATE"), {"id": session}
+            )
+            response = await turn(client, session, {"input": 1})
+            assert_problem(response, 503, "database-busy")
+            assert response.headers["retry-after"] == "1"
+            await holder.rollback()
+        assert (await turn(client, session, {"input": 1})).status_code == 202

@@ -339,3 +339,35 @@ async def test_asking_the_user_is_a_tool(
     assert done.result["answers"] == ["EUR"]
     last = fake.requests[-1]["messages"]
     assert last[-1] == {"role": "tool", "tool_call_id": "q1", "content": "EUR"}
+
+
+async def test_a_call_never_started_is_run_before_the_model_is_asked_again(
+    queue: Queue, http: httpx.AsyncClient, clock: ManualClock, model: tuple[FakeModel, str]
+) -> None:
+    fake, base = model
+    fake.call(("a", "echo", {"x": "A"}), ("b", "echo", {"x": "B"}))
+    fake.say("both done")
+    run = await queue.enqueue(turn())
+
+    def crash(at: str, step: int) -> None:
+        if (at, step) == ("before_started", 2):
+            raise SimulatedCrash(at)
+
+    assert await execute_once(queue, executor(base, http, crash)) is False
+    await recover(queue, clock)
+    assert await execute_once(queue, executor(base, http))
+    done = await current(queue, run.id)
+    assert [t["outcome"] for t in done.result["tool_outcomes"]] == [
+        {"echo": {"x": "A"}},
+        {"echo": {"x": "B"}},
+    ]
+    assert len(fake.requests) == 2  # B ran from the stored turn, without asking the model
+    told = {
+        m["tool_call_id"]: json.loads(m["content"])
+        for m in fake.requests[-1]["messages"]
+        if m["role"] == "tool"
+    }
+    assert told == {
+        "a": {"status": "succeeded", "result": {"echo": {"x": "A"}}},
+        "b": {"status": "succeeded", "result": {"echo": {"x": "B"}}},
+    }

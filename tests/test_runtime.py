@@ -367,3 +367,43 @@ async def test_plugins_add_agents_and_tools(database_url: str, engine: Any) -> N
         assert {(e.idempotency_class, e.idempotency_key) for e in journal} == {
             ("keyed", f"turnstile-{run_id}-step-1")
         }
+
+
+async def test_an_unsafe_call_that_never_left_is_a_failure_not_uncertain(
+    queue: Queue, clock: ManualClock
+) -> None:
+    from app.db.embedded import free_port
+
+    closed = free_port()  # nothing listens there: every attempt is refused before sending
+    run = await queue.enqueue(
+        scripted(
+            {
+                "call": "http_request",
+                "args": {"method": "POST", "url": f"http://127.0.0.1:{closed}/"},
+            },
+            {"final": "done"},
+        )
+    )
+    assert await execute_once(queue, runtime(transient_retries=1))
+    released = await current(queue, run.id)
+    assert (released.status, released.attempts) == ("queued", 1)
+    clock.advance(3600)
+    assert await execute_once(queue, runtime())
+    done = await current(queue, run.id)
+    outcome = done.result["tool_outcomes"][0]
+    assert (outcome["status"], outcome["outcome"]["sent"]) == ("failed", False)
+
+
+async def test_metadata_shared_and_embedded_addresses_are_refused() -> None:
+    ctx = ToolContext(run_id="r", step=1, idempotency_key=None)
+    everywhere = HttpRequestTool(["*"])
+    for url in (
+        "http://100.100.100.200/latest",
+        "http://100.64.1.1/",
+        "http://[2002:a9fe:a9fe::1]/",
+        "http://[fec0::1]/",
+        "http://[64:ff9b::a9fe:a9fe]/",
+        "http://0.0.0.0/",
+    ):
+        with pytest.raises(PermanentToolError, match="internal address"):
+            await everywhere.run({"method": "GET", "url": url}, ctx)

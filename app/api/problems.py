@@ -98,6 +98,12 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
         "A request with this Idempotency-Key is in progress",
         "Retry after the `Retry-After` seconds; the first request's outcome will then be replayed.",
     ),
+    "database-busy": (
+        503,
+        "The database is busy",
+        "A lock or statement timeout cut the request short; nothing was written. Retry after the "
+        "`Retry-After` seconds.",
+    ),
     "database-unavailable": (
         503,
         "The database is unavailable",
@@ -320,6 +326,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(DBAPIError)
     async def database_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        # Lock timeout, statement timeout, deadlock, serialization failure: transient.
+        if getattr(exc.orig, "sqlstate", None) in ("55P03", "57014", "40P01", "40001"):
+            return problem_response(
+                "database-busy", instance=request.url.path, headers={"Retry-After": "1"}
+            )
         if exc.connection_invalidated:
             return problem_response(
                 "database-unavailable",

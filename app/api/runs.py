@@ -279,16 +279,18 @@ async def get_run(
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         with state.watch.watching(str(run_id)) as changed:
+            # Watch first, then read: a change between the two is never missed.
+            run = await load_run(request, run_id, tenant)
             while (
                 run.status == known
                 and run.status not in TERMINAL
                 and not state.shutdown.is_set()
                 and (remaining := deadline - loop.time()) > 0
             ):
-                changed.clear()
                 await wait_for_change(
                     changed, state.shutdown, min(COARSE_RECHECK_SECONDS, remaining)
                 )
+                changed.clear()  # cleared before the read below, so a later change wakes us
                 run = await load_run(request, run_id, tenant)
     document = run.to_document()
     etag = etag_of(document)

@@ -114,11 +114,13 @@ class RuntimeExecutor:
                         f"the result exceeds {self.limits.max_result_bytes} bytes",
                     )
                     return
+                ctx.finishing = True
                 await ctx.checked(await queue.complete(ctx.lease, decision.result), "complete")
                 return
             if isinstance(decision, Ask):
                 state.questions.append(decision.question)
                 state.elapsed_seconds = clock.elapsed()
+                ctx.finishing = True
                 await ctx.checked(
                     await queue.wait_for_user(
                         ctx.lease,
@@ -149,6 +151,7 @@ class RuntimeExecutor:
             step=step, tool=tool.name, idempotency_class=klass, idempotency_key=key, args=call.args
         )
         self._crash("before_started", step)
+        ctx.ensure_may_continue()  # journal nothing this worker may not go on to run
         await ctx.checked(await ctx.queue.tool_started(ctx.lease, record), "tool_started")
         self._crash("after_started", step)
         return await self._run_and_record(ctx, state, clock, tool, record)
@@ -188,6 +191,11 @@ class RuntimeExecutor:
                     status = "uncertain"
                     break
                 if attempt > self.limits.transient_retries:
+                    if not repeatable:
+                        # Provably never sent: a definite failure, recorded so that recovery
+                        # does not mistake the open journal entry for an unknown outcome.
+                        await self._record(ctx, state, clock, record, "failed",
+                                           {"error": str(exc), "sent": False})
                     await self._release_early(
                         ctx, f"{record.tool} kept failing after {attempt} attempts: {exc}"
                     )
@@ -267,11 +275,13 @@ class RuntimeExecutor:
     # --- endings ------------------------------------------------------------------------------
     async def _fail(self, ctx: ExecutionContext, kind: str, message: str) -> None:
         log.info("run failed", extra={"run_id": str(ctx.lease.run_id), "kind": kind})
+        ctx.finishing = True
         await ctx.checked(
             await ctx.queue.fail(ctx.lease, {"kind": kind, "message": message}), "fail"
         )
 
     async def _release_early(self, ctx: ExecutionContext, reason: str) -> None:
+        ctx.finishing = True
         await ctx.checked(
             await ctx.queue.release(ctx.lease, graceful=False, reason=reason[:500]), "release"
         )

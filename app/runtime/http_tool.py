@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import socket
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
@@ -30,8 +31,14 @@ from app.runtime.tools import (
 JSON = Any
 SAFE_METHODS = {"GET", "HEAD", "PUT", "DELETE"}
 METHODS = SAFE_METHODS | {"POST", "PATCH"}
-METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
-MAX_BODY_CHARS = 64_000
+METADATA = {
+    ipaddress.ip_address("169.254.169.254"),  # AWS, GCP, Azure, ...
+    ipaddress.ip_address("fd00:ec2::254"),  # AWS over IPv6
+    ipaddress.ip_address("100.100.100.200"),  # Alibaba Cloud
+}
+MAX_RESPONSE_BYTES = 256_000
+# Headers the HTTP client must own; a caller's copy would corrupt or smuggle the request.
+RESERVED_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
 
 
 class HttpRequestTool:
@@ -83,49 +90,88 @@ class HttpRequestTool:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise PermanentToolError("url must be an absolute http(s) URL")
         host = parts.hostname.lower()
-        address = await self._checked_address(
+        addresses = await self._checked_addresses(
             host, parts.port or (443 if parts.scheme == "https" else 80)
         )
-        headers = {str(k): str(v) for k, v in dict(args.get("headers") or {}).items()}
+        given = dict(args.get("headers") or {})
+        headers = {
+            str(k): str(v)
+            for k, v in given.items()
+            if str(k).lower() not in RESERVED_HEADERS | {"idempotency-key"}
+        }
         headers["Host"] = parts.netloc.rsplit("@", 1)[-1]
         if ctx.idempotency_key is not None:
             headers["Idempotency-Key"] = ctx.idempotency_key
-        netloc = f"[{address}]" if ":" in address else address
-        if parts.port:
-            netloc = f"{netloc}:{parts.port}"
-        pinned = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
         extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
         client = self._client or httpx.AsyncClient()
         try:
-            response = await client.request(
-                method,
-                pinned,
-                headers=headers,
-                json=args.get("json"),
-                timeout=self.timeout,
-                extensions=extensions,
-            )
+            # In resolver order; a refused connection sent nothing, so the next address is safe.
+            for index, address in enumerate(addresses):
+                netloc = f"[{address}]" if ":" in address else address
+                if parts.port:
+                    netloc = f"{netloc}:{parts.port}"
+                pinned = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
+                try:
+                    return await self._send(client, method, pinned, headers, args, extensions)
+                except TransientToolError as exc:
+                    if exc.sent or index == len(addresses) - 1:
+                        raise
+            raise TransientToolError(f"no address of {host!r} answered", sent=False)
+        finally:
+            if self._client is None:
+                await client.aclose()
+
+    async def _send(
+        self,
+        client: httpx.AsyncClient,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        args: dict[str, JSON],
+        extensions: dict[str, Any],
+    ) -> JSON:
+        request = client.build_request(
+            method, url, headers=headers, json=args.get("json"), timeout=self.timeout,
+            extensions=extensions,
+        )
+        try:
+            response = await client.send(request, stream=True)
         except httpx.ConnectError as exc:
             raise TransientToolError(f"could not connect: {exc}", sent=False) from exc
         except httpx.ConnectTimeout as exc:
             raise TransientToolError("connect timed out", sent=False) from exc
+        except httpx.LocalProtocolError as exc:
+            raise PermanentToolError(f"the request is not valid HTTP: {exc}") from exc
         except httpx.TimeoutException as exc:
             raise TransientToolError(f"timed out: {type(exc).__name__}") from exc
         except httpx.TransportError as exc:
             raise TransientToolError(f"connection failed: {exc!r}") from exc
-        finally:
-            if self._client is None:
-                await client.aclose()
-        if response.status_code >= 500 or response.status_code == 429:
-            raise TransientToolError(f"HTTP {response.status_code}")
-        body: JSON
+        raw = bytearray()
+        truncated = False
         try:
-            body = response.json()
-        except ValueError:
-            body = response.text[:MAX_BODY_CHARS]
+            if response.status_code >= 500 or response.status_code == 429:
+                raise TransientToolError(f"HTTP {response.status_code}")
+            try:
+                async for chunk in response.aiter_bytes():
+                    raw.extend(chunk)
+                    if len(raw) > MAX_RESPONSE_BYTES:
+                        truncated = True
+                        break
+            except httpx.TransportError as exc:
+                raise TransientToolError(f"the response broke off: {exc!r}") from exc
+        finally:
+            await response.aclose()
+        text = bytes(raw[:MAX_RESPONSE_BYTES]).decode(response.encoding or "utf-8", "replace")
+        body: JSON = text
+        if not truncated:
+            try:
+                body = json.loads(text)
+            except ValueError:
+                body = text
         return {
             "status": response.status_code,
             "body": body,
+            "truncated": truncated,
             "headers": {
                 k: v
                 for k, v in response.headers.items()
@@ -146,7 +192,7 @@ class HttpRequestTool:
                 return True
         return False
 
-    async def _checked_address(self, host: str, port: int) -> str:
+    async def _checked_addresses(self, host: str, port: int) -> list[str]:
         if not self._matches(host):
             raise PermanentToolError(f"host {host!r} is not on the allow-list")
         try:
@@ -155,7 +201,7 @@ class HttpRequestTool:
             )
         except socket.gaierror as exc:
             raise TransientToolError(f"cannot resolve {host!r}: {exc}", sent=False) from exc
-        addresses = sorted({str(info[4][0]) for info in infos})
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))  # resolver order
         if not addresses:
             raise TransientToolError(f"{host!r} resolved to nothing", sent=False)
         for text in addresses:
@@ -165,18 +211,19 @@ class HttpRequestTool:
                     f"host {host!r} resolves to {address}, an internal address; list the host "
                     "by name in TURNSTILE_HTTP_ALLOWED_HOSTS to allow it"
                 )
-        return addresses[0]
+        return addresses
 
 
 def _is_internal(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return _is_internal(address.ipv4_mapped)
-    return (
-        address in METADATA
-        or address.is_loopback
-        or address.is_private
-        or address.is_link_local
-        or address.is_reserved
-        or address.is_multicast
-        or address.is_unspecified
-    )
+    """Anything but a globally routable unicast address, including IPv4 hidden in IPv6."""
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = [address.ipv4_mapped, address.sixtofour]
+        if address.teredo is not None:
+            embedded.extend(address.teredo)
+        if address in ipaddress.ip_network("64:ff9b::/96"):  # NAT64
+            embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+        if any(inner is not None and _is_internal(inner) for inner in embedded):
+            return True
+        if address.is_site_local:  # fec0::/10, deprecated but still routable inside networks
+            return True
+    return address in METADATA or not address.is_global or address.is_multicast

@@ -73,6 +73,9 @@ class OpenAIAgent:
         turns: list[dict[str, JSON]] = state.agent.setdefault("turns", [])
         self._adopt_orphan_calls(state, turns)
         self._take_answer(state, turns)
+        unfinished = self._unfinished_calls(state, turns)
+        if unfinished:
+            return unfinished
         deferred = self._deferred_question(state, turns)
         if deferred is not None:
             return deferred
@@ -148,7 +151,9 @@ class OpenAIAgent:
                 continue
             if name not in known:
                 raise AgentError(f"the endpoint called an unknown tool {name!r}", permanent=True)
-            planned.append({"id": call_id, "name": name, "arguments": raw, "step": step})
+            planned.append(
+                {"id": call_id, "name": name, "arguments": raw, "args": args, "step": step}
+            )
             actions.append(CallTool(tool=str(name), args=args))
             step += 1
         turns.append({"content": message.get("content"), "calls": planned})
@@ -189,6 +194,23 @@ class OpenAIAgent:
         ]
         if pending and state.unconsumed_inputs:
             state.answers.append(state.unconsumed_inputs[0])
+
+    @staticmethod
+    def _unfinished_calls(state: RunState, turns: list[dict[str, JSON]]) -> list[CallTool]:
+        """Calls of the last turn that never started (the worker stopped between two calls of
+        one response): run them, in order, under the steps the turn planned for them, before
+        asking the model anything; never give their step numbers to a new call."""
+        if not turns:
+            return []
+        steps = {t.step for t in state.tools}
+        remaining = [c for c in turns[-1]["calls"]
+                     if c["name"] != ASK_USER and c["step"] not in steps]
+        if not remaining:
+            return []
+        assert remaining[0]["step"] == state.next_step, "calls run in order"
+        return [CallTool(tool=str(c["name"]), args=dict(c.get("args") or
+                                                        json.loads(c["arguments"])))
+                for c in remaining]
 
     @staticmethod
     def _deferred_question(state: RunState, turns: list[dict[str, JSON]]) -> Ask | None:

@@ -32,6 +32,10 @@ class ExecutionContext:
     trusted_until: float = field(default_factory=lambda: time.monotonic())
     fenced: bool = False
     self_fenced: bool = False
+    # Set just before the write that ends this hold (complete, fail, wait, release): from then
+    # on that write's own fence decides, and a heartbeat that no longer sees the run (because
+    # the write already committed) must not take it for a lost lease.
+    finishing: bool = False
     _fenced_recorded: bool = False
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -86,4 +90,5 @@ class CompletingExecutor:
         if self.pause_seconds:
             await asyncio.sleep(self.pause_seconds)
         ctx.ensure_may_continue()
+        ctx.finishing = True
         await ctx.checked(await ctx.queue.complete(ctx.lease, {"completed": True}), "complete")

@@ -236,7 +236,9 @@ class WorkerPool:
             try:
                 await self._after(execution)
             finally:
-                group.running.pop(run_id, None)
+                # A newer claim of the same run may already hold this slot entry.
+                if group.running.get(run_id) is execution:
+                    del group.running[run_id]
                 group.wake.set()
 
     async def _after(self, execution: _Execution) -> None:
@@ -266,26 +268,34 @@ class WorkerPool:
 
     async def beat(self) -> None:
         """One heartbeat for every held lease, in one statement."""
-        executions = [e for g in self.groups for e in g.running.values() if e.stop_reason is None]
+        executions = [
+            e
+            for g in self.groups
+            for e in g.running.values()
+            if e.stop_reason is None and not e.ctx.finishing
+        ]
         sent = time.monotonic()
         try:
             held = await self.queue.heartbeat_many(
                 [e.ctx.lease for e in executions], lease_seconds=self.lease_seconds
             )
-            await self._touch()
         except Exception:
             self.heartbeat_failures += 1
             log.warning("heartbeat failed", exc_info=self.heartbeat_failures == 1)
             now = time.monotonic()
             for execution in executions:
-                if now >= execution.ctx.trusted_until:
+                if now >= execution.ctx.trusted_until and not execution.ctx.finishing:
                     self._interrupt(execution, "self_fenced")
             return
         self.heartbeat_failures = 0
+        try:
+            await self._touch()  # the registry row; its failure does not touch any lease
+        except Exception:
+            log.warning("worker registration refresh failed", exc_info=True)
         for execution in executions:
             if execution.ctx.lease.run_id in held:
                 execution.ctx.trusted_until = sent + self.lease_seconds
-            else:
+            elif not execution.ctx.finishing:
                 self._interrupt(execution, "fenced")
 
     # --- registration -------------------------------------------------------------------------
