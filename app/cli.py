@@ -262,7 +262,8 @@ async def _run_worker(settings: Settings) -> None:
         assert pool is not None
         print(
             f"turnstile: worker {pool.worker_id} running slots {settings.slots}",
-            file=sys.stderr, flush=True,
+            file=sys.stderr,
+            flush=True,
         )
         await stop.wait()
         print("turnstile: draining", file=sys.stderr, flush=True)

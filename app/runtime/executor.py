@@ -194,8 +194,9 @@ class RuntimeExecutor:
                     if not repeatable:
                         # Provably never sent: a definite failure, recorded so that recovery
                         # does not mistake the open journal entry for an unknown outcome.
-                        await self._record(ctx, state, clock, record, "failed",
-                                           {"error": str(exc), "sent": False})
+                        await self._record(
+                            ctx, state, clock, record, "failed", {"error": str(exc), "sent": False}
+                        )
                     await self._release_early(
                         ctx, f"{record.tool} kept failing after {attempt} attempts: {exc}"
                     )

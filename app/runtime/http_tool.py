@@ -131,7 +131,11 @@ class HttpRequestTool:
         extensions: dict[str, Any],
     ) -> JSON:
         request = client.build_request(
-            method, url, headers=headers, json=args.get("json"), timeout=self.timeout,
+            method,
+            url,
+            headers=headers,
+            json=args.get("json"),
+            timeout=self.timeout,
             extensions=extensions,
         )
         try:

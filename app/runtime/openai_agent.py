@@ -203,14 +203,16 @@ class OpenAIAgent:
         if not turns:
             return []
         steps = {t.step for t in state.tools}
-        remaining = [c for c in turns[-1]["calls"]
-                     if c["name"] != ASK_USER and c["step"] not in steps]
+        remaining = [
+            c for c in turns[-1]["calls"] if c["name"] != ASK_USER and c["step"] not in steps
+        ]
         if not remaining:
             return []
         assert remaining[0]["step"] == state.next_step, "calls run in order"
-        return [CallTool(tool=str(c["name"]), args=dict(c.get("args") or
-                                                        json.loads(c["arguments"])))
-                for c in remaining]
+        return [
+            CallTool(tool=str(c["name"]), args=dict(c.get("args") or json.loads(c["arguments"])))
+            for c in remaining
+        ]
 
     @staticmethod
     def _deferred_question(state: RunState, turns: list[dict[str, JSON]]) -> Ask | None:
