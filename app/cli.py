@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import signal
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
@@ -97,7 +99,21 @@ def _server(config: uvicorn.Config, shutdown: asyncio.Event) -> uvicorn.Server:
             shutdown.set()  # signal handlers run on the event loop's thread
             super().handle_exit(sig, frame)
 
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn re-raises the signal after a graceful shutdown, so the process would die
+            # of SIGTERM; a drained service exits 0 instead.
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
     return Server(config)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _check_plugins(settings: Settings) -> None:
@@ -237,8 +253,6 @@ def cmd_worker(args: argparse.Namespace) -> None:
 
 
 async def _run_worker(settings: Settings) -> None:
-    import signal
-
     from app.db.migrate import head_revision
     from app.db.state import schema_revision
     from app.main import services

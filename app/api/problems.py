@@ -331,7 +331,13 @@ def install(app: FastAPI) -> None:
             return problem_response(
                 "database-busy", instance=request.url.path, headers={"Retry-After": "1"}
             )
-        if exc.connection_invalidated:
+        state = str(getattr(exc.orig, "sqlstate", "") or "")
+        # Connection failures and a server shutting down or starting up: unavailable for now.
+        if (
+            exc.connection_invalidated
+            or state.startswith("08")
+            or state in ("57P01", "57P02", "57P03")
+        ):
             return problem_response(
                 "database-unavailable",
                 instance=request.url.path,

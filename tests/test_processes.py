@@ -1,0 +1,124 @@
+"""Real OS processes against one PostgreSQL: an API-only `serve --no-workers` and two
+`turnstile worker` processes drain a few hundred runs submitted over HTTP, each run executed
+once (attempts == 1) with a clean log."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import httpx
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.embedded import free_port
+from app.security.api_keys import create_key
+from tests.support.invariants import check_all_runs
+from tests.support.waiting import eventually
+
+RUNS = 300
+
+
+@asynccontextmanager
+async def process(
+    *args: str, ready: bytes, **env: str
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "app.cli",
+        *args,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **env},
+    )
+    assert child.stderr is not None
+    try:
+        while True:
+            line = await asyncio.wait_for(child.stderr.readline(), 60)
+            assert line, f"{args} exited before it was ready"
+            if ready in line:
+                break
+        # Keep reading so a full pipe never blocks the child.
+        drain = asyncio.create_task(child.stderr.read())
+        yield child
+        if child.returncode is None:
+            child.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(child.wait(), 60) == 0
+        await drain
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+
+
+async def test_api_replica_and_two_workers_drain_hundreds_of_runs(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    port = free_port()
+    env = {"DATABASE_URL": database_url, "TURNSTILE_SLOTS": "interactive:2,async:4,maintenance:1"}
+    key = (await create_key(engine, tenant_id="acme", principal="svc")).secret
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(
+            process("serve", "--no-workers", "--port", str(port), ready=b"Uvicorn running", **env)
+        )
+        for _ in range(2):
+            await stack.enter_async_context(process("worker", ready=b"running slots", **env))
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}",
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        ) as client:
+            ready = (await client.get("/readyz")).json()
+            assert ready["status"] == "ready"
+            assert "workers" not in ready["checks"]  # this process runs none
+
+            async def submit(i: int) -> int:
+                body = {
+                    "input": {"script": [{"call": "echo", "args": {"i": i}}, {"final": i}]},
+                    "priority": "interactive" if i % 3 == 0 else "async",
+                }
+                response = await client.post(
+                    "/runs", json=body, headers={"Idempotency-Key": f"run-{i}"}
+                )
+                return response.status_code
+
+            codes = await asyncio.gather(*(submit(i) for i in range(RUNS)))
+            assert set(codes) == {202}
+
+            async def all_done() -> bool:
+                async with engine.connect() as conn:
+                    done = (
+                        await conn.execute(
+                            text("SELECT count(*) FROM runs WHERE status = 'succeeded'")
+                        )
+                    ).scalar_one()
+                return bool(done == RUNS)
+
+            await eventually(all_done, within=120, what=f"{RUNS} runs to finish")
+    async with engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                text(
+                    "SELECT count(*) AS runs, max(attempts) AS most, "
+                    "count(DISTINCT c.data->>'owner') AS owners FROM runs r "
+                    "JOIN run_events c ON c.run_id = r.id AND c.type = 'run.claimed'"
+                )
+            )
+        ).one()
+        workers = (
+            await conn.execute(
+                text(
+                    "SELECT count(*) FROM workers WHERE role = 'worker' AND stopped_at IS NOT NULL"
+                )
+            )
+        ).scalar_one()
+    assert rows.runs == RUNS  # one claim per run
+    assert rows.most == 1
+    assert rows.owners == 2  # both workers took part
+    assert workers == 2  # both drained and deregistered on SIGTERM
+    assert await check_all_runs(engine) == RUNS
