@@ -15,7 +15,10 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.embedded import free_port
+from app.config import Settings
+from app.db.embedded import LocalCluster, free_port
+from app.db.engine import create_engine
+from app.db.migrate import upgrade
 from app.security.api_keys import create_key
 from tests.support.invariants import check_all_runs
 from tests.support.waiting import eventually
@@ -122,3 +125,90 @@ async def test_api_replica_and_two_workers_drain_hundreds_of_runs(
     assert rows.owners == 2  # both workers took part
     assert workers == 2  # both drained and deregistered on SIGTERM
     assert await check_all_runs(engine) == RUNS
+
+
+async def test_a_postgresql_restart_mid_load_loses_nothing(throwaway_cluster: LocalCluster) -> None:
+    url = throwaway_cluster.url()
+    await asyncio.to_thread(upgrade, url)
+    engine = create_engine(Settings(), url)
+    try:
+        key = (await create_key(engine, tenant_id="acme", principal="svc")).secret
+        port = free_port()
+        env = {
+            "DATABASE_URL": url,
+            "TURNSTILE_LEASE_SECONDS": "3",
+            "TURNSTILE_HEARTBEAT_SECONDS": "1",
+            "TURNSTILE_SWEEP_INTERVAL_SECONDS": "0.5",
+            "TURNSTILE_POLL_INTERVAL_SECONDS": "1",
+            "TURNSTILE_RETRY_BACKOFF_BASE_SECONDS": "0.2",
+        }
+        accepted: list[str] = []
+        statuses: list[int] = []
+        async with (
+            process("serve", "--port", str(port), ready=b"Uvicorn running", **env),
+            httpx.AsyncClient(
+                base_url=f"http://127.0.0.1:{port}",
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=30,
+            ) as client,
+        ):
+            counter = iter(range(10_000))
+
+            async def submit() -> None:
+                i = next(counter)
+                body = {
+                    "input": {
+                        "script": [{"call": "sleep", "args": {"seconds": 0.05}}, {"final": i}]
+                    }
+                }
+                try:
+                    response = await client.post(
+                        "/runs", json=body, headers={"Idempotency-Key": f"k{i}"}
+                    )
+                except httpx.TransportError:
+                    statuses.append(-1)
+                    return
+                statuses.append(response.status_code)
+                if response.status_code == 202:
+                    accepted.append(response.json()["id"])
+
+            for _ in range(40):
+                await submit()
+            await asyncio.to_thread(throwaway_cluster.stop, "fast")
+            down = len(statuses)
+            for _ in range(5):
+                await submit()  # the database is down: these must be refused cleanly
+            during = statuses[down:]
+            await asyncio.to_thread(throwaway_cluster.start)
+
+            async def recovered() -> bool:
+                await submit()
+                return statuses[-1] == 202
+
+            await eventually(recovered, within=60, what="the API to accept runs again")
+            for _ in range(40):
+                await submit()
+
+            async def all_finished() -> bool:
+                async with engine.connect() as conn:
+                    done = (
+                        await conn.execute(
+                            text(
+                                "SELECT count(*) FROM runs WHERE status = 'succeeded' "
+                                "AND id = ANY(CAST(:ids AS uuid[]))"
+                            ),
+                            {"ids": accepted},
+                        )
+                    ).scalar_one()
+                return bool(done == len(accepted))
+
+            await eventually(all_finished, within=120, what="every accepted run to finish")
+        assert during == [503] * 5, during
+        assert 500 not in statuses
+        assert len(accepted) >= 80
+        async with engine.connect() as conn:
+            total = (await conn.execute(text("SELECT count(*) FROM runs"))).scalar_one()
+        assert total == len(accepted)  # nothing refused was half-written
+        assert await check_all_runs(engine) == total
+    finally:
+        await engine.dispose()
