@@ -42,9 +42,12 @@ def _run_sync(connection: Connection) -> None:
 
 
 async def _run_online() -> None:
-    from app.db.engine import async_url
+    from app.db.engine import async_url, pgbouncer_options
 
-    engine = create_async_engine(async_url(_url()), poolclass=pool.NullPool)
+    url, connect_args = async_url(_url()), {}
+    if config.attributes.get("pgbouncer"):
+        url, connect_args = pgbouncer_options(url)
+    engine = create_async_engine(url, poolclass=pool.NullPool, connect_args=connect_args)
     try:
         async with engine.connect() as connection:
             await connection.run_sync(_run_sync)

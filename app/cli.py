@@ -53,7 +53,7 @@ def _migrated_settings(settings: Settings) -> Settings:
     from app.db.state import resolve_database
 
     database = resolve_database(settings)
-    upgrade(database.url)
+    upgrade(database.url, pgbouncer=settings.pgbouncer)
     where = (
         f"embedded PostgreSQL ({database.embedded.kind}) in {database.embedded.data_dir}"
         if database.embedded

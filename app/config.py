@@ -35,6 +35,11 @@ class Settings(BaseSettings):
     statement_timeout_ms: int = Field(default=30_000, ge=0)
     lock_timeout_ms: int = Field(default=5_000, ge=0)
     idle_in_transaction_timeout_ms: int = Field(default=60_000, ge=0)
+    pgbouncer: bool = Field(
+        default=False,
+        description="DATABASE_URL goes through PgBouncer in transaction pooling mode: no "
+        "prepared-statement caches, unique statement names; LISTEN needs LISTEN_DATABASE_URL.",
+    )
     db_pool_size: int | None = Field(
         default=None, ge=1, description="Connections per process; derived from slots if unset."
     )
@@ -129,6 +134,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"heartbeat_seconds ({self.heartbeat_seconds}) must be at most a third of "
                 f"lease_seconds ({self.lease_seconds})"
+            )
+        if self.pgbouncer and not self.listen_database_url:
+            raise ValueError(
+                "pgbouncer needs listen_database_url: LISTEN cannot work through transaction "
+                "pooling, so give a direct PostgreSQL URL for it"
             )
         if self.retry_backoff_max_seconds < self.retry_backoff_base_seconds:
             raise ValueError("retry_backoff_max_seconds must be >= retry_backoff_base_seconds")

@@ -8,6 +8,7 @@ PgBouncer in transaction mode neither forwards startup parameters nor keeps sess
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from sqlalchemy import event
@@ -43,12 +44,30 @@ def timeout_statement(settings: Settings) -> str:
     )
 
 
+def pgbouncer_options(url: URL) -> tuple[URL, dict[str, Any]]:
+    """What PgBouncer in transaction mode needs (Debian's 1.18 has no prepared-statement
+    support): no statement caches in asyncpg or SQLAlchemy, and a unique name for every
+    prepared statement, since the next transaction may run on another server connection where
+    a cached name means something else (asyncpg issues 837 and 1058)."""
+    return (
+        url.update_query_dict({"prepared_statement_cache_size": "0"}),
+        {
+            "statement_cache_size": 0,
+            "prepared_statement_name_func": lambda: f"__turnstile_{uuid.uuid4().hex}__",
+        },
+    )
+
+
 def create_engine(
     settings: Settings, url: str, *, pool_size: int = 5, **engine_options: Any
 ) -> AsyncEngine:
     """An asyncpg engine whose every transaction carries the configured timeouts."""
+    target = async_url(url)
+    if settings.pgbouncer:
+        target, connect_args = pgbouncer_options(target)
+        engine_options["connect_args"] = {**engine_options.get("connect_args", {}), **connect_args}
     engine = create_async_engine(
-        async_url(url),
+        target,
         pool_size=pool_size,
         max_overflow=max(2, pool_size // 2),
         # A connection that died with a database restart is detected and replaced on checkout

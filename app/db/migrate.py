@@ -21,16 +21,17 @@ MIGRATION_LOCK_KEY = 0x7475726E  # "turn"
 _ROOT = Path(__file__).resolve().parents[2]
 
 
-def alembic_config(url: str | None = None) -> Config:
+def alembic_config(url: str | None = None, *, pgbouncer: bool = False) -> Config:
     config = Config(str(_ROOT / "alembic.ini"))
     config.set_main_option("script_location", str(_ROOT / "alembic"))
     if url is not None:
         config.attributes["database_url"] = url
+    config.attributes["pgbouncer"] = pgbouncer
     return config
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+def upgrade(url: str, revision: str = "head", *, pgbouncer: bool = False) -> None:
+    command.upgrade(alembic_config(url, pgbouncer=pgbouncer), revision)
 
 
 def downgrade(url: str, revision: str = "base") -> None:
