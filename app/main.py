@@ -94,18 +94,19 @@ async def services(
     sweeping: asyncio.Task[None] | None = None
     try:
         await notifier.start()
+        # Every process registers in `workers`; an API-only one with no slot groups.
+        pool = WorkerPool(
+            queue,
+            executor or runtime,
+            settings.slot_groups if settings.run_workers else (),
+            lease_seconds=settings.lease_seconds,
+            heartbeat_seconds=settings.heartbeat_seconds,
+            poll_interval_seconds=settings.poll_interval_seconds,
+            notifier=notifier,
+            role=role if settings.run_workers else "api",
+        )
+        await pool.start()
         if settings.run_workers:
-            pool = WorkerPool(
-                queue,
-                executor or runtime,
-                settings.slot_groups,
-                lease_seconds=settings.lease_seconds,
-                heartbeat_seconds=settings.heartbeat_seconds,
-                poll_interval_seconds=settings.poll_interval_seconds,
-                notifier=notifier,
-                role=role,
-            )
-            await pool.start()
             sweeper = Sweeper(queue, interval=settings.sweep_interval_seconds)
             sweeping = asyncio.create_task(sweeper.run(), name="turnstile-sweeper")
         state = AppState(

@@ -120,10 +120,16 @@ async def test_api_replica_and_two_workers_drain_hundreds_of_runs(
                 )
             )
         ).scalar_one()
+        api = (
+            await conn.execute(
+                text("SELECT count(*) FROM workers WHERE role = 'api' AND slot_groups = '[]'")
+            )
+        ).scalar_one()
     assert rows.runs == RUNS  # one claim per run
     assert rows.most == 1
     assert rows.owners == 2  # both workers took part
     assert workers == 2  # both drained and deregistered on SIGTERM
+    assert api == 1  # the API replica registers too
     assert await check_all_runs(engine) == RUNS
 
 
@@ -212,3 +218,42 @@ async def test_a_postgresql_restart_mid_load_loses_nothing(throwaway_cluster: Lo
         assert await check_all_runs(engine) == total
     finally:
         await engine.dispose()
+
+
+async def test_sigterm_with_an_open_event_stream_exits_promptly(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    port = free_port()
+    key = (await create_key(engine, tenant_id="acme", principal="svc")).secret
+    async with (
+        process(
+            "serve", "--port", str(port), ready=b"Uvicorn running", DATABASE_URL=database_url
+        ) as serve,
+        httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}",
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+        ) as client,
+    ):
+        later = await client.post(
+            "/runs", json={"input": 1, "scheduled_for": "2099-01-01T00:00:00Z"}
+        )
+        run = later.json()["id"]
+        lines: list[str] = []
+        async with client.stream(
+            "GET", f"/runs/{run}/events", headers={"Accept": "text/event-stream"}
+        ) as stream:
+            async for line in stream.aiter_lines():
+                lines.append(line)
+                if line.startswith("event: run.created"):
+                    serve.send_signal(signal.SIGTERM)
+            # The stream ended by itself: the signal reached it before uvicorn's own wait.
+        assert await asyncio.wait_for(serve.wait(), 30) == 0
+    assert "event: run.created" in lines
+    async with engine.connect() as conn:
+        roles = (
+            await conn.execute(
+                text("SELECT role, stopped_at IS NOT NULL FROM workers ORDER BY role")
+            )
+        ).all()
+    assert [tuple(r) for r in roles] == [("serve", True)]

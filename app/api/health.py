@@ -33,7 +33,7 @@ async def readyz(request: Request) -> JSONResponse:
         checks["database"] = "ok"
         checks["schema"] = {"current": revision, "expected": head_revision()}
         ready = revision == head_revision()
-        if state.pool is not None:
+        if state.pool is not None and state.pool.groups:
             checks["workers"] = "up" if state.pool.started else "stopped"
             ready = ready and state.pool.started
     except (SQLAlchemyError, OSError) as exc:

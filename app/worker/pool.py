@@ -105,7 +105,14 @@ class WorkerPool:
         return [e.ctx for g in self.groups for e in g.running.values()]
 
     async def start(self) -> None:
-        await self._register()
+        try:
+            await self._register()
+        except Exception:
+            if self.groups:
+                raise  # a pool that cannot register cannot be trusted to hold leases either
+            # An API-only process registers on a best-effort basis: it must start even on an
+            # unmigrated database, to answer /readyz with what is wrong.
+            log.warning("could not register this API process", exc_info=True)
         for group in self.groups:
             group.task = asyncio.create_task(
                 self._claim_loop(group), name=f"turnstile-claim-{group.spec.name}"
