@@ -57,6 +57,14 @@ class Settings(BaseSettings):
     retry_backoff_max_seconds: float = Field(default=300.0, ge=0)
     sweep_interval_seconds: float = Field(default=5.0, ge=0)
     idempotency_ttl_seconds: float = Field(default=86_400.0, gt=0)
+    retention_seconds: float = Field(
+        default=7 * 86_400.0,
+        gt=0,
+        description="Finished runs older than this are deleted with their events; failed runs "
+        "only once dismissed.",
+    )
+    prune_interval_seconds: float = Field(default=60.0, gt=0)
+    retention_interval_seconds: float = Field(default=300.0, gt=0)
     idempotency_wait_seconds: float = Field(
         default=5.0, gt=0, description="How long a request waits for its in-flight twin."
     )

@@ -21,6 +21,7 @@ from app.api.watch import RunWatch
 from app.config import Settings, get_settings
 from app.db.engine import create_engine
 from app.db.state import ResolvedDatabase, resolve_database
+from app.maintenance.services import IdempotencyPruner, MaintenanceService, RunRetention
 from app.queue.core import Queue, QueueConfig
 from app.queue.submit import Submissions
 from app.queue.sweeper import Sweeper
@@ -92,6 +93,8 @@ async def services(
     pool: WorkerPool | None = None
     sweeper: Sweeper | None = None
     sweeping: asyncio.Task[None] | None = None
+    maintenance: list[MaintenanceService] = []
+    maintaining: list[asyncio.Task[None]] = []
     try:
         await notifier.start()
         # Every process registers in `workers`; an API-only one with no slot groups.
@@ -109,6 +112,21 @@ async def services(
         if settings.run_workers:
             sweeper = Sweeper(queue, interval=settings.sweep_interval_seconds)
             sweeping = asyncio.create_task(sweeper.run(), name="turnstile-sweeper")
+            maintenance = [
+                IdempotencyPruner(
+                    queue, holder=pool.worker_id, interval=settings.prune_interval_seconds
+                ),
+                RunRetention(
+                    queue,
+                    holder=pool.worker_id,
+                    interval=settings.retention_interval_seconds,
+                    retention_seconds=settings.retention_seconds,
+                ),
+            ]
+            maintaining = [
+                asyncio.create_task(service.run(), name=f"turnstile-{service.name}")
+                for service in maintenance
+            ]
         state = AppState(
             settings=settings,
             database=database,
@@ -128,6 +146,9 @@ async def services(
         notifier.on_runs(state.watch.notify)
         yield state
     finally:
+        for service in maintenance:
+            await service.stop()
+        await asyncio.gather(*maintaining)
         if sweeper is not None and sweeping is not None:
             sweeper.stop()
             await sweeping
