@@ -18,12 +18,20 @@ from alembic import command
 # Arbitrary but fixed: the key of the advisory lock every migrating process takes first.
 MIGRATION_LOCK_KEY = 0x7475726E  # "turn"
 
-_ROOT = Path(__file__).resolve().parents[2]
+
+def migrations_root() -> Path:
+    """Where alembic.ini and alembic/ are: beside the package in a source checkout, else the
+    working directory (the container image keeps them in its WORKDIR)."""
+    for candidate in (Path(__file__).resolve().parents[2], Path.cwd()):
+        if (candidate / "alembic.ini").is_file() and (candidate / "alembic").is_dir():
+            return candidate
+    raise FileNotFoundError("alembic.ini and alembic/ not found beside the package or here")
 
 
 def alembic_config(url: str | None = None, *, pgbouncer: bool = False) -> Config:
-    config = Config(str(_ROOT / "alembic.ini"))
-    config.set_main_option("script_location", str(_ROOT / "alembic"))
+    root = migrations_root()
+    config = Config(str(root / "alembic.ini"))
+    config.set_main_option("script_location", str(root / "alembic"))
     if url is not None:
         config.attributes["database_url"] = url
     config.attributes["pgbouncer"] = pgbouncer
