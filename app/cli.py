@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 import uuid
@@ -284,6 +285,118 @@ async def _run_worker(settings: Settings) -> None:
     print("turnstile: worker stopped", file=sys.stderr, flush=True)
 
 
+def _run_command(args: argparse.Namespace) -> None:
+    """`turnstile runs ...` and `turnstile queue stats`: the runbook against the database, with
+    the platform's view (every tenant unless --tenant narrows it)."""
+    from app.queue.core import Queue
+    from app.queue.errors import TurnstileError
+    from app.queue.sql import q
+    from app.queue.submit import Submissions, Submitter
+
+    settings = _settings()
+
+    async def run() -> object:
+        engine = await _engine_for(settings)
+        queue = Queue(engine)
+        actor = Submitter("cli", "cli", actor=f"cli:{os.environ.get('USER', 'operator')}")
+        tenant = getattr(args, "tenant", None)
+        try:
+            if args.command == "queue":
+                async with engine.connect() as conn:
+                    rows = (
+                        (await conn.execute(q("queue_depth"), {"tenant_id": tenant, "now": None}))
+                        .mappings()
+                        .all()
+                    )
+                return [
+                    {
+                        "class": ["interactive", "async", "maintenance"][int(r["class_index"])],
+                        "status": r["status"],
+                        "runs": int(r["runs"]),
+                        "oldest_eligible_age_seconds": (
+                            round(float(r["oldest_eligible_age"]), 3)
+                            if r["oldest_eligible_age"] is not None
+                            else None
+                        ),
+                    }
+                    for r in rows
+                ]
+            if args.runs_command == "stuck":
+                async with engine.connect() as conn:
+                    rows = (
+                        (
+                            await conn.execute(
+                                q("stuck_runs"),
+                                {
+                                    "tenant_id": tenant,
+                                    "queued_seconds": args.queued_seconds,
+                                    "waiting_seconds": args.waiting_seconds,
+                                    "limit": args.limit,
+                                    "now": None,
+                                },
+                            )
+                        )
+                        .mappings()
+                        .all()
+                    )
+                return [
+                    {
+                        "reason": r["reason"],
+                        "id": str(r["id"]),
+                        "status": r["status"],
+                        "tenant": r["tenant_id"],
+                    }
+                    for r in rows
+                ]
+            run_id = _uuid(args.run_id)
+            if args.runs_command == "show":
+                found = await queue.get_run(run_id, tenant_id=tenant)
+                if found is None:
+                    raise CommandError(f"run {run_id} not found")
+                return found.to_document()
+            if args.runs_command == "cancel":
+                outcome = await queue.cancel(
+                    run_id, actor=actor.actor, tenant_id=tenant, reason="cancelled from the CLI"
+                )
+                return outcome.run.to_document()
+            submissions = Submissions(
+                queue,
+                default_agent=settings.default_agent,
+                idempotency_ttl_seconds=settings.idempotency_ttl_seconds,
+                idempotency_wait_seconds=settings.idempotency_wait_seconds,
+                lock_timeout_ms=settings.lock_timeout_ms,
+            )
+            if args.runs_command == "resubmit":
+                return (await submissions.resubmit(actor, run_id, tenant_id=tenant)).document
+            return (await submissions.dismiss(actor, run_id, tenant_id=tenant)).to_document()
+        except TurnstileError as exc:
+            raise CommandError(str(exc)) from None
+        finally:
+            await engine.dispose()
+
+    result = asyncio.run(run())
+    if args.json:
+        print(json.dumps(result, default=str))
+    elif isinstance(result, list):
+        for row in result:
+            print("  ".join(f"{k}={v}" for k, v in row.items()))
+        if not result:
+            print("nothing")
+    else:
+        assert isinstance(result, dict)
+        for key, value in result.items():
+            if value is not None:
+                shown = json.dumps(value, default=str) if isinstance(value, dict | list) else value
+                print(f"{key}: {shown}")
+
+
+def _uuid(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise CommandError(f"not a run id: {value!r}") from None
+
+
 def cmd_migrate(args: argparse.Namespace) -> None:
     _migrated_settings(_settings())
 
@@ -322,6 +435,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="run a worker pool with no HTTP server")
     worker.set_defaults(func=cmd_worker)
+
+    runs = sub.add_parser("runs", help="runbook actions on runs")
+    runs_sub = runs.add_subparsers(dest="runs_command", required=True)
+    for name, text in (
+        ("show", "a run's details"),
+        ("cancel", "cancel a run"),
+        ("resubmit", "a new run with a failed run's input"),
+        ("dismiss", "dismiss a failed run"),
+    ):
+        action = runs_sub.add_parser(name, help=text)
+        action.add_argument("run_id")
+        action.add_argument("--tenant", help="only if the run belongs to this tenant")
+        action.add_argument("--json", action="store_true")
+        action.set_defaults(func=_run_command)
+    stuck = runs_sub.add_parser("stuck", help="expired leases, long queues, long waits")
+    stuck.add_argument("--tenant")
+    stuck.add_argument("--queued-seconds", type=float, default=300)
+    stuck.add_argument("--waiting-seconds", type=float, default=86_400)
+    stuck.add_argument("--limit", type=int, default=100)
+    stuck.add_argument("--json", action="store_true")
+    stuck.set_defaults(func=_run_command)
+    queue = sub.add_parser("queue", help="queue-wide views")
+    queue_sub = queue.add_subparsers(dest="queue_command", required=True)
+    stats = queue_sub.add_parser("stats", help="depth per class and status, oldest age")
+    stats.add_argument("--tenant")
+    stats.add_argument("--json", action="store_true")
+    stats.set_defaults(func=_run_command)
 
     migrate = sub.add_parser("migrate", help="upgrade the database schema to this version")
     migrate.set_defaults(func=cmd_migrate)

@@ -1,0 +1,104 @@
+"""The operator CLI against a real database: runs show|cancel|resubmit|dismiss|stuck and queue
+stats, with --json, and their one-line errors and non-zero exit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import uuid
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.queue.classes import PriorityClass
+from app.queue.core import Queue
+from app.queue.models import NewRun
+
+
+async def cli(database_url: str, *args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "app.cli",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "DATABASE_URL": database_url},
+    )
+    out, err = await process.communicate()
+    return int(process.returncode or 0), out.decode(), err.decode()
+
+
+async def test_runbook_commands(database_url: str, engine: AsyncEngine) -> None:
+    queue = Queue(engine)
+    queued = await queue.enqueue(
+        NewRun(
+            tenant_id="acme",
+            principal="p",
+            agent="scripted",
+            input={"n": 1},
+            priority=PriorityClass.ASYNC.base,
+        )
+    )
+    failed = await queue.enqueue(
+        NewRun(
+            tenant_id="acme",
+            principal="p",
+            agent="scripted",
+            input={"n": 2},
+            priority=PriorityClass.ASYNC.base,
+        )
+    )
+    claimed = await queue.claim("w", [PriorityClass.ASYNC], limit=2)
+    lease = next(c.lease for c in claimed if c.run.id == failed.id)
+    await queue.fail(lease, {"kind": "permanent", "message": "bad"})
+
+    code, out, _ = await cli(database_url, "queue", "stats", "--json")
+    assert code == 0
+    stats: list[dict[str, Any]] = json.loads(out)
+    assert {
+        "class": "async",
+        "status": "running",
+        "runs": 1,
+        "oldest_eligible_age_seconds": None,
+    } in stats
+
+    code, out, _ = await cli(database_url, "runs", "show", str(failed.id), "--json")
+    assert (code, json.loads(out)["failure"]["kind"]) == (0, "permanent")
+
+    code, out, _ = await cli(database_url, "runs", "resubmit", str(failed.id), "--json")
+    assert code == 0
+    assert json.loads(out)["resubmitted_from"] == str(failed.id)
+    code, out, _ = await cli(database_url, "runs", "dismiss", str(failed.id), "--json")
+    assert json.loads(out)["dismissed_at"] is not None
+
+    code, out, _ = await cli(database_url, "runs", "cancel", str(queued.id))
+    assert code == 0
+    assert "status: cancelled" in out
+
+    code, out, _ = await cli(database_url, "runs", "stuck", "--queued-seconds", "0", "--json")
+    assert code == 0
+    assert [r["reason"] for r in json.loads(out)] == ["queued_too_long"]  # the resubmitted run
+    events = [e.type for e in await queue.events(failed.id)]
+    assert events[-2:] == ["operator.resubmitted", "operator.dismissed"]
+
+
+async def test_runbook_errors_are_one_line(database_url: str, engine: AsyncEngine) -> None:
+    queue = Queue(engine)
+    done = await queue.enqueue(NewRun(tenant_id="acme", principal="p", agent="scripted", input={}))
+    await queue.complete((await queue.claim("w", list(PriorityClass)))[0].lease, {})
+    for args, says in [
+        (("runs", "show", "not-a-uuid"), "not a run id"),
+        (("runs", "show", str(uuid.uuid4())), "not found"),
+        (("runs", "cancel", str(done.id)), "is succeeded"),
+        (("runs", "dismiss", str(done.id)), "not failed"),
+        (("runs", "show", str(done.id), "--tenant", "globex"), "not found"),
+    ]:
+        code, out, err = await cli(database_url, *args)
+        assert code == 2, (args, err)
+        assert out == ""
+        assert err.startswith("turnstile: ")
+        assert says in err
+        assert err.strip().count("\n") == 0, err
