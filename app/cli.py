@@ -250,10 +250,10 @@ def cmd_worker(args: argparse.Namespace) -> None:
     drains it: no new claims, running steps get the grace period, the rest are released."""
     settings = _settings(run_workers=True)
     _check_plugins(settings)
-    asyncio.run(_run_worker(settings))
+    asyncio.run(_run_worker(settings, args.metrics_port, args.metrics_host))
 
 
-async def _run_worker(settings: Settings) -> None:
+async def _run_worker(settings: Settings, metrics_port: int | None, metrics_host: str) -> None:
     from app.db.migrate import head_revision
     from app.db.state import schema_revision
     from app.main import services
@@ -275,12 +275,24 @@ async def _run_worker(settings: Settings) -> None:
     async with services(settings, role="worker") as state:
         pool = state.pool
         assert pool is not None
+        exporter = None
+        if metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            # This process's own registry: no multiprocess directory, nothing shared.
+            exporter, _ = start_http_server(
+                metrics_port, addr=metrics_host, registry=state.metrics.registry
+            )
         print(
             f"turnstile: worker {pool.worker_id} running slots {settings.slots}",
             file=sys.stderr,
             flush=True,
         )
-        await stop.wait()
+        try:
+            await stop.wait()
+        finally:
+            if exporter is not None:
+                exporter.shutdown()
         print("turnstile: draining", file=sys.stderr, flush=True)
     print("turnstile: worker stopped", file=sys.stderr, flush=True)
 
@@ -434,6 +446,13 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.set_defaults(func=cmd_keys_revoke)
 
     worker = sub.add_parser("worker", help="run a worker pool with no HTTP server")
+    worker.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    worker.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address of the metrics port (default "
+        "127.0.0.1; 0.0.0.0 to let a remote Prometheus scrape it)",
+    )
     worker.set_defaults(func=cmd_worker)
 
     runs = sub.add_parser("runs", help="runbook actions on runs")

@@ -64,6 +64,7 @@ class Settings(BaseSettings):
         "only once dismissed.",
     )
     prune_interval_seconds: float = Field(default=60.0, gt=0)
+    queue_metrics_interval_seconds: float = Field(default=15.0, gt=0)
     retention_interval_seconds: float = Field(default=300.0, gt=0)
     idempotency_wait_seconds: float = Field(
         default=5.0, gt=0, description="How long a request waits for its in-flight twin."

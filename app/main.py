@@ -8,6 +8,7 @@ notifier, the worker pool and the sweeper, and stops them in reverse order on th
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -21,7 +22,13 @@ from app.api.watch import RunWatch
 from app.config import Settings, get_settings
 from app.db.engine import create_engine
 from app.db.state import ResolvedDatabase, resolve_database
-from app.maintenance.services import IdempotencyPruner, MaintenanceService, RunRetention
+from app.maintenance.services import (
+    IdempotencyPruner,
+    MaintenanceService,
+    QueueMetrics,
+    RunRetention,
+)
+from app.observability.metrics import HttpMetrics, Metrics
 from app.queue.core import Queue, QueueConfig
 from app.queue.submit import Submissions
 from app.queue.sweeper import Sweeper
@@ -45,6 +52,7 @@ class AppState:
     pool: WorkerPool | None
     submissions: Submissions
     agents: frozenset[str]
+    metrics: Metrics
     watch: RunWatch = field(default_factory=RunWatch)
     # Set when the process is asked to stop, before uvicorn waits for open connections:
     # long polls and event streams watch it so they end promptly.
@@ -54,7 +62,11 @@ class AppState:
 
 @asynccontextmanager
 async def services(
-    settings: Settings, executor: Executor | None = None, *, role: str = "serve"
+    settings: Settings,
+    executor: Executor | None = None,
+    *,
+    role: str = "serve",
+    metrics: Metrics | None = None,
 ) -> AsyncIterator[AppState]:
     """Start the database, queue, notifier, worker pool and sweeper; stop them in reverse.
 
@@ -62,7 +74,12 @@ async def services(
     """
     database = await asyncio.to_thread(resolve_database, settings)
     engine = create_engine(settings, database.url, pool_size=settings.pool_size)
-    queue = Queue(engine, QueueConfig.from_settings(settings))
+    metrics = metrics or Metrics()
+    queue = Queue(engine, QueueConfig.from_settings(settings), observer=metrics)
+
+    def succeeded(service: str) -> None:
+        metrics.maintenance_success.labels(service).set(time.time())
+
     registry = default_registry(
         [h for h in settings.http_allowed_hosts.split(",") if h.strip()],
         settings.http_timeout_seconds,
@@ -109,18 +126,31 @@ async def services(
             role=role if settings.run_workers else "api",
         )
         await pool.start()
+        if pool.groups:
+            metrics.watch_slots(pool.occupancy)
         if settings.run_workers:
-            sweeper = Sweeper(queue, interval=settings.sweep_interval_seconds)
+            sweeper = Sweeper(queue, interval=settings.sweep_interval_seconds, on_success=succeeded)
             sweeping = asyncio.create_task(sweeper.run(), name="turnstile-sweeper")
             maintenance = [
                 IdempotencyPruner(
-                    queue, holder=pool.worker_id, interval=settings.prune_interval_seconds
+                    queue,
+                    holder=pool.worker_id,
+                    interval=settings.prune_interval_seconds,
+                    on_success=succeeded,
+                ),
+                QueueMetrics(
+                    queue,
+                    metrics,
+                    holder=pool.worker_id,
+                    interval=settings.queue_metrics_interval_seconds,
+                    on_success=succeeded,
                 ),
                 RunRetention(
                     queue,
                     holder=pool.worker_id,
                     interval=settings.retention_interval_seconds,
                     retention_seconds=settings.retention_seconds,
+                    on_success=succeeded,
                 ),
             ]
             maintaining = [
@@ -142,6 +172,7 @@ async def services(
                 lock_timeout_ms=settings.lock_timeout_ms,
             ),
             agents=registry.agent_names(),
+            metrics=metrics,
         )
         notifier.on_runs(state.watch.notify)
         yield state
@@ -162,10 +193,11 @@ async def services(
 def create_app(settings: Settings | None = None, executor: Executor | None = None) -> FastAPI:
     settings = settings or get_settings()
     shutdown = asyncio.Event()
+    metrics = Metrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with services(settings, executor) as state:
+        async with services(settings, executor, metrics=metrics) as state:
             state.shutdown = shutdown
             app.state.turnstile = state
             yield
@@ -183,6 +215,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
 
     problems.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(HttpMetrics, metrics=metrics)
     app.include_router(health.router)
     app.include_router(sessions.router)
     # The runbook's fixed paths (/runs/stuck, /runs/failed) before /runs/{run_id}.

@@ -96,12 +96,8 @@ async def test_retention_keeps_the_dead_letter_until_dismissed(
 
     retention = RunRetention(queue, holder="a", interval=1, retention_seconds=7 * 86_400, batch=2)
     assert (await retention.run_once()).deleted == 3
-    left = {
-        row
-        for row in (
-            await (await queue.engine.connect()).execute(text("SELECT id FROM runs"))
-        ).scalars()
-    }
+    async with queue.engine.connect() as conn:
+        left = set((await conn.execute(text("SELECT id FROM runs"))).scalars())
     assert left == {old["failed"], running, recent}
     # Their events, inputs and the rest went with them.
     assert (

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.db.migrate import head_revision
@@ -43,3 +44,14 @@ async def readyz(request: Request) -> JSONResponse:
         {"status": "ready" if ready else "not ready", "checks": checks},
         status_code=200 if ready else 503,
     )
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics of this process",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
+)
+async def metrics(request: Request) -> Response:
+    registry = request.app.state.turnstile.metrics.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -11,9 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from app.observability.metrics import Metrics
+from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.sql import q
 
@@ -23,7 +26,14 @@ log = logging.getLogger("turnstile.maintenance")
 class MaintenanceService:
     name = "maintenance"
 
-    def __init__(self, queue: Queue, *, holder: str, interval: float) -> None:
+    def __init__(
+        self,
+        queue: Queue,
+        *,
+        holder: str,
+        interval: float,
+        on_success: Callable[[str], None] | None = None,
+    ) -> None:
         if interval < 0:
             raise ValueError(f"{self.name} interval must be >= 0")
         self.queue = queue
@@ -33,6 +43,7 @@ class MaintenanceService:
         self.lease_seconds = max(3 * interval, 5.0)
         self._stopping = asyncio.Event()
         self.ticks = 0  # ticks this instance ran while holding the lease
+        self.on_success = on_success
 
     async def run_once(self) -> Any:
         raise NotImplementedError
@@ -56,6 +67,8 @@ class MaintenanceService:
         await self.run_once()
         await self._execute("maintenance_succeeded", {"name": self.name, "holder": self.holder})
         self.ticks += 1
+        if self.on_success is not None:
+            self.on_success(self.name)
         return True
 
     async def run(self) -> None:
@@ -87,8 +100,16 @@ class IdempotencyPruner(MaintenanceService):
 
     name = "idempotency-pruner"
 
-    def __init__(self, queue: Queue, *, holder: str, interval: float, batch: int = 1000) -> None:
-        super().__init__(queue, holder=holder, interval=interval)
+    def __init__(
+        self,
+        queue: Queue,
+        *,
+        holder: str,
+        interval: float,
+        batch: int = 1000,
+        on_success: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(queue, holder=holder, interval=interval, on_success=on_success)
         self.batch = batch
 
     async def run_once(self) -> Pruned:
@@ -114,8 +135,9 @@ class RunRetention(MaintenanceService):
         interval: float,
         retention_seconds: float,
         batch: int = 500,
+        on_success: Callable[[str], None] | None = None,
     ) -> None:
-        super().__init__(queue, holder=holder, interval=interval)
+        super().__init__(queue, holder=holder, interval=interval, on_success=on_success)
         self.retention_seconds = retention_seconds
         self.batch = batch
 
@@ -129,3 +151,55 @@ class RunRetention(MaintenanceService):
             deleted += int(count)
             if count < self.batch:
                 return Pruned(deleted)
+
+
+class QueueMetrics(MaintenanceService):
+    """Computes queue depth, oldest eligible age and stuck-run counts from the database, in one
+    process at a time, into that process's gauges."""
+
+    name = "queue-metrics"
+
+    def __init__(
+        self,
+        queue: Queue,
+        metrics: Metrics,
+        *,
+        holder: str,
+        interval: float,
+        queued_seconds: float = 300,
+        waiting_seconds: float = 86_400,
+        on_success: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(queue, holder=holder, interval=interval, on_success=on_success)
+        self.metrics = metrics
+        self.queued_seconds = queued_seconds
+        self.waiting_seconds = waiting_seconds
+
+    async def run_once(self) -> None:
+        depth = await self._execute("queue_depth", {"tenant_id": None})
+        stuck = await self._execute(
+            "stuck_runs",
+            {
+                "tenant_id": None,
+                "queued_seconds": self.queued_seconds,
+                "waiting_seconds": self.waiting_seconds,
+                "limit": 10_000,
+            },
+        )
+        names = [klass.value for klass in PriorityClass]
+        self.metrics.queue_depth.clear()
+        self.metrics.oldest_age.clear()
+        self.metrics.stuck.clear()
+        for klass in names:
+            for status in ("queued", "running", "waiting_for_user"):
+                self.metrics.queue_depth.labels(klass, status).set(0)
+        for row in depth:
+            klass = names[int(row.class_index)]
+            self.metrics.queue_depth.labels(klass, row.status).set(int(row.runs))
+            if row.oldest_eligible_age is not None:
+                self.metrics.oldest_age.labels(klass).set(float(row.oldest_eligible_age))
+        counts = {"lease_expired": 0, "queued_too_long": 0, "waiting_too_long": 0}
+        for row in stuck:
+            counts[row.reason] += 1
+        for reason, count in counts.items():
+            self.metrics.stuck.labels(reason).set(count)

@@ -13,8 +13,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Protocol
 from uuid import UUID
 
 from sqlalchemy import RowMapping
@@ -42,6 +42,22 @@ from app.queue.models import (
 from app.queue.sql import q
 
 Clock = Callable[[], datetime | None]
+
+
+class Observer(Protocol):
+    """Told about transitions after they commit (metrics); must not raise or block."""
+
+    def transition(self, name: str, priority: int, count: int = 1) -> None: ...
+
+    def claimed(self, priority: int, waited_seconds: float) -> None: ...
+
+
+class _Unobserved:
+    def transition(self, name: str, priority: int, count: int = 1) -> None:
+        pass
+
+    def claimed(self, priority: int, waited_seconds: float) -> None:
+        pass
 
 
 def database_clock() -> datetime | None:
@@ -72,11 +88,16 @@ class QueueConfig:
 
 class Queue:
     def __init__(
-        self, engine: AsyncEngine, config: QueueConfig | None = None, clock: Clock | None = None
+        self,
+        engine: AsyncEngine,
+        config: QueueConfig | None = None,
+        clock: Clock | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.engine = engine
         self.config = config or QueueConfig()
         self.clock: Clock = clock or database_clock
+        self.observer: Observer = observer or _Unobserved()
 
     # --- plumbing -----------------------------------------------------------------------------
     @asynccontextmanager
@@ -96,14 +117,25 @@ class Queue:
             return list(result.mappings().all())
 
     async def _fenced(
-        self, name: str, lease: Lease, params: dict[str, Any], conn: AsyncConnection | None = None
+        self,
+        name: str,
+        lease: Lease,
+        params: dict[str, Any],
+        conn: AsyncConnection | None = None,
+        *,
+        transition: str | None = None,
     ) -> WriteOutcome:
         rows = await self._rows(
             name, {"run_id": lease.run_id, "epoch": lease.epoch, **params}, conn
         )
         if not rows:
             return Fenced(lease)
-        return Written(seq=int(rows[0]["seq"]))
+        row = rows[0]
+        if transition is not None:
+            # release_early ends in 'failed' on the last attempt.
+            ended = "failed" if row.get("status") == "failed" else transition
+            self.observer.transition(ended, int(row["priority"]))
+        return Written(seq=int(row["seq"]))
 
     # --- enqueue ------------------------------------------------------------------------------
     async def enqueue(
@@ -125,7 +157,9 @@ class Queue:
             },
             conn,
         )
-        return Run.from_row(rows[0])
+        run = Run.from_row(rows[0])
+        self.observer.transition("enqueued", run.priority)
+        return run
 
     async def enqueue_many(
         self,
@@ -152,6 +186,9 @@ class Queue:
             },
             conn,
         )
+        for priority in {priority for _, _, priority, _ in runs}:
+            count = sum(1 for _, _, p, _ in runs if p == priority)
+            self.observer.transition("enqueued", priority, count)
         return ids
 
     # --- claim --------------------------------------------------------------------------------
@@ -182,6 +219,11 @@ class Queue:
             )
             for row in rows
         ]
+        lease_for = timedelta(seconds=params["lease_seconds"])
+        for item in claimed:
+            if item.run.lease_expires_at is not None:
+                waited = item.run.lease_expires_at - lease_for - item.run.eligible_at
+                self.observer.claimed(item.run.priority, waited.total_seconds())
         return sorted(claimed, key=lambda c: (c.run.priority, c.run.eligible_at))
 
     # --- fenced writes ------------------------------------------------------------------------
@@ -262,17 +304,23 @@ class Queue:
         )
 
     async def complete(self, lease: Lease, result: JSON) -> WriteOutcome:
-        return await self._fenced("complete", lease, {"result": dump_json(result)})
+        return await self._fenced(
+            "complete", lease, {"result": dump_json(result)}, transition="succeeded"
+        )
 
     async def fail(self, lease: Lease, failure: JSON) -> WriteOutcome:
         """Fail permanently: never requeued, whatever attempts remain."""
-        return await self._fenced("fail", lease, {"failure": dump_json(failure)})
+        return await self._fenced(
+            "fail", lease, {"failure": dump_json(failure)}, transition="failed"
+        )
 
     async def release(self, lease: Lease, *, graceful: bool, reason: str = "") -> WriteOutcome:
         """Give the run back. Graceful (drain): requeued at once, attempt given back. Early
         (transient retries ran out): backoff, counted like a lost lease, failed on the last."""
         if graceful:
-            return await self._fenced("release_graceful", lease, {"reason": reason})
+            return await self._fenced(
+                "release_graceful", lease, {"reason": reason}, transition="released"
+            )
         return await self._fenced(
             "release_early",
             lease,
@@ -281,6 +329,7 @@ class Queue:
                 "backoff_base": self.config.backoff_base_seconds,
                 "backoff_max": self.config.backoff_max_seconds,
             },
+            transition="released",
         )
 
     async def record_fenced(self, lease: Lease, *, during: str) -> int | None:
@@ -289,7 +338,10 @@ class Queue:
             "record_fenced",
             {"run_id": lease.run_id, "epoch": lease.epoch, "owner": lease.owner, "during": during},
         )
-        return int(rows[0]["seq"]) if rows else None
+        if not rows:
+            return None
+        self.observer.transition("fenced", int(rows[0]["priority"]))
+        return int(rows[0]["seq"])
 
     # --- maintenance and operator transitions -------------------------------------------------
     async def sweep(self, *, limit: int = 500) -> SweepReport:
@@ -305,6 +357,10 @@ class Queue:
                 },
             )
             batch_requeued, batch_failed = int(rows[0]["requeued"]), int(rows[0]["failed"])
+            for key, count in (rows[0]["by_priority"] or {}).items():
+                status, _, priority = str(key).partition(":")
+                name = "requeued" if status == "queued" else "failed"
+                self.observer.transition(name, int(priority), int(count))
             requeued += batch_requeued
             failed += batch_failed
             if batch_requeued + batch_failed < limit:
@@ -348,7 +404,9 @@ class Queue:
             conn,
         )
         if rows:
-            return CancelOutcome(run=Run.from_row(rows[0]), changed=True)
+            cancelled = Run.from_row(rows[0])
+            self.observer.transition("cancelled", cancelled.priority)
+            return CancelOutcome(run=cancelled, changed=True)
         current = await self.get_run(run_id, tenant_id=tenant_id, conn=conn)
         if current is None:
             raise RunNotFoundError(run_id)

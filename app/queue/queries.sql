@@ -336,7 +336,7 @@ run AS (
         updated_at = clock.now
     FROM clock
     WHERE r.id = :run_id AND r.lease_epoch = :epoch AND r.status = 'running'
-    RETURNING r.id, r.last_event_seq, r.lease_epoch
+    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.priority
 ),
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
@@ -344,7 +344,7 @@ event AS (
            jsonb_build_object('result', CAST(:result AS jsonb)), clock.now
     FROM run, clock
 )
-SELECT run.last_event_seq AS seq,
+SELECT run.last_event_seq AS seq, run.priority,
        pg_notify('turnstile', jsonb_build_object(
            'runs', jsonb_build_object(run.id, 'succeeded'))::text)
 FROM run;
@@ -366,7 +366,7 @@ run AS (
         updated_at = clock.now
     FROM clock
     WHERE r.id = :run_id AND r.lease_epoch = :epoch AND r.status = 'running'
-    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.failure
+    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.failure, r.priority
 ),
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
@@ -374,7 +374,7 @@ event AS (
            jsonb_build_object('failure', run.failure), clock.now
     FROM run, clock
 )
-SELECT run.last_event_seq AS seq,
+SELECT run.last_event_seq AS seq, run.priority,
        pg_notify('turnstile', jsonb_build_object(
            'runs', jsonb_build_object(run.id, 'failed'))::text)
 FROM run;
@@ -404,7 +404,7 @@ event AS (
                               'reason', CAST(:reason AS text)), clock.now
     FROM run, clock
 )
-SELECT run.last_event_seq AS seq,
+SELECT run.last_event_seq AS seq, run.priority,
        pg_notify('turnstile', jsonb_build_object('work', jsonb_build_array(run.priority))::text)
 FROM run;
 
@@ -450,7 +450,7 @@ event AS (
            clock.now
     FROM run, clock
 )
-SELECT run.last_event_seq AS seq, run.status,
+SELECT run.last_event_seq AS seq, run.status, run.priority,
        pg_notify('turnstile', CASE run.status
            WHEN 'failed' THEN jsonb_build_object('runs', jsonb_build_object(run.id, 'failed'))
            ELSE jsonb_build_object('work', jsonb_build_array(run.priority)) END::text)
@@ -466,16 +466,18 @@ run AS (
     UPDATE runs
     SET last_event_seq = last_event_seq + 1
     WHERE id = :run_id
-    RETURNING id, last_event_seq, lease_epoch, status
+    RETURNING id, last_event_seq, lease_epoch, status, priority
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq, 'run.fenced', :epoch,
+           jsonb_build_object('stale_epoch', CAST(:epoch AS bigint), 'current_epoch', run.lease_epoch,
+                              'status', run.status, 'owner', CAST(:owner AS text),
+                              'during', CAST(:during AS text)),
+           clock.now
+    FROM run, clock
 )
-INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
-SELECT run.id, run.last_event_seq, 'run.fenced', :epoch,
-       jsonb_build_object('stale_epoch', CAST(:epoch AS bigint), 'current_epoch', run.lease_epoch,
-                          'status', run.status, 'owner', CAST(:owner AS text),
-                          'during', CAST(:during AS text)),
-       clock.now
-FROM run, clock
-RETURNING seq;
+SELECT run.last_event_seq AS seq, run.priority FROM run;
 
 
 -- name: sweep_expired
@@ -529,6 +531,9 @@ event AS (
 )
 SELECT count(*) FILTER (WHERE status = 'queued') AS requeued,
        count(*) FILTER (WHERE status = 'failed') AS failed,
+       (SELECT coalesce(jsonb_object_agg(k, n), '{}'::jsonb)
+        FROM (SELECT status || ':' || priority AS k, count(*) AS n
+              FROM swept GROUP BY 1) AS per_class) AS by_priority,
        CASE WHEN count(*) > 0 THEN pg_notify('turnstile', jsonb_build_object(
            'work', coalesce(jsonb_agg(DISTINCT priority) FILTER (WHERE status = 'queued'),
                             '[]'::jsonb),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from app.queue.core import Queue
 from app.queue.models import SweepReport
@@ -21,7 +22,14 @@ log = logging.getLogger("turnstile.sweeper")
 class Sweeper:
     name = "sweeper"
 
-    def __init__(self, queue: Queue, *, interval: float = 5.0, batch: int = 500) -> None:
+    def __init__(
+        self,
+        queue: Queue,
+        *,
+        interval: float = 5.0,
+        batch: int = 500,
+        on_success: Callable[[str], None] | None = None,
+    ) -> None:
         if interval < 0:
             raise ValueError("sweeper interval must be >= 0")
         if batch < 1:
@@ -31,10 +39,13 @@ class Sweeper:
         self.batch = batch
         self._stopping = asyncio.Event()
         self.last_report: SweepReport | None = None
+        self.on_success = on_success
 
     async def run_once(self) -> SweepReport:
         report = await self.queue.sweep(limit=self.batch)
         self.last_report = report
+        if self.on_success is not None:
+            self.on_success(self.name)
         if report.requeued or report.failed:
             log.info(
                 "swept expired leases",

@@ -1,0 +1,158 @@
+"""Prometheus metrics, one registry per process (nothing global, nothing shared across
+machines).
+
+Counters of run transitions per class are fed by the queue core through its `observer` hook
+(the core knows nothing of Prometheus); slot occupancy is read from the pool at scrape time;
+HTTP requests are counted by a middleware; queue depth, oldest eligible age and stuck runs come
+from the database and are computed by one process at a time (`QueueMetrics`, a maintenance
+service), so replicas do not all run the same aggregate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.queue.classes import PriorityClass
+
+TRANSITIONS = (
+    "enqueued",
+    "claimed",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "requeued",
+    "released",
+    "fenced",
+)
+CLASS_NAMES = [c.value for c in PriorityClass]
+
+
+def class_of(priority: int) -> str:
+    return PriorityClass.of(priority).value
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.transitions = {
+            name: Counter(
+                f"turnstile_runs_{name}",
+                f"Runs {name}, per priority class.",
+                ["class"],
+                registry=self.registry,
+            )
+            for name in TRANSITIONS
+        }
+        self.claim_wait = Histogram(
+            "turnstile_claim_wait_seconds",
+            "From the time a run became eligible to its claim, per class.",
+            ["class"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900),
+            registry=self.registry,
+        )
+        self.http_requests = Counter(
+            "turnstile_http_requests",
+            "HTTP requests by route template, method and status.",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.http_latency = Histogram(
+            "turnstile_http_request_duration_seconds",
+            "HTTP request latency by route.",
+            ["route", "method"],
+            registry=self.registry,
+        )
+        self.maintenance_success = Gauge(
+            "turnstile_maintenance_last_success_timestamp_seconds",
+            "Unix time of each maintenance service's last successful run in this process.",
+            ["service"],
+            registry=self.registry,
+        )
+        self.queue_depth = Gauge(
+            "turnstile_queue_depth",
+            "Non-terminal runs per class and status (from the "
+            "database, by the process holding the queue-metrics lease).",
+            ["class", "status"],
+            registry=self.registry,
+        )
+        self.oldest_age = Gauge(
+            "turnstile_queue_oldest_eligible_age_seconds",
+            "Age of the longest-eligible queued run per class.",
+            ["class"],
+            registry=self.registry,
+        )
+        self.stuck = Gauge(
+            "turnstile_stuck_runs",
+            "Runs stuck per reason: lease_expired, queued_too_long, waiting_too_long.",
+            ["reason"],
+            registry=self.registry,
+        )
+
+    # --- the queue core's observer ------------------------------------------------------------
+    def transition(self, name: str, priority: int, count: int = 1) -> None:
+        if count:
+            self.transitions[name].labels(class_of(priority)).inc(count)
+
+    def claimed(self, priority: int, waited_seconds: float) -> None:
+        klass = class_of(priority)
+        self.transitions["claimed"].labels(klass).inc()
+        self.claim_wait.labels(klass).observe(max(waited_seconds, 0.0))
+
+    def watch_slots(self, occupancy: Callable[[], dict[str, dict[str, int]]]) -> None:
+        self.registry.register(_SlotCollector(occupancy))
+
+
+class _SlotCollector(Collector):
+    def __init__(self, occupancy: Callable[[], dict[str, dict[str, int]]]) -> None:
+        self.occupancy = occupancy
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        busy = GaugeMetricFamily(
+            "turnstile_slots_busy", "Slots holding a run, per slot group.", labels=["group"]
+        )
+        size = GaugeMetricFamily("turnstile_slots", "Slots per slot group.", labels=["group"])
+        for group, state in self.occupancy().items():
+            busy.add_metric([group], state["busy"])
+            size.add_metric([group], state["size"])
+        yield busy
+        yield size
+
+
+class HttpMetrics:
+    """Counts every request by its route template (not its raw path, so ids do not explode the
+    label space) and status, with its latency."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route: Any = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            method = str(scope.get("method", ""))
+            self.metrics.http_requests.labels(template, method, str(status)).inc()
+            self.metrics.http_latency.labels(template, method).observe(
+                time.perf_counter() - started
+            )

@@ -1,0 +1,160 @@
+"""Prometheus metrics after real runs: the API's /metrics and a worker's --metrics-port, with
+the series and labels the operations guide names."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from typing import Any
+
+import httpx
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.embedded import free_port
+from app.observability.metrics import Metrics
+from app.queue.classes import PriorityClass
+from app.queue.core import Queue, QueueConfig
+from app.queue.models import NewRun
+from tests.support.api import running_api
+from tests.support.clock import ManualClock
+from tests.support.waiting import eventually
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    found: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def value(found: dict[Any, float], name: str, **labels: str) -> float | None:
+    return found.get((name, tuple(sorted(labels.items()))))
+
+
+async def test_api_metrics_after_real_runs(database_url: str, engine: AsyncEngine) -> None:
+    async with running_api(database_url, engine, workers=True) as api:
+        client = await api.client()
+        done = await client.post("/runs", json={"input": {"script": [{"final": 1}]}})
+        later = await client.post(
+            "/runs", json={"input": 1, "scheduled_for": "2099-01-01T00:00:00Z"}
+        )
+        await client.post(f"/runs/{later.json()['id']}/cancel")
+
+        async def finished() -> bool:
+            run = (await client.get(f"/runs/{done.json()['id']}")).json()
+            return bool(run["status"] == "succeeded")
+
+        await eventually(finished, what="the run to finish")
+        async with httpx.AsyncClient(base_url=api.base) as anonymous:
+            scraped = await anonymous.get("/metrics")
+        assert scraped.headers["content-type"].startswith("text/plain")
+        found = samples(scraped.text)
+    assert value(found, "turnstile_runs_enqueued_total", **{"class": "async"}) == 2
+    assert value(found, "turnstile_runs_claimed_total", **{"class": "async"}) == 1
+    assert value(found, "turnstile_runs_succeeded_total", **{"class": "async"}) == 1
+    assert value(found, "turnstile_runs_cancelled_total", **{"class": "async"}) == 1
+    assert value(found, "turnstile_claim_wait_seconds_count", **{"class": "async"}) == 1
+    assert value(found, "turnstile_slots", group="interactive") == 4
+    assert value(found, "turnstile_slots_busy", group="async") is not None
+    assert (
+        value(found, "turnstile_http_requests_total", route="/runs", method="POST", status="202")
+        == 2
+    )
+    assert (
+        value(
+            found,
+            "turnstile_http_requests_total",
+            route="/runs/{run_id}/cancel",
+            method="POST",
+            status="200",
+        )
+        == 1
+    )
+    for service in ("sweeper", "idempotency-pruner", "run-retention", "queue-metrics"):
+        stamp = value(
+            found, "turnstile_maintenance_last_success_timestamp_seconds", service=service
+        )
+        assert stamp is not None, service
+        assert stamp > 0
+    for reason in ("lease_expired", "queued_too_long", "waiting_too_long"):
+        assert value(found, "turnstile_stuck_runs", reason=reason) is not None
+    assert (
+        value(found, "turnstile_queue_depth", **{"class": "maintenance"}, status="queued")
+        is not None
+    )
+
+
+async def test_requeued_released_and_fenced_are_counted(engine: AsyncEngine) -> None:
+    metrics = Metrics()
+    clock = ManualClock()
+    queue = Queue(engine, QueueConfig(lease_seconds=30), clock=clock, observer=metrics)
+    for _ in range(3):
+        await queue.enqueue(
+            NewRun(
+                tenant_id="t",
+                principal="p",
+                agent="scripted",
+                input={},
+                priority=PriorityClass.MAINTENANCE.base,
+            )
+        )
+    leases = [c.lease for c in await queue.claim("w", [PriorityClass.MAINTENANCE], limit=3)]
+    await queue.release(leases[0], graceful=True)
+    await queue.cancel(leases[1].run_id, actor="op")
+    await queue.record_fenced(leases[1], during="heartbeat")
+    clock.advance(31)
+    await queue.sweep()
+    found = samples(generate_latest(metrics.registry).decode())
+    labels = {"class": "maintenance"}
+    assert value(found, "turnstile_runs_released_total", **labels) == 1
+    assert value(found, "turnstile_runs_cancelled_total", **labels) == 1
+    assert value(found, "turnstile_runs_fenced_total", **labels) == 1
+    assert value(found, "turnstile_runs_requeued_total", **labels) == 1
+
+
+async def test_a_worker_serves_its_own_metrics_port(database_url: str, engine: AsyncEngine) -> None:
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "app.cli",
+        "worker",
+        "--metrics-port",
+        str(port),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "DATABASE_URL": database_url},
+    )
+    try:
+        assert process.stderr is not None
+        assert b"running slots" in await asyncio.wait_for(process.stderr.readline(), 30)
+        queue = Queue(engine)
+        run = await queue.enqueue(
+            NewRun(
+                tenant_id="t", principal="p", agent="scripted", input={"script": [{"final": "ok"}]}
+            )
+        )
+
+        async def counted() -> dict[Any, float] | None:
+            async with httpx.AsyncClient() as client:
+                text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+            found = samples(text)
+            done = value(found, "turnstile_runs_succeeded_total", **{"class": "interactive"})
+            return found if done == 1 else None
+
+        found = await eventually(counted, within=20, what="the worker's metrics")
+        assert value(found, "turnstile_slots", group="interactive") == 4
+        assert (await queue.get_run(run.id)).status == "succeeded"  # type: ignore[union-attr]
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        if process.stderr is not None:
+            await process.stderr.read()
