@@ -22,6 +22,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app.config import Settings
 from app.db.embedded import EmbeddedUnavailableError
+from app.observability.logs import configure_logging
 from app.runtime.plugins import PluginError
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if args.no_workers:
         overrides["run_workers"] = False
     settings = _settings(**overrides)
+    configure_logging(settings.log_level)
     _check_plugins(settings)
     settings = _migrated_settings(settings)
     asyncio.run(_first_start_key(settings))
@@ -83,6 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=None,  # our handler, installed by configure_logging
         timeout_graceful_shutdown=max(1, int(settings.drain_grace_seconds) + 5),
     )
     server = _server(config, app.state.shutdown)
@@ -249,6 +252,7 @@ def cmd_worker(args: argparse.Namespace) -> None:
     """The worker pool and the sweeper with no HTTP server, for more machines. SIGTERM or SIGINT
     drains it: no new claims, running steps get the grace period, the rest are released."""
     settings = _settings(run_workers=True)
+    configure_logging(settings.log_level)
     _check_plugins(settings)
     asyncio.run(_run_worker(settings, args.metrics_port, args.metrics_host))
 

@@ -39,9 +39,17 @@ async def worker_process(
     )
     try:
         assert process.stderr is not None
-        line = await asyncio.wait_for(process.stderr.readline(), 30)
-        assert b"running slots" in line, line
+        while b"running slots" not in (
+            line := await asyncio.wait_for(process.stderr.readline(), 30)
+        ):
+            assert line, "the worker exited before it was ready"
+        # Keep reading its log so a full pipe never blocks it.
+        draining = asyncio.create_task(process.stderr.read())
         yield process
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 60)
+        await draining
     finally:
         if process.returncode is None:
             process.kill()

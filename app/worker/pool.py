@@ -28,6 +28,7 @@ import uuid
 from dataclasses import dataclass, field
 from uuid import UUID
 
+from app.observability.logs import run_context
 from app.queue.classes import priorities_of
 from app.queue.core import Queue
 from app.queue.models import ClaimedRun, Fenced
@@ -221,6 +222,18 @@ class WorkerPool:
     async def _execute(self, group: _Group, execution: _Execution) -> None:
         ctx = execution.ctx
         run_id = ctx.lease.run_id
+        run = ctx.claimed.run
+        # Every log line of this task names the run it is about.
+        run_context.set(
+            {
+                "run_id": str(run_id),
+                "session_id": str(run.session_id) if run.session_id else None,
+                "epoch": ctx.lease.epoch,
+                "worker_id": self.worker_id,
+                "slot_group": group.spec.name,
+            }
+        )
+        log.info("executing run", extra={"attempt": run.attempts, "agent": run.agent})
         try:
             await self.executor.execute(ctx)
         except asyncio.CancelledError:
