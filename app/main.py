@@ -24,6 +24,7 @@ from app.db.engine import create_engine
 from app.db.state import ResolvedDatabase, resolve_database
 from app.maintenance.services import (
     IdempotencyPruner,
+    LeasedSweeper,
     MaintenanceService,
     QueueMetrics,
     RunRetention,
@@ -31,7 +32,6 @@ from app.maintenance.services import (
 from app.observability.metrics import HttpMetrics, Metrics
 from app.queue.core import Queue, QueueConfig
 from app.queue.submit import Submissions
-from app.queue.sweeper import Sweeper
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
 from app.runtime.openai_agent import OpenAIAgent
 from app.runtime.plugins import load_plugins
@@ -108,8 +108,6 @@ async def services(
     )
     notifier = Notifier(settings.listen_database_url or database.url)
     pool: WorkerPool | None = None
-    sweeper: Sweeper | None = None
-    sweeping: asyncio.Task[None] | None = None
     maintenance: list[MaintenanceService] = []
     maintaining: list[asyncio.Task[None]] = []
     try:
@@ -129,9 +127,13 @@ async def services(
         if pool.groups:
             metrics.watch_slots(pool.occupancy)
         if settings.run_workers:
-            sweeper = Sweeper(queue, interval=settings.sweep_interval_seconds, on_success=succeeded)
-            sweeping = asyncio.create_task(sweeper.run(), name="turnstile-sweeper")
             maintenance = [
+                LeasedSweeper(
+                    queue,
+                    holder=pool.worker_id,
+                    interval=settings.sweep_interval_seconds,
+                    on_success=succeeded,
+                ),
                 IdempotencyPruner(
                     queue,
                     holder=pool.worker_id,
@@ -180,9 +182,6 @@ async def services(
         for service in maintenance:
             await service.stop()
         await asyncio.gather(*maintaining)
-        if sweeper is not None and sweeping is not None:
-            sweeper.stop()
-            await sweeping
         if pool is not None:
             await pool.stop(settings.drain_grace_seconds)
         await notifier.stop()

@@ -130,9 +130,14 @@ async def test_a_worker_serves_its_own_metrics_port(database_url: str, engine: A
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "DATABASE_URL": database_url},
     )
+    draining: asyncio.Task[bytes] | None = None
     try:
         assert process.stderr is not None
-        assert b"running slots" in await asyncio.wait_for(process.stderr.readline(), 30)
+        while b"running slots" not in (
+            line := await asyncio.wait_for(process.stderr.readline(), 30)
+        ):
+            assert line, "the worker exited before it was ready"
+        draining = asyncio.create_task(process.stderr.read())  # never let the pipe fill
         queue = Queue(engine)
         run = await queue.enqueue(
             NewRun(
@@ -156,5 +161,5 @@ async def test_a_worker_serves_its_own_metrics_port(database_url: str, engine: A
         if process.returncode is None:
             process.kill()
             await process.wait()
-        if process.stderr is not None:
-            await process.stderr.read()
+        if draining is not None:
+            await draining

@@ -18,6 +18,7 @@ from typing import Any
 from app.observability.metrics import Metrics
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue
+from app.queue.models import SweepReport
 from app.queue.sql import q
 
 log = logging.getLogger("turnstile.maintenance")
@@ -203,3 +204,26 @@ class QueueMetrics(MaintenanceService):
             counts[row.reason] += 1
         for reason, count in counts.items():
             self.metrics.stuck.labels(reason).set(count)
+
+
+class LeasedSweeper(MaintenanceService):
+    """The sweeper as a maintenance service: requeues or dead-letters expired leases, run by
+    one process at a time. (The sweep itself is safe to run concurrently, SKIP LOCKED; the
+    lease only saves the duplicate scans.)"""
+
+    name = "sweeper"
+
+    def __init__(
+        self,
+        queue: Queue,
+        *,
+        holder: str,
+        interval: float,
+        batch: int = 500,
+        on_success: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(queue, holder=holder, interval=interval, on_success=on_success)
+        self.batch = batch
+
+    async def run_once(self) -> SweepReport:
+        return await self.queue.sweep(limit=self.batch)

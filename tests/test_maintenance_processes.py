@@ -1,0 +1,110 @@
+"""Maintenance across real processes: of two workers, exactly one runs each maintenance
+service, and when that one is killed (SIGKILL, no goodbye) the survivor takes over."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.embedded import free_port
+from tests.support.waiting import eventually
+
+SERVICES = ("sweeper", "idempotency-pruner", "run-retention", "queue-metrics")
+
+
+async def maintained(port: int) -> set[str]:
+    """The maintenance services this process has run (from its own metrics)."""
+    async with httpx.AsyncClient() as client:
+        body = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    return {
+        sample.labels["service"]
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+        if sample.name == "turnstile_maintenance_last_success_timestamp_seconds"
+    }
+
+
+async def start_worker(database_url: str, port: int) -> asyncio.subprocess.Process:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "app.cli",
+        "worker",
+        "--metrics-port",
+        str(port),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+        env={
+            **os.environ,
+            "DATABASE_URL": database_url,
+            # Short intervals: leases of max(3 x interval, 5 s) = 5 s.
+            "TURNSTILE_SWEEP_INTERVAL_SECONDS": "0.5",
+            "TURNSTILE_PRUNE_INTERVAL_SECONDS": "0.5",
+            "TURNSTILE_RETENTION_INTERVAL_SECONDS": "0.5",
+            "TURNSTILE_QUEUE_METRICS_INTERVAL_SECONDS": "0.5",
+        },
+    )
+
+    async def listening() -> bool:
+        try:
+            await maintained(port)
+        except httpx.TransportError:
+            return False
+        return True
+
+    await eventually(listening, within=30, what="the worker's metrics port")
+    return process
+
+
+async def test_maintenance_runs_once_and_moves_to_the_survivor(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    ports = [free_port(), free_port()]
+    processes = [await start_worker(database_url, port) for port in ports]
+    try:
+
+        async def split() -> tuple[set[str], set[str]] | None:
+            first, second = await maintained(ports[0]), await maintained(ports[1])
+            return (first, second) if (first | second) >= set(SERVICES) else None
+
+        first, second = await eventually(split, within=30, what="every service to run")
+        # Each service ran in one process only.
+        assert not first & second, (first, second)
+        async with engine.connect() as conn:
+            holders = dict(
+                (await conn.execute(text("SELECT name, holder FROM maintenance_leases"))).all()
+            )
+        assert set(holders) == set(SERVICES)
+
+        victim = 0 if first else 1
+        survivor = 1 - victim
+        before = await maintained(ports[survivor])
+        processes[victim].send_signal(signal.SIGKILL)
+        await processes[victim].wait()
+
+        async def taken_over() -> set[str] | None:
+            now = await maintained(ports[survivor])
+            return now if now >= set(SERVICES) else None
+
+        after = await eventually(taken_over, within=30, what="the survivor to take over")
+        assert after - before == (first if victim == 0 else second)
+        async with engine.connect() as conn:
+            survivors = set(
+                (
+                    await conn.execute(text("SELECT DISTINCT holder FROM maintenance_leases"))
+                ).scalars()
+            )
+        assert len(survivors) == 1
+        assert survivors != {holders[next(iter(first if victim == 0 else second))]}
+    finally:
+        for process in processes:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(process.wait(), 30)
