@@ -281,9 +281,11 @@ async def test_another_tenant_sees_nothing(api: Api) -> None:
     ]:
         assert_problem(response, 404, "not-found")
     assert (await mine.get(f"/runs/{run}")).json()["status"] == "queued"
-    # An admin key sees any run.
+    # An admin key sees any run, but changes only its own tenant's.
     admin = await api.client("platform", "sre", "admin")
     assert (await admin.get(f"/runs/{run}")).status_code == 200
+    assert_problem(await admin.post(f"/runs/{run}/cancel"), 404, "not-found")
+    assert (await mine.get(f"/runs/{run}")).json()["status"] == "queued"
 
 
 # --- reading runs ----------------------------------------------------------------------------

@@ -54,5 +54,6 @@ OperatorDep = Annotated[Caller, Depends(operator_caller)]
 
 
 def visible_tenant(caller: Caller) -> str | None:
-    """The tenant a caller's reads are limited to; None for admin keys (the whole queue)."""
+    """The tenant a caller's reads are limited to; None for admin keys (the whole queue).
+    Writes (cancel, resubmit, dismiss) always stay within the caller's own tenant."""
     return None if caller.is_admin else caller.tenant_id

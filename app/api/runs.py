@@ -189,7 +189,9 @@ async def resubmit(run_id: UUID, request: Request, caller: OperatorDep) -> Any:
     outcome = await state.submissions.resubmit(
         Submitter(caller.tenant_id, caller.principal, caller.actor),
         run_id,
-        tenant_id=visible_tenant(caller),
+        # Actions stay within the key's own tenant, admin keys included: the admin scope
+        # widens what a key can see, not what it can change.
+        tenant_id=caller.tenant_id,
     )
     return submitted_response(outcome)
 
@@ -207,7 +209,9 @@ async def dismiss(run_id: UUID, request: Request, caller: OperatorDep) -> Any:
     run = await state.submissions.dismiss(
         Submitter(caller.tenant_id, caller.principal, caller.actor),
         run_id,
-        tenant_id=visible_tenant(caller),
+        # Actions stay within the key's own tenant, admin keys included: the admin scope
+        # widens what a key can see, not what it can change.
+        tenant_id=caller.tenant_id,
     )
     return run.to_document()
 
@@ -400,6 +404,8 @@ async def cancel(run_id: UUID, request: Request, caller: CallerDep) -> Any:
         run_id,
         actor=caller.actor,
         reason="cancelled through the API",
-        tenant_id=visible_tenant(caller),
+        # Actions stay within the key's own tenant, admin keys included: the admin scope
+        # widens what a key can see, not what it can change.
+        tenant_id=caller.tenant_id,
     )
     return outcome.run.to_document()
