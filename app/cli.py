@@ -375,13 +375,7 @@ def _run_command(args: argparse.Namespace) -> None:
                     run_id, actor=actor.actor, tenant_id=tenant, reason="cancelled from the CLI"
                 )
                 return outcome.run.to_document()
-            submissions = Submissions(
-                queue,
-                default_agent=settings.default_agent,
-                idempotency_ttl_seconds=settings.idempotency_ttl_seconds,
-                idempotency_wait_seconds=settings.idempotency_wait_seconds,
-                lock_timeout_ms=settings.lock_timeout_ms,
-            )
+            submissions = Submissions.from_settings(queue, settings)
             if args.runs_command == "resubmit":
                 return (await submissions.resubmit(actor, run_id, tenant_id=tenant)).document
             return (await submissions.dismiss(actor, run_id, tenant_id=tenant)).to_document()

@@ -166,13 +166,7 @@ async def services(
             queue=queue,
             notifier=notifier,
             pool=pool,
-            submissions=Submissions(
-                queue,
-                default_agent=settings.default_agent,
-                idempotency_ttl_seconds=settings.idempotency_ttl_seconds,
-                idempotency_wait_seconds=settings.idempotency_wait_seconds,
-                lock_timeout_ms=settings.lock_timeout_ms,
-            ),
+            submissions=Submissions.from_settings(queue, settings),
             agents=registry.agent_names(),
             metrics=metrics,
         )

@@ -31,8 +31,8 @@ from app.api.problems import ApiProblem, responses
 from app.api.sessions import (
     IdempotencyHeader,
     decode_cursor,
-    encode_cursor,
     idempotency_of,
+    run_page,
     spec_from,
     submitted_response,
 )
@@ -163,11 +163,7 @@ async def failed_runs(
             .mappings()
             .all()
         )
-    runs = [Run.from_row(row) for row in rows[:limit]]
-    next_cursor = None
-    if len(rows) > limit and runs[-1].finished_at is not None:
-        next_cursor = encode_cursor(runs[-1].finished_at, runs[-1].id)
-    return RunPage(runs=[run_document(r.to_document()) for r in runs], next_cursor=next_cursor)
+    return run_page(rows, limit, "finished_at")
 
 
 @runbook.post(

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
+from sqlalchemy import RowMapping
 
 from app.api.auth import CallerDep
 from app.api.models import (
@@ -152,6 +154,19 @@ def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
         ) from None
 
 
+def run_page(rows: Sequence[RowMapping], limit: int, order_field: str) -> RunPage:
+    """A page of runs from a keyset query that fetched `limit + 1` rows: the extra row only
+    says whether a next page exists; the cursor is the last run's (`order_field`, id)."""
+    runs = [Run.from_row(row) for row in rows[:limit]]
+    next_cursor = None
+    if len(rows) > limit:
+        last = runs[-1]
+        when = getattr(last, order_field)
+        if when is not None:
+            next_cursor = encode_cursor(when, last.id)
+    return RunPage(runs=[run_document(r.to_document()) for r in runs], next_cursor=next_cursor)
+
+
 @router.get(
     "/sessions/{session_id}/runs",
     response_model=RunPage,
@@ -190,9 +205,7 @@ async def session_runs(
             .mappings()
             .all()
         )
-    runs = [Run.from_row(row) for row in rows[:limit]]
-    next_cursor = encode_cursor(runs[-1].created_at, runs[-1].id) if len(rows) > limit else None
-    return RunPage(runs=[run_document(r.to_document()) for r in runs], next_cursor=next_cursor)
+    return run_page(rows, limit, "created_at")
 
 
 @router.post(
