@@ -3,10 +3,7 @@ stats, with --json, and their one-line errors and non-zero exit."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 import uuid
 from typing import Any
 
@@ -15,20 +12,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.models import NewRun
+from tests.support.processes import run_cli
 
 
 async def cli(database_url: str, *args: str) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "app.cli",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "DATABASE_URL": database_url},
-    )
-    out, err = await process.communicate()
-    return int(process.returncode or 0), out.decode(), err.decode()
+    return await run_cli(*args, env={"DATABASE_URL": database_url})
 
 
 async def test_runbook_commands(database_url: str, engine: AsyncEngine) -> None:

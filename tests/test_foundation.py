@@ -4,8 +4,6 @@ server, the CLI's one-line errors, and the throwaway-cluster fixture later issue
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 
 import asyncpg
 import httpx
@@ -19,6 +17,7 @@ from app.db.embedded import LocalCluster
 from app.db.engine import async_url, plain_url
 from app.db.migrate import upgrade
 from app.main import create_app
+from tests.support.processes import run_cli
 from tests.support.servers import running_server
 
 
@@ -101,17 +100,8 @@ async def test_readiness_fails_on_an_unmigrated_database(server_url: str) -> Non
 
 
 async def _cli(*args: str, env: dict[str, str]) -> tuple[int, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "app.cli",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **env},
-    )
-    out, err = await process.communicate()
-    return int(process.returncode or 0), (out + err).decode()
+    code, out, err = await run_cli(*args, env=env)
+    return code, out + err
 
 
 async def test_cli_migrate_and_its_one_line_errors(database_url: str) -> None:

@@ -3,17 +3,14 @@ its run id, session id, epoch, worker id and slot group; no secret reaches the l
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import signal
-import sys
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.queue.core import Queue
 from app.queue.models import NewRun
+from tests.support.processes import turnstile
 from tests.support.waiting import eventually
 
 SECRET = "sk-this-must-never-be-logged"
@@ -22,26 +19,14 @@ SECRET = "sk-this-must-never-be-logged"
 async def test_a_worker_logs_json_lines_with_the_run_context(
     database_url: str, engine: AsyncEngine
 ) -> None:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "app.cli",
-        "worker",
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        env={
-            **os.environ,
-            "DATABASE_URL": database_url,
-            "TURNSTILE_LOG_LEVEL": "info",
-            "TURNSTILE_OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
-            "TURNSTILE_OPENAI_API_KEY": SECRET,
-        },
-    )
     queue = Queue(engine)
-    try:
-        assert process.stderr is not None
-        while b"running slots" not in await asyncio.wait_for(process.stderr.readline(), 30):
-            pass
+    env = {
+        "DATABASE_URL": database_url,
+        "TURNSTILE_LOG_LEVEL": "info",
+        "TURNSTILE_OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+        "TURNSTILE_OPENAI_API_KEY": SECRET,
+    }
+    async with turnstile("worker", ready=b"running slots", env=env) as worker:
         run = await queue.enqueue(
             NewRun(
                 tenant_id="t",
@@ -56,13 +41,7 @@ async def test_a_worker_logs_json_lines_with_the_run_context(
             return found is not None and found.status == "failed"
 
         await eventually(failed, within=20, what="the run to fail")
-        process.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(process.wait(), 30) == 0
-        output = (await process.stderr.read()).decode()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+    output = worker.log.decode()  # complete: the worker drained and exited 0
     assert SECRET not in output
     lines: list[dict[str, Any]] = [
         json.loads(line) for line in output.splitlines() if line.startswith("{")

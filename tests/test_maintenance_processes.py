@@ -3,10 +3,8 @@ service, and when that one is killed (SIGKILL, no goodbye) the survivor takes ov
 
 from __future__ import annotations
 
-import asyncio
-import os
 import signal
-import sys
+from contextlib import AbstractAsyncContextManager
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,6 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.embedded import free_port
+from tests.support.processes import Child, turnstile
 from tests.support.waiting import eventually
 
 SERVICES = ("sweeper", "idempotency-pruner", "run-retention", "queue-metrics")
@@ -31,18 +30,13 @@ async def maintained(port: int) -> set[str]:
     }
 
 
-async def start_worker(database_url: str, port: int) -> asyncio.subprocess.Process:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "app.cli",
+def worker(database_url: str, port: int) -> AbstractAsyncContextManager[Child]:
+    return turnstile(
         "worker",
         "--metrics-port",
         str(port),
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
+        ready=b"running slots",
         env={
-            **os.environ,
             "DATABASE_URL": database_url,
             # Short intervals: leases of max(3 x interval, 5 s) = 5 s.
             "TURNSTILE_SWEEP_INTERVAL_SECONDS": "0.5",
@@ -52,23 +46,13 @@ async def start_worker(database_url: str, port: int) -> asyncio.subprocess.Proce
         },
     )
 
-    async def listening() -> bool:
-        try:
-            await maintained(port)
-        except httpx.TransportError:
-            return False
-        return True
-
-    await eventually(listening, within=30, what="the worker's metrics port")
-    return process
-
 
 async def test_maintenance_runs_once_and_moves_to_the_survivor(
     database_url: str, engine: AsyncEngine
 ) -> None:
     ports = [free_port(), free_port()]
-    processes = [await start_worker(database_url, port) for port in ports]
-    try:
+    async with worker(database_url, ports[0]) as one, worker(database_url, ports[1]) as two:
+        processes = [one.process, two.process]
 
         async def split() -> tuple[set[str], set[str]] | None:
             first, second = await maintained(ports[0]), await maintained(ports[1])
@@ -103,8 +87,3 @@ async def test_maintenance_runs_once_and_moves_to_the_survivor(
             )
         assert len(survivors) == 1
         assert survivors != {holders[next(iter(first if victim == 0 else second))]}
-    finally:
-        for process in processes:
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-                await asyncio.wait_for(process.wait(), 30)

@@ -3,10 +3,6 @@ the series and labels the operations guide names."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-import sys
 from typing import Any
 
 import httpx
@@ -21,6 +17,7 @@ from app.queue.core import Queue, QueueConfig
 from app.queue.models import NewRun
 from tests.support.api import running_api
 from tests.support.clock import ManualClock
+from tests.support.processes import turnstile
 from tests.support.waiting import eventually
 
 
@@ -119,26 +116,14 @@ async def test_requeued_released_and_fenced_are_counted(engine: AsyncEngine) -> 
 
 async def test_a_worker_serves_its_own_metrics_port(database_url: str, engine: AsyncEngine) -> None:
     port = free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "app.cli",
+    queue = Queue(engine)
+    async with turnstile(
         "worker",
         "--metrics-port",
         str(port),
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "DATABASE_URL": database_url},
-    )
-    draining: asyncio.Task[bytes] | None = None
-    try:
-        assert process.stderr is not None
-        while b"running slots" not in (
-            line := await asyncio.wait_for(process.stderr.readline(), 30)
-        ):
-            assert line, "the worker exited before it was ready"
-        draining = asyncio.create_task(process.stderr.read())  # never let the pipe fill
-        queue = Queue(engine)
+        ready=b"running slots",
+        env={"DATABASE_URL": database_url},
+    ):
         run = await queue.enqueue(
             NewRun(
                 tenant_id="t", principal="p", agent="scripted", input={"script": [{"final": "ok"}]}
@@ -155,11 +140,3 @@ async def test_a_worker_serves_its_own_metrics_port(database_url: str, engine: A
         found = await eventually(counted, within=20, what="the worker's metrics")
         assert value(found, "turnstile_slots", group="interactive") == 4
         assert (await queue.get_run(run.id)).status == "succeeded"  # type: ignore[union-attr]
-        process.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(process.wait(), 30) == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        if draining is not None:
-            await draining

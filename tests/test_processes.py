@@ -5,9 +5,7 @@ once (attempts == 1) with a clean log."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -21,6 +19,7 @@ from app.db.engine import create_engine
 from app.db.migrate import upgrade
 from app.security.api_keys import create_key
 from tests.support.invariants import check_all_runs
+from tests.support.processes import turnstile
 from tests.support.waiting import eventually
 
 RUNS = 300
@@ -30,33 +29,8 @@ RUNS = 300
 async def process(
     *args: str, ready: bytes, **env: str
 ) -> AsyncIterator[asyncio.subprocess.Process]:
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "app.cli",
-        *args,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **env},
-    )
-    assert child.stderr is not None
-    try:
-        while True:
-            line = await asyncio.wait_for(child.stderr.readline(), 60)
-            assert line, f"{args} exited before it was ready"
-            if ready in line:
-                break
-        # Keep reading so a full pipe never blocks the child.
-        drain = asyncio.create_task(child.stderr.read())
-        yield child
-        if child.returncode is None:
-            child.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(child.wait(), 60) == 0
-        await drain
-    finally:
-        if child.returncode is None:
-            child.kill()
-            await child.wait()
+    async with turnstile(*args, ready=ready, env=env) as child:
+        yield child.process
 
 
 async def test_api_replica_and_two_workers_drain_hundreds_of_runs(

@@ -4,11 +4,8 @@ run is released with its attempt given back and finishes elsewhere), exiting 0."
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from sqlalchemy import text
@@ -16,44 +13,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.queue.core import Queue
 from app.queue.models import NewRun, Run
+from tests.support.processes import Child, run_cli, turnstile
 from tests.support.waiting import eventually
 
 
-@asynccontextmanager
-async def worker_process(
-    database_url: str, **env: str
-) -> AsyncIterator[asyncio.subprocess.Process]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "app.cli",
+def worker_process(database_url: str, **env: str) -> AbstractAsyncContextManager[Child]:
+    return turnstile(
         "worker",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={
-            **os.environ,
-            "DATABASE_URL": database_url,
-            "TURNSTILE_POLL_INTERVAL_SECONDS": "60",
-            **env,
-        },
+        ready=b"running slots",
+        env={"DATABASE_URL": database_url, "TURNSTILE_POLL_INTERVAL_SECONDS": "60", **env},
     )
-    try:
-        assert process.stderr is not None
-        while b"running slots" not in (
-            line := await asyncio.wait_for(process.stderr.readline(), 30)
-        ):
-            assert line, "the worker exited before it was ready"
-        # Keep reading its log so a full pipe never blocks it.
-        draining = asyncio.create_task(process.stderr.read())
-        yield process
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(process.wait(), 60)
-        await draining
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
 
 async def run_state(queue: Queue, run_id: Any) -> Run:
@@ -70,7 +39,7 @@ async def test_a_worker_process_runs_runs_and_drains_on_sigterm(
     database_url: str, engine: AsyncEngine
 ) -> None:
     queue = Queue(engine)
-    async with worker_process(database_url, TURNSTILE_DRAIN_GRACE_SECONDS="0") as process:
+    async with worker_process(database_url, TURNSTILE_DRAIN_GRACE_SECONDS="0") as worker:
         quick = await queue.enqueue(scripted({"call": "echo", "args": {}}, {"final": "ok"}))
 
         async def finished(run_id: Any) -> bool:
@@ -84,8 +53,8 @@ async def test_a_worker_process_runs_runs_and_drains_on_sigterm(
             return "tool.started" in types
 
         await eventually(sleeping, within=20, what="the slow run's tool call")
-        process.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(process.wait(), 30) == 0
+        worker.process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(worker.process.wait(), 30) == 0
     released = await run_state(queue, slow.id)
     assert (released.status, released.attempts, released.lease_owner) == ("queued", 0, None)
     last = (await queue.events(slow.id))[-1]
@@ -119,18 +88,9 @@ async def test_a_worker_refuses_an_unmigrated_database(server_url: str) -> None:
     await admin_execute(server_url, f'CREATE DATABASE "{name}"')
     url = with_database(server_url, name)
     try:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "app.cli",
-            "worker",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "DATABASE_URL": url},
-        )
-        _, err = await asyncio.wait_for(process.communicate(), 30)
-        assert process.returncode == 2
-        assert err.decode().strip().startswith("turnstile: the database schema is at nothing")
-        assert err.decode().strip().count("\n") == 0
+        code, _, err = await run_cli("worker", env={"DATABASE_URL": url})
+        assert code == 2
+        assert err.strip().startswith("turnstile: the database schema is at nothing")
+        assert err.strip().count("\n") == 0
     finally:
         await drop_database(server_url, url)
