@@ -65,6 +65,16 @@ def template_database(server_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
+async def empty_database(server_url: str) -> AsyncIterator[str]:
+    """A database with no schema at all, for migrations and for code that must refuse it."""
+    name = new_database_name("ts_empty")
+    await admin_execute(server_url, f'CREATE DATABASE "{name}"')
+    url = with_database(server_url, name)
+    yield url
+    await drop_database(server_url, url)
+
+
+@pytest.fixture
 def settings() -> Settings:
     # Short leases so tests that wait for expiry stay quick; tests needing others make their own.
     return Settings(database_url=None, lease_seconds=3.0, heartbeat_seconds=0.5)

@@ -77,26 +77,13 @@ async def test_health_and_readiness_through_a_real_server(database_url: str) -> 
         assert "/healthz" in (await client.get("/openapi.json")).text
 
 
-async def test_readiness_fails_on_an_unmigrated_database(server_url: str) -> None:
-    from tests.support.databases import (
-        admin_execute,
-        drop_database,
-        new_database_name,
-        with_database,
-    )
-
-    name = new_database_name("ts_unmigrated")
-    await admin_execute(server_url, f'CREATE DATABASE "{name}"')
-    url = with_database(server_url, name)
-    try:
-        # An API-only process: a worker pool could not even register in an unmigrated schema.
-        app = create_app(Settings(database_url=url, run_workers=False))
-        async with running_server(app) as base, httpx.AsyncClient(base_url=base) as client:
-            ready = await client.get("/readyz")
-            assert ready.status_code == 503
-            assert ready.json()["checks"]["schema"]["current"] is None
-    finally:
-        await drop_database(server_url, url)
+async def test_readiness_fails_on_an_unmigrated_database(empty_database: str) -> None:
+    # An API-only process: a worker pool could not even register in an unmigrated schema.
+    app = create_app(Settings(database_url=empty_database, run_workers=False))
+    async with running_server(app) as base, httpx.AsyncClient(base_url=base) as client:
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["checks"]["schema"]["current"] is None
 
 
 async def _cli(*args: str, env: dict[str, str]) -> tuple[int, str]:

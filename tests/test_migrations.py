@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator
 
 import asyncpg
-import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import CheckConstraint, Connection
@@ -17,16 +15,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db.engine import plain_url
 from app.db.migrate import downgrade, head_revision, upgrade
 from app.db.tables import metadata
-from tests.support.databases import admin_execute, drop_database, new_database_name, with_database
-
-
-@pytest.fixture
-async def empty_database(server_url: str) -> AsyncIterator[str]:
-    name = new_database_name("ts_empty")
-    await admin_execute(server_url, f'CREATE DATABASE "{name}"')
-    url = with_database(server_url, name)
-    yield url
-    await drop_database(server_url, url)
 
 
 async def _tables(url: str) -> set[str]:

@@ -76,21 +76,8 @@ async def test_a_worker_process_runs_runs_and_drains_on_sigterm(
     assert (await run_state(queue, slow.id)).attempts == 1
 
 
-async def test_a_worker_refuses_an_unmigrated_database(server_url: str) -> None:
-    from tests.support.databases import (
-        admin_execute,
-        drop_database,
-        new_database_name,
-        with_database,
-    )
-
-    name = new_database_name("ts_bare")
-    await admin_execute(server_url, f'CREATE DATABASE "{name}"')
-    url = with_database(server_url, name)
-    try:
-        code, _, err = await run_cli("worker", env={"DATABASE_URL": url})
-        assert code == 2
-        assert err.strip().startswith("turnstile: the database schema is at nothing")
-        assert err.strip().count("\n") == 0
-    finally:
-        await drop_database(server_url, url)
+async def test_a_worker_refuses_an_unmigrated_database(empty_database: str) -> None:
+    code, _, err = await run_cli("worker", env={"DATABASE_URL": empty_database})
+    assert code == 2
+    assert err.strip().startswith("turnstile: the database schema is at nothing")
+    assert err.strip().count("\n") == 0
