@@ -7,7 +7,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test check lint typecheck pytest bench clean
+.PHONY: run test check lint typecheck pytest bench bench-quick clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "make: Python 3.11 or newer is required (python3 --version)"; exit 2; }
@@ -40,6 +40,19 @@ typecheck: $(VENV)/.installed-test
 
 pytest: $(VENV)/.installed-test
 	$(BIN)/pytest
+
+$(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	@touch $@ $(VENV)/.installed-run
+
+## The benchmark (a few minutes; TEST_DATABASE_URL or DATABASE_URL, else the embedded PostgreSQL):
+## bench/results/latest.json and latest.md, docs/bench-latest.png. BENCH_QUICK=1: the quick mode.
+bench: $(VENV)/.installed-bench
+	$(BIN)/python bench/run.py $(if $(BENCH_QUICK),--quick,)
+
+## The quick mode (about a minute): bench/results/quick.json and quick.md, no PNG.
+bench-quick: $(VENV)/.installed-bench
+	$(BIN)/python bench/run.py --quick
 
 clean:
 	rm -rf $(VENV) .turnstile .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,113 @@
+"""The load generator for `POST /sessions/{id}/turns`: its own process, never the service's.
+
+Usage: python bench/http_load.py --port P --key K --sessions FILE [--connections 32]
+       [--seconds 10] [--warmup 2]
+
+Each connection is a keep-alive HTTP/1.1 connection on plain asyncio streams (a full client
+library would cost more CPU than the server it measures, on a 2-core machine). A connection
+posts one turn to the next unused session (a session takes one turn: the next would be 409
+`session-busy`, as no worker claims the run), with a unique `Idempotency-Key`, waits for the
+answer, and posts the next. Requests answered during the warm-up are not counted. Prints one
+JSON object: requests, statuses, requests/s and latency percentiles in ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+
+def percentile(values: list[float], pct: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))]
+
+
+async def read_response(reader: asyncio.StreamReader) -> int:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value.strip())
+    if length:
+        await reader.readexactly(length)
+    return status
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--sessions", type=Path, required=True)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    args = parser.parse_args()
+    sessions = iter(args.sessions.read_text().split())
+    body = json.dumps({"input": {"text": "hello"}}).encode()
+    latencies: list[float] = []
+    statuses: Counter[int] = Counter()
+    started = time.monotonic()
+    measure_from = started + args.warmup
+    stop_at = measure_from + args.seconds
+    exhausted = False
+
+    async def connection() -> None:
+        nonlocal exhausted
+        reader, writer = await asyncio.open_connection(args.host, args.port)
+        try:
+            while time.monotonic() < stop_at:
+                session = next(sessions, None)
+                if session is None:
+                    exhausted = True
+                    return
+                request = (
+                    f"POST /sessions/{session}/turns HTTP/1.1\r\n"
+                    f"Host: {args.host}:{args.port}\r\n"
+                    f"Authorization: Bearer {args.key}\r\n"
+                    f"Idempotency-Key: {uuid.uuid4().hex}\r\n"
+                    "Content-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n"
+                ).encode() + body
+                sent = time.monotonic()
+                writer.write(request)
+                status = await read_response(reader)
+                done = time.monotonic()
+                if sent >= measure_from and done <= stop_at:
+                    latencies.append((done - sent) * 1000)
+                    statuses[status] += 1
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(connection() for _ in range(args.connections)))
+    window = min(time.monotonic(), stop_at) - measure_from
+    print(
+        json.dumps(
+            {
+                "connections": args.connections,
+                "seconds": round(window, 3),
+                "requests": len(latencies),
+                "statuses": {str(k): v for k, v in sorted(statuses.items())},
+                "sessions_exhausted": exhausted,
+                "requests_per_second": round(len(latencies) / window, 1) if window > 0 else None,
+                "p50_ms": percentile(latencies, 50),
+                "p95_ms": percentile(latencies, 95),
+                "p99_ms": percentile(latencies, 99),
+                "max_ms": max(latencies) if latencies else None,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

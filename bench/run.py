@@ -1,0 +1,787 @@
+"""Turnstile's benchmark, `make bench`: every figure beside the PostgreSQL commit ceiling measured
+in the same run. A script, not a test: it reports, it asserts nothing.
+
+Usage: .venv/bin/python bench/run.py [--quick] [--out bench/results] [--png docs/bench-latest.png]
+       (`BENCH_QUICK=1` is the same as `--quick`)
+
+The server is DATABASE_URL, else TURNSTILE_DATABASE_URL, else TEST_DATABASE_URL, else the
+embedded PostgreSQL. Every phase runs on a fresh database cloned from a freshly migrated
+template, dropped afterwards (also when a phase fails). This process is the load generator:
+it enqueues, it times claims and it reads the results; the service runs in `turnstile worker`
+and `turnstile serve --no-workers` processes it starts, and the HTTP client is a process of its
+own (bench/http_load.py).
+
+1. Ceiling: pgbench (one single-row UPDATE per transaction, 8 clients) and asyncpg (8
+   connections committing single-row UPDATEs), at the server's own durability settings, which
+   are Turnstile's; (7) the asyncpg figure again with one pg_notify per transaction.
+2. Throughput: no-op scripted runs, bulk-enqueued sessionless, drained by 1 and 2 worker
+   processes at several async slot counts. Runs/s over the drain window by the database clock
+   (first claim to last completion), and the ratio to the pgbench ceiling.
+3. Latency under backlog: 10,000 async runs (each a 50 ms sleep tool call: claim, journal,
+   checkpoint, complete) keep every async slot of one worker busy, while interactive no-op
+   runs arrive at a steady rate. Enqueue-to-claim by the database clock, per class.
+4. Claim latency with 1k, 100k and 1M queued runs (claim_one and claim_many of 8), timed from
+   this process around the whole claim transaction.
+5. POST /sessions/{id}/turns from bench/http_load.py against one `turnstile serve --no-workers`.
+6. Peak RSS (VmHWM) of every worker process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import asyncpg
+from sqlalchemy.engine import make_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import ceiling
+
+from app.config import Settings
+from app.db.embedded import free_port, start_embedded
+from app.db.engine import create_engine, plain_url
+from app.db.migrate import upgrade
+from app.queue.classes import PriorityClass
+from app.queue.core import Queue
+from app.queue.models import NewRun
+
+ROOT = Path(__file__).resolve().parent.parent
+TURNSTILE = str(Path(sys.executable).parent / "turnstile")
+INTERACTIVE, ASYNC, MAINTENANCE = PriorityClass
+NOOP = {"script": [{"final": "ok"}]}
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    ceiling_seconds: float
+    throughput_runs: int
+    throughput_slots: tuple[int, ...]
+    throughput_processes: tuple[int, ...]
+    backlog_runs: int
+    backlog_sleep_seconds: float
+    latency_seconds: float
+    interactive_rate: float
+    depths: tuple[int, ...]
+    claims_per_depth: int
+    api_seconds: float
+    api_connections: int
+
+
+FULL = Profile(
+    name="full",
+    ceiling_seconds=10,
+    throughput_runs=10_000,
+    throughput_slots=(4, 16, 64),
+    throughput_processes=(1, 2),
+    backlog_runs=10_000,
+    backlog_sleep_seconds=0.05,
+    latency_seconds=30,
+    interactive_rate=40,
+    depths=(1_000, 100_000, 1_000_000),
+    claims_per_depth=300,
+    api_seconds=15,
+    api_connections=32,
+)
+QUICK = Profile(
+    name="quick",
+    ceiling_seconds=3,
+    throughput_runs=2_000,
+    throughput_slots=(4, 32),
+    throughput_processes=(1, 2),
+    backlog_runs=10_000,
+    backlog_sleep_seconds=0.05,
+    latency_seconds=6,
+    interactive_rate=40,
+    depths=(1_000, 100_000),
+    claims_per_depth=100,
+    api_seconds=4,
+    api_connections=32,
+)
+TINY = Profile(  # the smoke test's: every phase runs, the figures mean nothing
+    name="tiny",
+    ceiling_seconds=1,
+    throughput_runs=200,
+    throughput_slots=(4,),
+    throughput_processes=(1,),
+    backlog_runs=300,
+    backlog_sleep_seconds=0.05,
+    latency_seconds=1.5,
+    interactive_rate=20,
+    depths=(1_000,),
+    claims_per_depth=20,
+    api_seconds=1,
+    api_connections=4,
+)
+PROFILES = {p.name: p for p in (FULL, QUICK, TINY)}
+
+
+def percentile(values: list[float], pct: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))]
+
+
+def summary(values: list[float]) -> dict[str, Any]:
+    return {
+        "n": len(values),
+        "p50_ms": _round(percentile(values, 50)),
+        "p95_ms": _round(percentile(values, 95)),
+        "p99_ms": _round(percentile(values, 99)),
+        "max_ms": _round(max(values) if values else None),
+    }
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def log(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+# --- databases --------------------------------------------------------------------------------
+async def server_url() -> str:
+    for name in ("DATABASE_URL", "TURNSTILE_DATABASE_URL", "TEST_DATABASE_URL"):
+        if os.environ.get(name):
+            return os.environ[name]
+    return (await asyncio.to_thread(start_embedded, ROOT / ".turnstile")).url
+
+
+class Databases:
+    """Scratch databases on one server: a migrated template, and fresh clones of it."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        self.prefix = f"turnstile_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        self.template = f"{self.prefix}_template"
+        self.count = 0
+
+    def url(self, name: str) -> str:
+        return plain_url(make_url(self.server).set(database=name))
+
+    async def _admin(self, statement: str) -> None:
+        conn = await asyncpg.connect(plain_url(self.server))
+        try:
+            await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    async def create_template(self) -> None:
+        await self._admin(f'CREATE DATABASE "{self.template}"')
+        await asyncio.to_thread(upgrade, self.url(self.template))
+
+    @contextlib.asynccontextmanager
+    async def fresh(self) -> AsyncIterator[str]:
+        self.count += 1
+        name = f"{self.prefix}_{self.count}"
+        await self._admin(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+        try:
+            yield self.url(name)
+        finally:
+            await self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    async def drop_template(self) -> None:
+        await self._admin(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
+
+
+# --- processes --------------------------------------------------------------------------------
+def service_env(url: str, **settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
+    env.pop("TEST_DATABASE_URL", None)
+    env["DATABASE_URL"] = url
+    env.update({f"TURNSTILE_{k.upper()}": v for k, v in settings.items()})
+    return env
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+class Worker:
+    """One `turnstile worker` process."""
+
+    def __init__(self, url: str, slots: str, logs: Path, **settings: str) -> None:
+        self.log_path = logs
+        self.log_file = logs.open("wb")
+        self.process = subprocess.Popen(
+            [TURNSTILE, "worker"],
+            env=service_env(url, slots=slots, **settings),
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+
+    def peak_rss_mb(self) -> float | None:
+        return peak_rss_mb(self.process.pid)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log_file.close()
+
+
+async def wait_workers(conn: asyncpg.Connection, count: int, workers: list[Worker]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for worker in workers:
+            if worker.process.poll() is not None:
+                raise RuntimeError(
+                    f"worker exited: {worker.log_path.read_text(errors='replace')[-2000:]}"
+                )
+        registered = await conn.fetchval(
+            "SELECT count(*) FROM workers WHERE role = 'worker' AND stopped_at IS NULL"
+        )
+        if registered >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError("worker processes did not register within 60 s")
+
+
+async def wait_count(conn: asyncpg.Connection, sql: str, target: int, within: float) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await conn.fetchval(sql) >= target:
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"not reached within {within:g} s: {sql}")
+
+
+async def enqueue_bulk(
+    queue: Queue, count: int, input_: dict[str, Any], priority: int, chunk: int = 2000
+) -> None:
+    for start in range(0, count, chunk):
+        n = min(chunk, count - start)
+        await queue.enqueue_many(
+            tenant_id="bench", principal="bench", runs=[("scripted", input_, priority, None)] * n
+        )
+
+
+# --- 2. throughput ----------------------------------------------------------------------------
+async def throughput(
+    dbs: Databases, settings: Settings, profile: Profile, processes: int, slots: int, logs: Path
+) -> dict[str, Any]:
+    layout = f"interactive:1,async:{slots},maintenance:1"
+    async with dbs.fresh() as url:
+        conn = await asyncpg.connect(url)
+        engine = create_engine(settings, url)
+        workers: list[Worker] = []
+        try:
+            workers = [
+                Worker(url, layout, logs / f"throughput-{processes}x{slots}-{i}.log")
+                for i in range(processes)
+            ]
+            await wait_workers(conn, processes, workers)
+            began = time.monotonic()
+            await enqueue_bulk(Queue(engine), profile.throughput_runs, NOOP, ASYNC.base)
+            enqueued = time.monotonic() - began
+            await wait_count(
+                conn,
+                "SELECT count(*) FROM runs WHERE status = 'succeeded'",
+                profile.throughput_runs,
+                within=600,
+            )
+            wall = time.monotonic() - began
+            rss = [w.peak_rss_mb() for w in workers]
+        finally:
+            for worker in workers:
+                worker.stop()
+            await engine.dispose()
+        row = await conn.fetchrow(
+            "SELECT count(*) AS runs, "
+            "extract(epoch FROM max(finished_at) - min(started_at)) AS window, "
+            "(SELECT count(*) FROM run_events) AS events "
+            "FROM runs WHERE status = 'succeeded'"
+        )
+        await conn.close()
+    window = float(row["window"])
+    return {
+        "processes": processes,
+        "slots_per_process": slots,
+        "layout": layout,
+        "runs": int(row["runs"]),
+        "events": int(row["events"]),
+        "enqueue_seconds": round(enqueued, 3),
+        "drain_seconds": round(window, 3),
+        "wall_seconds": round(wall, 3),
+        "runs_per_second": round(int(row["runs"]) / window, 1),
+        "worker_peak_rss_mb": rss,
+    }
+
+
+# --- 3. latency under backlog -----------------------------------------------------------------
+LATENCY_SQL = """
+SELECT r.priority,
+       extract(epoch FROM c.created_at - coalesce(r.scheduled_for, r.created_at)) * 1000 AS ms
+FROM runs r
+JOIN run_events c ON c.run_id = r.id AND c.type = 'run.claimed' AND c.seq = 2
+WHERE c.created_at >= $1 AND c.created_at < $2
+"""
+
+
+async def latency(
+    dbs: Databases, settings: Settings, profile: Profile, logs: Path
+) -> dict[str, Any]:
+    layout = settings.slots  # the default layout
+    slow = {
+        "script": [
+            {"call": "sleep", "args": {"seconds": profile.backlog_sleep_seconds}},
+            {"final": "ok"},
+        ]
+    }
+    async with dbs.fresh() as url:
+        conn = await asyncpg.connect(url)
+        engine = create_engine(settings, url)
+        queue = Queue(engine)
+        worker: Worker | None = None
+        try:
+            await enqueue_bulk(queue, profile.backlog_runs, slow, ASYNC.base)
+            worker = Worker(url, layout, logs / "latency.log")
+            await wait_workers(conn, 1, [worker])
+            # Let the async slots fill before the first interactive arrival.
+            await wait_count(
+                conn,
+                f"SELECT count(*) FROM runs WHERE status = 'running' AND priority = {ASYNC.base}",
+                sum(g.size for g in settings.slot_groups if g.top_class is ASYNC),
+                within=30,
+            )
+            since = await conn.fetchval("SELECT now()")
+            interval = 1.0 / profile.interactive_rate
+            sent = 0
+            began = time.monotonic()
+            while time.monotonic() - began < profile.latency_seconds:
+                await queue.enqueue(
+                    NewRun(
+                        tenant_id="bench",
+                        principal="bench",
+                        agent="scripted",
+                        input=NOOP,
+                        priority=INTERACTIVE.base,
+                    )
+                )
+                sent += 1
+                await asyncio.sleep(max(0.0, began + sent * interval - time.monotonic()))
+            await wait_count(
+                conn,
+                f"SELECT count(*) FROM runs WHERE priority = {INTERACTIVE.base} "
+                "AND status <> 'queued'",
+                sent,
+                within=30,
+            )
+            until = await conn.fetchval("SELECT now()")
+            backlog = await conn.fetchval(
+                f"SELECT count(*) FROM runs WHERE status = 'queued' AND priority = {ASYNC.base}"
+            )
+            async_busy = await conn.fetchval(
+                f"SELECT count(*) FROM runs WHERE status = 'running' AND priority = {ASYNC.base}"
+            )
+            rss = worker.peak_rss_mb()
+        finally:
+            if worker is not None:
+                worker.stop()
+            await engine.dispose()
+        rows = await conn.fetch(LATENCY_SQL, since, until)
+        await conn.close()
+    by_class: dict[str, list[float]] = {}
+    for row in rows:
+        by_class.setdefault(PriorityClass.of(row["priority"]).value, []).append(float(row["ms"]))
+    return {
+        "layout": layout,
+        "backlog_runs": profile.backlog_runs,
+        "async_run": f"one sleep tool call of {profile.backlog_sleep_seconds * 1000:g} ms",
+        "interactive_rate_per_second": profile.interactive_rate,
+        "seconds": profile.latency_seconds,
+        "interactive_sent": sent,
+        "async_still_queued_at_end": backlog,
+        "async_running_at_end": async_busy,
+        "worker_peak_rss_mb": rss,
+        "classes": {klass: summary(values) for klass, values in sorted(by_class.items())},
+        "samples_ms": {klass: values for klass, values in by_class.items()},
+    }
+
+
+# --- 4. claim latency against queue depth -----------------------------------------------------
+FILL_SQL = """
+INSERT INTO runs (tenant_id, principal, status, priority, agent, input, max_attempts,
+                  last_event_seq, inputs_count, created_at, updated_at)
+SELECT 'bench', 'bench', 'queued', $1, 'scripted', '{}'::jsonb, 3, 1, 1,
+       now() - interval '1 hour' + g * interval '1 millisecond', now()
+FROM generate_series(1, $2) g
+"""
+
+
+async def depth(dbs: Databases, settings: Settings, profile: Profile) -> list[dict[str, Any]]:
+    results = []
+    async with dbs.fresh() as url:
+        conn = await asyncpg.connect(url)
+        engine = create_engine(settings, url)
+        queue = Queue(engine)
+        try:
+            queued = 0
+            for target in profile.depths:
+                while queued < target:
+                    n = min(200_000, target - queued)
+                    await conn.execute(FILL_SQL, ASYNC.base, n)
+                    queued += n
+                await conn.execute("VACUUM ANALYZE runs")
+                row: dict[str, Any] = {"queued": target}
+                for label, limit in (("claim_one", 1), ("claim_many_8", 8)):
+                    for _ in range(10):  # warm the connection pool and the plan caches
+                        await queue.claim("bench", [ASYNC], limit=limit)
+                    times = []
+                    for _ in range(profile.claims_per_depth):
+                        started = time.perf_counter()
+                        claimed = await queue.claim("bench", [ASYNC], limit=limit)
+                        times.append((time.perf_counter() - started) * 1000)
+                        assert len(claimed) == limit
+                    queued -= limit * (profile.claims_per_depth + 10)
+                    row[label] = summary(times)
+                results.append(row)
+                log(f"claim latency at {target:,} queued: {row}")
+        finally:
+            await engine.dispose()
+            await conn.close()
+    return results
+
+
+# --- 5. the API -------------------------------------------------------------------------------
+def create_key(env: dict[str, str]) -> str:
+    return subprocess.run(
+        [TURNSTILE, "keys", "create", "--tenant", "bench", "--principal", "bench"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout.strip()
+
+
+def start_server(env: dict[str, str], log_file: IO[bytes]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [TURNSTILE, "serve", "--no-workers"],
+        env=env,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+
+
+async def api(dbs: Databases, profile: Profile, logs: Path) -> dict[str, Any]:
+    async with dbs.fresh() as url:
+        port = free_port()
+        env = service_env(url, port=str(port), host="127.0.0.1")
+        key = await asyncio.to_thread(create_key, env)
+        conn = await asyncpg.connect(url)
+        sessions = await conn.fetch(
+            "INSERT INTO sessions (tenant_id, principal, created_at) "
+            "SELECT 'bench', 'bench', now() FROM generate_series(1, $1) RETURNING id",
+            int(max(20_000, 4_000 * (profile.api_seconds + 3))),
+        )
+        log_file = (logs / "api.log").open("wb")
+        server = start_server(env, log_file)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                if server.poll() is not None:
+                    raise RuntimeError((logs / "api.log").read_text(errors="replace")[-2000:])
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
+            with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as listing:
+                listing.write("\n".join(str(row["id"]) for row in sessions))
+            try:
+                client = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    str(ROOT / "bench" / "http_load.py"),
+                    "--port",
+                    str(port),
+                    "--key",
+                    key,
+                    "--sessions",
+                    listing.name,
+                    "--connections",
+                    str(profile.api_connections),
+                    "--seconds",
+                    str(profile.api_seconds),
+                    stdout=asyncio.subprocess.PIPE,
+                )
+                out, _ = await client.communicate()
+            finally:
+                os.unlink(listing.name)
+            result: dict[str, Any] = json.loads(out)
+            result["server_peak_rss_mb"] = peak_rss_mb(server.pid)
+            result["runs_created"] = await conn.fetchval("SELECT count(*) FROM runs")
+        finally:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+            log_file.close()
+            await conn.close()
+    return result
+
+
+# --- report -----------------------------------------------------------------------------------
+def machine() -> dict[str, Any]:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cores": os.cpu_count(),
+        "cpu": model,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def markdown(results: dict[str, Any]) -> str:
+    ceil = results["ceiling"]
+    pgbench = ceil["pgbench_tps"]
+    lines = [
+        f"Measured {results['date']} on {results['machine']['cores']} cores "
+        f"({results['machine']['cpu'] or results['machine']['platform']}), PostgreSQL "
+        f"{ceil['server_version']} (synchronous_commit={ceil['durability']['synchronous_commit']}, "
+        f"fsync={ceil['durability']['fsync']}), profile `{results['profile']}`; load average "
+        f"{results['load_average']['start']} at the start, {results['load_average']['end']} at "
+        "the end.",
+        "",
+        "| Figure | Measured | Ceiling in the same run | Target | Met |",
+        "|---|---:|---:|---|---|",
+        f"| Commit ceiling, pgbench (1 UPDATE/txn, {ceil['clients']} clients) | "
+        f"{pgbench:,.0f} tps | - | - | - |",
+        f"| Commit ceiling, asyncpg ({ceil['clients']} connections) | "
+        f"{ceil['asyncpg_tps']:,.0f} tps | - | - | - |",
+        f"| Same with one pg_notify per txn | {ceil['asyncpg_notify_tps']:,.0f} tps | "
+        f"{ceil['asyncpg_tps']:,.0f} tps (asyncpg) | - | - |",
+    ]
+    best = max(results["throughput"], key=lambda r: r["runs_per_second"])
+    for row in results["throughput"]:
+        ratio = row["runs_per_second"] / pgbench
+        lines.append(
+            f"| No-op runs/s, {row['processes']} worker process"
+            f"{'es' if row['processes'] > 1 else ''} x {row['slots_per_process']} async slots | "
+            f"{row['runs_per_second']:,.0f} ({ratio:.1%}) | {pgbench:,.0f} tps | "
+            f">= 25 % of pgbench | {'yes' if ratio >= 0.25 else 'no'}"
+            f"{' (best)' if row is best else ''} |"
+        )
+    lat = results["latency"]["classes"]
+    for klass in ("interactive", "async"):
+        if klass in lat:
+            row = lat[klass]
+            target = "p99 <= 20 ms" if klass == "interactive" else "-"
+            met = "-"
+            if klass == "interactive" and row["p99_ms"] is not None:
+                met = "yes" if row["p99_ms"] <= 20 else "no"
+            lines.append(
+                f"| Enqueue-to-claim, {klass}, behind {results['latency']['backlog_runs']:,} "
+                f"async runs (p50 / p95 / p99 ms, n={row['n']}) | {row['p50_ms']} / "
+                f"{row['p95_ms']} / {row['p99_ms']} | {pgbench:,.0f} tps | {target} | {met} |"
+            )
+    depths = results["depth"]
+    if depths:
+        base = depths[0]["claim_one"]["p50_ms"]
+        for row in depths:
+            one, many = row["claim_one"], row["claim_many_8"]
+            ratio = one["p50_ms"] / base if base else float("nan")
+            lines.append(
+                f"| Claim latency at {row['queued']:,} queued, claim_one p50 / p99 ms "
+                f"(claim_many of 8) | {one['p50_ms']} / {one['p99_ms']} ({many['p50_ms']} / "
+                f"{many['p99_ms']}) | {pgbench:,.0f} tps | p50 <= 1.5x of 1k | "
+                f"{ratio:.2f}x{' yes' if ratio <= 1.5 else ' no'} |"
+            )
+    api_row = results["api"]
+    met = (
+        api_row["requests_per_second"] >= 1000 and (api_row["p99_ms"] or 1e9) <= 50
+        if api_row.get("requests_per_second")
+        else False
+    )
+    lines.append(
+        f"| POST /sessions/{{id}}/turns, {api_row['connections']} connections, one uvicorn "
+        f"process (req/s; p50 / p99 ms) | {api_row['requests_per_second']:,.0f}; "
+        f"{_round(api_row['p50_ms'])} / {_round(api_row['p99_ms'])} | {pgbench:,.0f} tps | "
+        f">= 1,000 req/s at p99 <= 50 ms | {'yes' if met else 'no'} |"
+    )
+    rss = results["worker_peak_rss_mb"]
+    lines.append(
+        f"| Peak RSS of a worker process | {rss} MB | - | <= 150 MB | "
+        f"{'yes' if rss is not None and rss <= 150 else 'no'} |"
+    )
+    if results.get("ceiling_end"):
+        lines += [
+            "",
+            f"pgbench again at the end of the run: {results['ceiling_end']['pgbench_tps']:,.0f} "
+            "tps (how much the ceiling moved while the run went on).",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed (pip install -e '.[bench]'): no PNG")
+        return False
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    samples = results["latency"]["samples_ms"]
+    for klass, colour in (("interactive", "tab:blue"), ("async", "tab:orange")):
+        values = sorted(samples.get(klass, []))
+        if values:
+            fractions = [(i + 1) / len(values) for i in range(len(values))]
+            left.plot(values, fractions, label=f"{klass} (n={len(values)})", color=colour)
+    left.set_xscale("log")
+    left.set_xlabel("enqueue-to-claim latency (ms, log scale)")
+    left.set_ylabel("fraction of runs claimed within")
+    left.set_title(
+        f"Behind {results['latency']['backlog_runs']:,} queued async runs (every async slot busy)"
+    )
+    left.axvline(20, color="grey", linestyle=":", label="interactive p99 target (20 ms)")
+    left.legend(loc="lower right")
+    left.grid(True, which="both", alpha=0.3)
+    pgbench = results["ceiling"]["pgbench_tps"]
+    for processes, marker in ((1, "o"), (2, "s")):
+        rows = [r for r in results["throughput"] if r["processes"] == processes]
+        if rows:
+            right.plot(
+                [r["slots_per_process"] for r in rows],
+                [r["runs_per_second"] for r in rows],
+                marker=marker,
+                label=f"{processes} worker process{'es' if processes > 1 else ''}",
+            )
+    right.axhline(pgbench * 0.25, color="tab:red", linestyle="--", label="25 % of pgbench")
+    right.set_xscale("log", base=2)
+    right.set_xlabel("async slots per worker process")
+    right.set_ylabel("no-op runs/s")
+    right.set_title(f"Throughput (pgbench ceiling {pgbench:,.0f} tps)")
+    right.legend()
+    right.grid(True, alpha=0.3)
+    fig.suptitle(f"Turnstile benchmark, {results['date']}, {results['machine']['cores']} cores")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return True
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        default=os.environ.get("BENCH_QUICK", "") not in ("", "0"),
+        help="the quick mode (also BENCH_QUICK=1)",
+    )
+    parser.add_argument("--profile", choices=sorted(PROFILES), default=None)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--png", type=Path, default=None)
+    parser.add_argument(
+        "--phases", default="ceiling,throughput,latency,depth,api", help="comma-separated"
+    )
+    args = parser.parse_args()
+    profile = PROFILES[args.profile or ("quick" if args.quick else "full")]
+    phases = set(args.phases.split(","))
+    settings = Settings()
+    dbs = Databases(await server_url())
+    logs = args.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "profile": profile.name,
+        "settings": asdict(profile),
+        "machine": machine(),
+        "load_average": {"start": [round(x, 2) for x in os.getloadavg()]},
+        "throughput": [],
+        "depth": [],
+    }
+    await dbs.create_template()
+    try:
+        if "ceiling" in phases:
+            async with dbs.fresh() as url:
+                log("commit ceiling")
+                results["ceiling"] = await ceiling.measure(url, 8, profile.ceiling_seconds)
+                log(f"ceiling: {results['ceiling']}")
+        if "throughput" in phases:
+            for processes in profile.throughput_processes:
+                for slots in profile.throughput_slots:
+                    log(f"throughput: {processes} process(es) x {slots} async slots")
+                    row = await throughput(dbs, settings, profile, processes, slots, logs)
+                    log(f"  {row['runs_per_second']} runs/s")
+                    results["throughput"].append(row)
+        if "latency" in phases:
+            log("latency under backlog")
+            results["latency"] = await latency(dbs, settings, profile, logs)
+            log(f"  {results['latency']['classes']}")
+        if "depth" in phases:
+            results["depth"] = await depth(dbs, settings, profile)
+        if "api" in phases:
+            log("POST /sessions/{id}/turns")
+            results["api"] = await api(dbs, profile, logs)
+            log(f"  {results['api']}")
+        if "ceiling" in phases:
+            async with dbs.fresh() as url:
+                await ceiling.prepare(url)
+                tps = await asyncio.to_thread(ceiling.run_pgbench, url, 8, profile.ceiling_seconds)
+                results["ceiling_end"] = {"pgbench_tps": round(tps, 1)}
+    finally:
+        await dbs.drop_template()
+    results["load_average"]["end"] = [round(x, 2) for x in os.getloadavg()]
+    rss = [r for row in results["throughput"] for r in row["worker_peak_rss_mb"] if r]
+    if "latency" in results and results["latency"]["worker_peak_rss_mb"]:
+        rss.append(results["latency"]["worker_peak_rss_mb"])
+    results["worker_peak_rss_mb"] = max(rss) if rss else None
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = "latest" if profile is FULL else profile.name
+    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2, default=str))
+    if phases >= {"ceiling", "throughput", "latency", "depth", "api"}:
+        table = markdown(results)
+        (args.out / f"{stem}.md").write_text(table)
+        print(table)
+        png = args.png or (ROOT / "docs" / "bench-latest.png" if profile is FULL else None)
+        if png is not None:
+            plot(results, png)
+    else:
+        summary_only = {k: v for k, v in results.items() if k != "latency"}
+        print(json.dumps(summary_only, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
