@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.watch import RunWatch
@@ -195,12 +196,19 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
             app.state.turnstile = state
             yield
 
-    app = FastAPI(
+    # /docs loads Swagger UI from files the fastapi-offline package ships, served under
+    # /static/docs: it works with no internet (air-gapped sites). No /redoc: ReDoc still fetches
+    # its logo from a CDN.
+    app = FastAPIOffline(
+        redoc_url=None,
         title="Turnstile",
         summary="A durable run queue for AI-agent turns, on PostgreSQL.",
         description=API_DESCRIPTION,
         version="0.1.0",
         lifespan=lifespan,
+        static_url="/static/docs",
+        # Swagger UI would otherwise ask validator.swagger.io to check the document.
+        swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.shutdown = shutdown
     from app.api import health, problems, runs, sessions
@@ -214,6 +222,9 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     # The runbook's fixed paths (/runs/stuck, /runs/failed) before /runs/{run_id}.
     app.include_router(runs.runbook)
     app.include_router(runs.router)
+    from app.ui import routes as ui
+
+    ui.install(app)
     return app
 
 

@@ -1,0 +1,88 @@
+-- The dashboard's reads (app/ui): named statements loaded by app/ui/sql.py with the queue's own
+-- parser, so `{{now}}` is the same injectable clock. None of them writes: the dashboard's
+-- actions go through the queue core (app/queue/submit.py), like the HTTP API's.
+--
+-- Tenant scoping: every statement takes :tenant_id; NULL means the whole queue (admin keys).
+
+
+-- name: ui_runs
+-- The runs list: optional filters on status, class (a priority band), session and creation
+-- time; newest first, keyset-paginated on (created_at, id). The tenant's rows come from
+-- ix_runs_tenant_id_status_created_at, a session's from ix_runs_session_id_created_at.
+SELECT * FROM runs
+WHERE (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id)
+  AND (CAST(:status AS text) IS NULL OR status = :status)
+  AND (CAST(:min_priority AS smallint) IS NULL
+       OR priority BETWEEN CAST(:min_priority AS smallint) AND CAST(:max_priority AS smallint))
+  AND (CAST(:session_id AS uuid) IS NULL OR session_id = :session_id)
+  AND (CAST(:since AS timestamptz) IS NULL OR created_at >= :since)
+  AND (CAST(:until AS timestamptz) IS NULL OR created_at < :until)
+  AND (CAST(:before_created AS timestamptz) IS NULL
+       OR (created_at, id) < (CAST(:before_created AS timestamptz), CAST(:before_id AS uuid)))
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;
+
+
+-- name: ui_throughput
+-- Runs started (first claimed) and finished per class over the last :minutes, with the last
+-- minute and the last five broken out. A run started in the window is still active or finished
+-- in it, so the scan reads only those rows' timestamps.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now)
+SELECT r.priority / 10 AS class_index,
+       count(*) FILTER (WHERE r.started_at >= clock.now - interval '1 minute') AS started_1m,
+       count(*) FILTER (WHERE r.started_at >= clock.now - interval '5 minutes') AS started_5m,
+       count(*) FILTER (WHERE r.started_at >= clock.now - make_interval(mins => :minutes))
+           AS started_window,
+       count(*) FILTER (WHERE r.finished_at >= clock.now - interval '1 minute') AS finished_1m,
+       count(*) FILTER (WHERE r.finished_at >= clock.now - interval '5 minutes') AS finished_5m,
+       count(*) FILTER (WHERE r.finished_at >= clock.now - make_interval(mins => :minutes))
+           AS finished_window,
+       count(*) FILTER (WHERE r.status = 'failed'
+                        AND r.finished_at >= clock.now - make_interval(mins => :minutes))
+           AS failed_window
+FROM runs r, clock
+WHERE (r.started_at >= clock.now - make_interval(mins => :minutes)
+       OR r.finished_at >= clock.now - make_interval(mins => :minutes))
+  AND (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = :tenant_id)
+GROUP BY 1
+ORDER BY 1;
+
+
+-- name: ui_recoveries
+-- Fences, lease-expiry requeues and early or graceful releases over the last :minutes, from the
+-- runs' event logs.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now)
+SELECT e.type, count(*) AS events
+FROM run_events e
+JOIN runs r ON r.id = e.run_id
+CROSS JOIN clock
+WHERE e.type IN ('run.fenced', 'run.requeued', 'run.released')
+  AND e.created_at >= clock.now - make_interval(mins => :minutes)
+  AND (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = :tenant_id)
+GROUP BY e.type;
+
+
+-- name: ui_dead_letter_count
+SELECT count(*) AS runs FROM runs
+WHERE status = 'failed' AND dismissed_at IS NULL
+  AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id);
+
+
+-- name: ui_slot_groups
+-- Slot occupancy per slot group, summed over the live worker processes (registered, not
+-- stopped, seen within :stale_seconds). Each process rewrites its row's busy counts with every
+-- heartbeat, so they are at most one heartbeat interval old. Slots are shared by every tenant.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now)
+SELECT g.value ->> 'name' AS name,
+       g.value -> 'classes' AS classes,
+       sum(CAST(g.value ->> 'size' AS integer)) AS size,
+       sum(CAST(coalesce(g.value ->> 'busy', '0') AS integer)) AS busy,
+       count(*) AS processes
+FROM workers w
+CROSS JOIN clock
+CROSS JOIN LATERAL jsonb_array_elements(w.slot_groups) AS g(value)
+WHERE w.stopped_at IS NULL
+  AND w.last_seen_at >= clock.now - make_interval(secs => :stale_seconds)
+GROUP BY 1, 2
+ORDER BY 1;
+

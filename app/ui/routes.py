@@ -1,0 +1,440 @@
+"""The operator dashboard's routes under `/ui`: sign-in, the overview (and the fragment its
+script refreshes), the runs list, a run's page, and the dead letter with its actions.
+
+Thin like the API's handlers: reads are named statements (app/ui/queries.sql, and the queue's
+own `queue_depth`, `failed_runs` and `run_inputs`), actions are the queue core's
+`Submissions.resubmit` and `.dismiss` that the API's runbook routes call, so they record the
+same `operator.*` events. Tenant scoping is the API's: `visible_tenant` for reads (admin keys
+see the whole queue), the key's own tenant for actions. Pages are Jinja2 templates with
+autoescaping on; errors render as pages with a clear message, never a traceback.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qs, urlencode
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from jinja2 import Environment, PackageLoader
+
+from app.api.auth import visible_tenant
+from app.api.problems import ApiProblem
+from app.api.sessions import decode_cursor, encode_cursor
+from app.queue.errors import RunNotFailedError, RunNotFoundError, SessionBusyError
+from app.queue.models import Run
+from app.queue.sql import q
+from app.queue.submit import Submitter
+from app.security.api_keys import Caller
+from app.ui import session, views
+from app.ui.sql import ui_q
+
+STATIC = Path(__file__).parent / "static"
+PAGE_SIZE = 50
+EVENTS_PER_PAGE = 1000
+WINDOW_MINUTES = 15
+REFRESH_SECONDS = 5
+MAX_FORM_BYTES = 4096
+# Nothing but this server: scripts, styles and images are served from /ui/static.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+templates = Jinja2Templates(
+    env=Environment(loader=PackageLoader("app.ui", "templates"), autoescape=True)
+)
+templates.env.filters["when"] = views.when
+templates.env.filters["age"] = views.age
+templates.env.filters["compact"] = views.compact_json
+templates.env.filters["pretty"] = views.pretty_json
+
+UiCaller = Annotated[Caller, Depends(session.signed_in)]
+
+
+def install(app: FastAPI) -> None:
+    """Mount the dashboard and its static files on `app`."""
+    app.mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static")
+    app.include_router(router)
+
+    @app.exception_handler(session.SignInRequired)
+    async def sign_in_first(request: Request, exc: session.SignInRequired) -> Response:
+        if request.url.path.endswith("/fragment") or request.method != "GET":
+            return error_page(request, None, 401, "Sign in again: no valid API key.")
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse(
+            f"/ui/sign-in?{urlencode({'next': target})}", status_code=303, headers=SECURITY_HEADERS
+        )
+
+
+# --- rendering -------------------------------------------------------------------------------
+def render(
+    request: Request,
+    caller: Caller | None,
+    name: str,
+    status_code: int = 200,
+    **context: Any,
+) -> HTMLResponse:
+    key = session.key_of(request)
+    return templates.TemplateResponse(
+        request,
+        name,
+        {
+            "caller": caller,
+            "csrf": session.csrf_token(key) if key and caller else "",
+            "refresh_seconds": REFRESH_SECONDS,
+            **context,
+        },
+        status_code=status_code,
+        headers=SECURITY_HEADERS,
+    )
+
+
+def error_page(request: Request, caller: Caller | None, status: int, message: str) -> HTMLResponse:
+    return render(request, caller, "error.html", status, status=status, message=message)
+
+
+def local_target(raw: str | None, default: str) -> str:
+    """Where to go after a form: only a path of this dashboard, never another site."""
+    if raw and raw.startswith("/ui") and not raw.startswith("//") and "\\" not in raw:
+        return raw
+    return default
+
+
+async def form_of(request: Request) -> dict[str, str] | HTMLResponse:
+    """The POSTed form's fields; an error page for a cross-site or malformed post."""
+    if not session.same_origin(request):
+        return error_page(request, None, 403, "Refused: this form was posted from another site.")
+    content_type = request.headers.get("content-type", "").split(";")[0].strip()
+    if content_type != "application/x-www-form-urlencoded":
+        return error_page(request, None, 415, "Send the form as application/x-www-form-urlencoded.")
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        return error_page(request, None, 413, "The form is too large.")
+    try:
+        fields = parse_qs(body.decode(), max_num_fields=20, strict_parsing=False)
+    except (UnicodeDecodeError, ValueError):
+        return error_page(request, None, 400, "The form could not be read.")
+    return {name: values[-1] for name, values in fields.items()}
+
+
+def parse_run_id(raw: str) -> UUID | None:
+    try:
+        return UUID(raw)
+    except ValueError:
+        return None
+
+
+# --- sign-in ---------------------------------------------------------------------------------
+@router.get("/sign-in")
+async def sign_in_form(request: Request) -> HTMLResponse:
+    return render(
+        request, None, "sign_in.html", next=local_target(request.query_params.get("next"), "")
+    )
+
+
+@router.post("/sign-in")
+async def sign_in(request: Request) -> Response:
+    form = await form_of(request)
+    if isinstance(form, HTMLResponse):
+        return form
+    key = form.get("key", "").strip()
+    target = form.get("next", "")
+    caller = (
+        await session.caller_for_key(request, key)
+        if key and len(key) <= session.MAX_KEY_LENGTH
+        else None
+    )
+    if caller is None:
+        return render(
+            request,
+            None,
+            "sign_in.html",
+            401,
+            next=local_target(target, ""),
+            error="Unknown or revoked API key.",
+        )
+    default = "/ui" if caller.is_operator else "/ui/runs"
+    response = RedirectResponse(
+        local_target(target, default), status_code=303, headers=SECURITY_HEADERS
+    )
+    session.remember(response, request, key)
+    return response
+
+
+@router.post("/sign-out")
+async def sign_out(request: Request) -> Response:
+    form = await form_of(request)
+    if isinstance(form, HTMLResponse):
+        return form
+    if not session.csrf_valid(request, form.get("csrf")):
+        return error_page(request, None, 403, "Refused: the form's CSRF token is not valid.")
+    response = RedirectResponse("/ui/sign-in", status_code=303, headers=SECURITY_HEADERS)
+    session.forget(response, request)
+    return response
+
+
+# --- the overview ----------------------------------------------------------------------------
+async def overview_context(request: Request, caller: Caller) -> dict[str, Any]:
+    state = request.app.state.turnstile
+    tenant = visible_tenant(caller)
+    scoped = {"tenant_id": tenant, "now": None}
+    async with state.engine.connect() as conn:
+        depth = (await conn.execute(q("queue_depth"), scoped)).mappings().all()
+        throughput = (
+            (await conn.execute(ui_q("ui_throughput"), {**scoped, "minutes": WINDOW_MINUTES}))
+            .mappings()
+            .all()
+        )
+        recoveries = {
+            str(row["type"]): int(row["events"])
+            for row in (
+                await conn.execute(ui_q("ui_recoveries"), {**scoped, "minutes": WINDOW_MINUTES})
+            ).mappings()
+        }
+        dead_letter = (
+            await conn.execute(ui_q("ui_dead_letter_count"), {"tenant_id": tenant})
+        ).scalar_one()
+        slots = (
+            (
+                await conn.execute(
+                    ui_q("ui_slot_groups"),
+                    # A process not seen for a lease period has stopped beating: not live.
+                    {"stale_seconds": state.settings.lease_seconds, "now": None},
+                )
+            )
+            .mappings()
+            .all()
+        )
+    return {
+        "scope": "whole queue" if tenant is None else f"tenant {tenant}",
+        "classes": views.class_rows(depth, throughput),
+        "recoveries": recoveries,
+        "dead_letter": int(dead_letter),
+        "slots": [dict(row) for row in slots],
+        "window_minutes": WINDOW_MINUTES,
+        "generated": views.when(datetime.now(UTC)),
+    }
+
+
+@router.get("")
+async def overview(request: Request, caller: UiCaller) -> HTMLResponse:
+    if not caller.is_operator:
+        return error_page(request, caller, 403, "The overview needs a key with the operator scope.")
+    return render(request, caller, "overview.html", **await overview_context(request, caller))
+
+
+@router.get("/overview/fragment")
+async def overview_fragment(request: Request, caller: UiCaller) -> HTMLResponse:
+    if not caller.is_operator:
+        return error_page(request, caller, 403, "The overview needs the operator scope.")
+    return render(request, caller, "_overview.html", **await overview_context(request, caller))
+
+
+# --- runs ------------------------------------------------------------------------------------
+@router.get("/runs")
+async def runs(request: Request, caller: UiCaller) -> HTMLResponse:
+    query = dict(request.query_params.items())
+    try:
+        filters = views.parse_filters(query)
+    except views.FilterError as exc:
+        return render(
+            request,
+            caller,
+            "runs.html",
+            400,
+            error=str(exc),
+            runs=[],
+            query={k: v[: views.MAX_FILTER_LENGTH] for k, v in query.items()},
+            statuses=views.STATUSES,
+            classes=views.CLASSES,
+            next_link=None,
+        )
+    before: tuple[Any, Any] = (None, None)
+    if query.get("cursor"):
+        try:
+            before = decode_cursor(query["cursor"])
+        except ApiProblem:
+            return error_page(request, caller, 400, "cursor: not a link this dashboard made.")
+    state = request.app.state.turnstile
+    async with state.engine.connect() as conn:
+        rows = (
+            (
+                await conn.execute(
+                    ui_q("ui_runs"),
+                    {
+                        "tenant_id": visible_tenant(caller),
+                        **filters.params(),
+                        "before_created": before[0],
+                        "before_id": before[1],
+                        "limit": PAGE_SIZE + 1,
+                    },
+                )
+            )
+            .mappings()
+            .all()
+        )
+    page = [Run.from_row(row) for row in rows[:PAGE_SIZE]]
+    next_link = None
+    if len(rows) > PAGE_SIZE:
+        cursor = encode_cursor(page[-1].created_at, page[-1].id)
+        next_link = "/ui/runs?" + urlencode({**filters.query(), "cursor": cursor})
+    return render(
+        request,
+        caller,
+        "runs.html",
+        runs=page,
+        query=filters.query(),
+        statuses=views.STATUSES,
+        classes=views.CLASSES,
+        next_link=next_link,
+        scope="whole queue" if visible_tenant(caller) is None else f"tenant {caller.tenant_id}",
+    )
+
+
+@router.get("/runs/{run_id}")
+async def run_page(run_id: str, request: Request, caller: UiCaller) -> HTMLResponse:
+    parsed = parse_run_id(run_id)
+    state = request.app.state.turnstile
+    run = await state.queue.get_run(parsed, tenant_id=visible_tenant(caller)) if parsed else None
+    if run is None:
+        return error_page(request, caller, 404, f"No run {run_id!r} is visible to this key.")
+    raw_after = request.query_params.get("after", "0")
+    after = int(raw_after) if raw_after.isdigit() and len(raw_after) < 19 else 0
+    events = await state.queue.events(run.id, after=after, limit=EVENTS_PER_PAGE)
+    async with state.engine.connect() as conn:
+        inputs = {
+            int(row["event_seq"]): dict(row)
+            for row in (await conn.execute(q("run_inputs"), {"run_id": run.id})).mappings()
+        }
+    more = events[-1].seq if events and events[-1].seq < run.last_event_seq else None
+    return render(
+        request,
+        caller,
+        "run.html",
+        run=run,
+        timeline=views.timeline(events, inputs),
+        more_after=more,
+        may_act=caller.is_operator and run.tenant_id == caller.tenant_id,
+        notice=notice_of(request),
+    )
+
+
+# --- the dead letter -------------------------------------------------------------------------
+@router.get("/dead-letter")
+async def dead_letter(request: Request, caller: UiCaller) -> HTMLResponse:
+    if not caller.is_operator:
+        return error_page(request, caller, 403, "The dead letter needs the operator scope.")
+    before: tuple[Any, Any] = (None, None)
+    cursor = request.query_params.get("cursor")
+    if cursor:
+        try:
+            before = decode_cursor(cursor[:200])
+        except ApiProblem:
+            return error_page(request, caller, 400, "cursor: not a link this dashboard made.")
+    state = request.app.state.turnstile
+    async with state.engine.connect() as conn:
+        rows = (
+            (
+                await conn.execute(
+                    q("failed_runs"),
+                    {
+                        "tenant_id": visible_tenant(caller),
+                        "before_finished": before[0],
+                        "before_id": before[1],
+                        "limit": PAGE_SIZE + 1,
+                    },
+                )
+            )
+            .mappings()
+            .all()
+        )
+    page = [Run.from_row(row) for row in rows[:PAGE_SIZE]]
+    next_link = None
+    if len(rows) > PAGE_SIZE and page[-1].finished_at is not None:
+        next_link = "/ui/dead-letter?" + urlencode(
+            {"cursor": encode_cursor(page[-1].finished_at, page[-1].id)}
+        )
+    return render(
+        request,
+        caller,
+        "dead_letter.html",
+        runs=page,
+        next_link=next_link,
+        notice=notice_of(request),
+        scope="whole queue" if visible_tenant(caller) is None else f"tenant {caller.tenant_id}",
+    )
+
+
+NOTICES = {
+    "resubmitted": "Resubmitted run {run} as new run {new}.",
+    "dismissed": "Dismissed run {run} from the dead letter.",
+    "not-failed": "Run {run} is not failed: nothing to do.",
+    "not-found": "Run {run} is not visible to this key.",
+    "session-busy": "Run {run}'s session already has an active run ({new}); try again later.",
+}
+
+
+def notice_of(request: Request) -> str | None:
+    code = request.query_params.get("notice")
+    if code not in NOTICES:
+        return None
+    run = parse_run_id(request.query_params.get("run", ""))
+    new = parse_run_id(request.query_params.get("new", ""))
+    return NOTICES[code].format(run=run or "?", new=new or "?")
+
+
+async def operator_action(request: Request, caller: Caller, run_id: str, action: str) -> Response:
+    form = await form_of(request)
+    if isinstance(form, HTMLResponse):
+        return form
+    if not session.csrf_valid(request, form.get("csrf")):
+        return error_page(request, caller, 403, "Refused: the form's CSRF token is not valid.")
+    if not caller.is_operator:
+        return error_page(request, caller, 403, "This action needs a key with the operator scope.")
+    parsed = parse_run_id(run_id)
+    if parsed is None:
+        return error_page(request, caller, 404, f"No run {run_id!r} is visible to this key.")
+    state = request.app.state.turnstile
+    who = Submitter(caller.tenant_id, caller.principal, caller.actor)
+    notice: dict[str, str] = {"run": str(parsed)}
+    try:
+        # Actions stay within the key's own tenant, admin keys included, as in the API.
+        if action == "resubmit":
+            outcome = await state.submissions.resubmit(who, parsed, tenant_id=caller.tenant_id)
+            notice |= {"notice": "resubmitted", "new": str(outcome.run_id)}
+        else:
+            await state.submissions.dismiss(who, parsed, tenant_id=caller.tenant_id)
+            notice |= {"notice": "dismissed"}
+    except RunNotFoundError:
+        notice |= {"notice": "not-found"}
+    except RunNotFailedError:
+        notice |= {"notice": "not-failed"}
+    except SessionBusyError as exc:
+        notice |= {"notice": "session-busy", "new": str(exc.active_run_id)}
+    back = local_target(form.get("back"), "/ui/dead-letter").split("?")[0]
+    return RedirectResponse(
+        f"{back}?{urlencode(notice)}", status_code=303, headers=SECURITY_HEADERS
+    )
+
+
+@router.post("/runs/{run_id}/resubmit")
+async def resubmit(run_id: str, request: Request, caller: UiCaller) -> Response:
+    return await operator_action(request, caller, run_id, "resubmit")
+
+
+@router.post("/runs/{run_id}/dismiss")
+async def dismiss(run_id: str, request: Request, caller: UiCaller) -> Response:
+    return await operator_action(request, caller, run_id, "dismiss")

@@ -1,0 +1,273 @@
+"""What the dashboard's pages show, as plain values: a run's timeline read from its events,
+the overview's tables, and the parsing of the runs list's filters. No I/O and no HTTP here;
+app/ui/routes.py reads the rows and renders these with the templates."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from app.db.tables import RUN_STATUSES
+from app.queue.classes import BAND_WIDTH, PriorityClass
+from app.queue.models import Event
+
+CLASSES = [klass.value for klass in PriorityClass]
+STATUSES = RUN_STATUSES
+ACTIVE = ("queued", "running", "waiting_for_user")
+MAX_FILTER_LENGTH = 200
+
+
+def compact_json(value: Any, limit: int = 2000) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+def when(value: datetime | None) -> str:
+    """A timestamp as operators read it: UTC, to the millisecond."""
+    if value is None:
+        return ""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+# --- a run's timeline ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TimelineEntry:
+    seq: int
+    at: str
+    type: str
+    epoch: int
+    title: str
+    detail: str = ""
+    # CSS classes: the kind of event (claim, tool, fence, ...) and "uncertain"/"bad" marks.
+    tags: tuple[str, ...] = ()
+    data: str = ""
+
+
+def _step(data: Mapping[str, Any]) -> str:
+    return f"step {data.get('step')}" if data.get("step") is not None else ""
+
+
+def timeline(
+    events: Sequence[Event], inputs: Mapping[int, Mapping[str, Any]]
+) -> list[TimelineEntry]:
+    """One entry per event, worded for an operator. `inputs` maps the event sequence number
+    that delivered an input to that input row (its content and principal)."""
+    return [_entry(event, inputs) for event in events]
+
+
+def _entry(event: Event, inputs: Mapping[int, Mapping[str, Any]]) -> TimelineEntry:
+    d: Mapping[str, Any] = event.data if isinstance(event.data, Mapping) else {}
+    title = event.type
+    detail = ""
+    tags: list[str] = [event.type.split(".")[0]]
+    match event.type:
+        case "run.created":
+            klass = PriorityClass.of(int(d.get("priority", 0))).value
+            title = f"created ({klass}, agent {d.get('agent')}, by {d.get('principal')})"
+            if d.get("resubmitted_from"):
+                detail = f"resubmission of {d['resubmitted_from']}"
+            if d.get("scheduled_for"):
+                detail = f"scheduled for {d['scheduled_for']}"
+        case "run.claimed":
+            title = f"claimed at epoch {event.epoch}, attempt {d.get('attempt')}"
+            detail = f"by {d.get('owner')}, lease until {d.get('lease_expires_at')}"
+            tags.append("claim")
+        case "tool.started":
+            title = f"tool {d.get('tool')} started, {_step(d)}, {d.get('idempotency_class')}"
+            if d.get("idempotency_key"):
+                detail = f"idempotency key {d['idempotency_key']}"
+            tags.append("tool")
+        case "tool.finished":
+            status = str(d.get("outcome_status"))
+            title = f"tool {d.get('tool')} {status}, {_step(d)}, {d.get('idempotency_class')}"
+            detail = compact_json(d.get("outcome"), 300)
+            tags.append("tool")
+            if status == "uncertain":
+                tags.append("uncertain")
+                title += " (outcome unknown: not repeated)"
+            elif status == "failed":
+                tags.append("bad")
+        case "run.waiting":
+            title = f"asked the user: {compact_json(d.get('question'), 300)}"
+            tags.append("question")
+        case "run.input_delivered":
+            row = inputs.get(event.seq)
+            who = d.get("principal")
+            title = f"answer {d.get('input_index')} from {who}"
+            if row is not None:
+                detail = compact_json(row.get("input"), 300)
+            tags.append("question")
+        case "run.fenced":
+            during = d.get("during")
+            lost = "heartbeat lost: " if during == "heartbeat" else ""
+            title = (
+                f"{lost}fenced: a worker at stale epoch {d.get('stale_epoch')} tried to write "
+                f"(current epoch {d.get('current_epoch')}, run {d.get('status')})"
+            )
+            detail = f"worker {d.get('owner')}, during {during}; nothing it wrote was kept"
+            tags.append("fence")
+        case "run.requeued":
+            title = f"requeued: {d.get('reason', 'lease expired')} (heartbeats stopped)"
+            detail = f"after attempt {d.get('attempts')}, retry at {d.get('retry_at')}"
+            tags.append("requeue")
+        case "run.released":
+            how = "graceful release (drain)" if d.get("graceful") else "early release"
+            title = f"{how}, attempts now {d.get('attempts')}"
+            detail = str(d.get("reason") or "")
+            if d.get("retry_at"):
+                detail += f"; retry at {d['retry_at']}"
+            tags.append("requeue")
+        case "run.succeeded":
+            title = "succeeded"
+            tags.append("good")
+        case "run.failed":
+            failure = d.get("failure") or {}
+            kind = failure.get("kind") if isinstance(failure, Mapping) else None
+            title = f"failed: {kind}"
+            if isinstance(failure, Mapping):
+                detail = str(failure.get("message", ""))
+            tags.append("bad")
+        case "run.cancelled":
+            title = f"cancelled by {d.get('by')}"
+            detail = str(d.get("reason") or "")
+        case "run.checkpoint":
+            title = f"checkpoint, {_step(d)}"
+        case "operator.resubmitted":
+            title = f"resubmitted by {d.get('by')}"
+            detail = f"as run {d.get('new_run_id')}" if d.get("new_run_id") else ""
+            tags.append("operator")
+        case "operator.dismissed":
+            title = f"dismissed from the dead letter by {d.get('by')}"
+            tags.append("operator")
+        case _:
+            pass
+    return TimelineEntry(
+        seq=event.seq,
+        at=when(event.created_at),
+        type=event.type,
+        epoch=event.epoch,
+        title=title,
+        detail=detail,
+        tags=tuple(dict.fromkeys(tags)),
+        data=pretty_json(event.data),
+    )
+
+
+# --- the overview ----------------------------------------------------------------------------
+@dataclass
+class ClassRow:
+    klass: str
+    depth: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ACTIVE, 0))
+    oldest_age_seconds: float | None = None
+    started: dict[str, int] = field(default_factory=dict)
+    finished: dict[str, int] = field(default_factory=dict)
+    failed_window: int = 0
+
+
+def class_rows(
+    depth: Iterable[Mapping[str, Any]], throughput: Iterable[Mapping[str, Any]]
+) -> list[ClassRow]:
+    """Rows of `queue_depth` and `ui_throughput`, one table row per class."""
+    rows = {klass: ClassRow(klass) for klass in CLASSES}
+    for row in depth:
+        target = rows[CLASSES[int(row["class_index"])]]
+        target.depth[str(row["status"])] = int(row["runs"])
+        if row["oldest_eligible_age"] is not None:
+            target.oldest_age_seconds = float(row["oldest_eligible_age"])
+    for row in throughput:
+        target = rows[CLASSES[int(row["class_index"])]]
+        target.started = {k: int(row[f"started_{k}"]) for k in ("1m", "5m", "window")}
+        target.finished = {k: int(row[f"finished_{k}"]) for k in ("1m", "5m", "window")}
+        target.failed_window = int(row["failed_window"])
+    return list(rows.values())
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+# --- the runs list's filters -----------------------------------------------------------------
+class FilterError(ValueError):
+    """A filter value the list cannot use; its message says which and why."""
+
+
+@dataclass(frozen=True)
+class RunFilters:
+    status: str | None = None
+    klass: str | None = None
+    session_id: UUID | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def params(self) -> dict[str, Any]:
+        band = PriorityClass(self.klass).band if self.klass else None
+        return {
+            "status": self.status,
+            "min_priority": band.start if band else None,
+            "max_priority": band.start + BAND_WIDTH - 1 if band else None,
+            "session_id": self.session_id,
+            "since": self.since,
+            "until": self.until,
+        }
+
+    def query(self) -> dict[str, str]:
+        """The filters as query parameters, for links to further pages."""
+        values = {
+            "status": self.status or "",
+            "class": self.klass or "",
+            "session": str(self.session_id) if self.session_id else "",
+            "since": _form_time(self.since),
+            "until": _form_time(self.until),
+        }
+        return {k: v for k, v in values.items() if v}
+
+
+def _form_time(value: datetime | None) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M") if value else ""
+
+
+def parse_time(name: str, raw: str) -> datetime:
+    """`YYYY-MM-DDTHH:MM[:SS]` (a datetime-local field, read as UTC) or ISO 8601 with offset."""
+    try:
+        value = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise FilterError(f"{name}: {raw!r} is not a time like 2030-01-31T09:30 (UTC)") from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def parse_filters(query: Mapping[str, str]) -> RunFilters:
+    for name, value in query.items():
+        if len(value) > MAX_FILTER_LENGTH:
+            raise FilterError(f"{name[:40]}: longer than {MAX_FILTER_LENGTH} characters")
+    status = query.get("status", "").strip() or None
+    if status is not None and status not in RUN_STATUSES:
+        raise FilterError(f"status: {status!r} is not one of {', '.join(RUN_STATUSES)}")
+    klass = query.get("class", "").strip() or None
+    if klass is not None and klass not in CLASSES:
+        raise FilterError(f"class: {klass!r} is not one of {', '.join(CLASSES)}")
+    session = query.get("session", "").strip() or None
+    session_id = None
+    if session is not None:
+        try:
+            session_id = UUID(session)
+        except ValueError:
+            raise FilterError(f"session: {session!r} is not a session id (a UUID)") from None
+    since = parse_time("since", query["since"]) if query.get("since", "").strip() else None
+    until = parse_time("until", query["until"]) if query.get("until", "").strip() else None
+    if since and until and since >= until:
+        raise FilterError("since must be earlier than until")
+    return RunFilters(status=status, klass=klass, session_id=session_id, since=since, until=until)

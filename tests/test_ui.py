@@ -1,0 +1,224 @@
+"""The dashboard over plain HTTP (the browser tests are tests/test_ui_browser.py): the session
+cookie's attributes, CSRF and cross-site refusals, bad input answered with a page and never a
+traceback, escaping, tenant scoping, and the timeline's wording of events."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+from uuid import uuid4
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.queue.classes import PriorityClass
+from app.queue.models import Event, NewRun
+from app.ui import views
+from app.ui.session import COOKIE, csrf_token
+from tests.support.api import Api, running_api
+
+
+async def signed_in(api: Api, key: str) -> httpx.AsyncClient:
+    client = httpx.AsyncClient(base_url=api.base, timeout=30)
+    api.clients.append(client)
+    response = await client.post("/ui/sign-in", data={"key": key})
+    assert response.status_code == 303, response.text
+    return client
+
+
+def enqueue(tenant: str = "acme", **fields: Any) -> NewRun:
+    return NewRun(
+        tenant_id=tenant,
+        principal="alice",
+        agent="scripted",
+        input=fields.pop("input", {"text": "hi"}),
+        priority=fields.pop("priority", PriorityClass.INTERACTIVE.base),
+        **fields,
+    )
+
+
+async def test_sign_in_sets_a_browser_session_cookie(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with running_api(database_url, engine) as api:
+        key = await api.key("acme", "ops", "operator")
+        async with httpx.AsyncClient(base_url=api.base) as client:
+            bad = await client.post("/ui/sign-in", data={"key": "ts_not-a-key"})
+            assert bad.status_code == 401
+            assert "Unknown or revoked API key" in bad.text
+            assert COOKIE not in bad.cookies
+
+            response = await client.post(
+                "/ui/sign-in", data={"key": key, "next": "https://evil.example/"}
+            )
+            assert response.status_code == 303
+            assert response.headers["location"] == "/ui"  # never off-site
+            cookie = response.headers["set-cookie"]
+            assert cookie.startswith(f"{COOKIE}=")
+            attributes = {part.strip().split("=")[0].lower() for part in cookie.split(";")[1:]}
+            assert {"httponly", "path", "samesite"} <= attributes
+            assert "samesite=strict" in cookie.lower()
+            assert "max-age" not in attributes
+            assert "expires" not in attributes
+            assert "path=/ui" in cookie.lower()
+
+            page = await client.get("/ui")
+            assert page.status_code == 200
+            assert "default-src 'self'" in page.headers["content-security-policy"]
+            assert "acme/ops" in page.text
+
+            signed_out = await client.post("/ui/sign-out", data={"csrf": csrf_token(key)})
+            assert signed_out.status_code == 303
+            client.cookies.clear()
+            again = await client.get("/ui/runs?status=failed")
+            assert again.status_code == 303
+            assert again.headers["location"] == "/ui/sign-in?next=%2Fui%2Fruns%3Fstatus%3Dfailed"
+            fragment = await client.get("/ui/overview/fragment")
+            assert fragment.status_code == 401
+
+
+async def test_actions_need_the_csrf_token_and_the_same_origin(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with running_api(database_url, engine) as api:
+        key = await api.key("acme", "ops", "operator")
+        client = await signed_in(api, key)
+        run_id = uuid4()
+        missing = await client.post(f"/ui/runs/{run_id}/dismiss", data={"back": "/ui"})
+        assert missing.status_code == 403
+        assert "CSRF" in missing.text
+        forged = await client.post(
+            f"/ui/runs/{run_id}/dismiss",
+            data={"csrf": csrf_token(key)},
+            headers={"Origin": "https://evil.example"},
+        )
+        assert forged.status_code == 403
+        assert "another site" in forged.text
+        not_a_form = await client.post(f"/ui/runs/{run_id}/dismiss", json={"csrf": csrf_token(key)})
+        assert not_a_form.status_code == 415
+        # With the token: the core answers, as a notice on the page it redirects to.
+        ok = await client.post(f"/ui/runs/{run_id}/dismiss", data={"csrf": csrf_token(key)})
+        assert ok.status_code == 303
+        assert "notice=not-found" in ok.headers["location"]
+        page = await client.get(ok.headers["location"])
+        assert f"Run {run_id} is not visible to this key." in page.text
+
+
+async def test_bad_input_is_a_clear_page_never_a_traceback(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with running_api(database_url, engine) as api:
+        client = await signed_in(api, await api.key("acme", "ops", "operator"))
+        for query, message in [
+            ("status=exploded", "status: 'exploded' is not one of"),
+            ("class=urgent", "class: 'urgent' is not one of"),
+            ("session=nope", "session: 'nope' is not a session id"),
+            ("since=yesterday", "since: 'yesterday' is not a time"),
+            ("since=2030-01-02T00:00&until=2030-01-01T00:00", "since must be earlier"),
+        ]:
+            response = await client.get(f"/ui/runs?{query}")
+            assert response.status_code == 400, query
+            assert message in response.text.replace("&#39;", "'"), query
+        bad_cursor = await client.get("/ui/runs?cursor=%%%")
+        assert bad_cursor.status_code == 400
+        assert "cursor" in bad_cursor.text
+        for path in ("/ui/runs/not-a-uuid", f"/ui/runs/{uuid4()}"):
+            missing = await client.get(path)
+            assert missing.status_code == 404
+            assert "is visible to this key" in missing.text
+        assert (await client.get("/ui/dead-letter?cursor=zzz")).status_code == 400
+        assert (await client.get("/ui/runs?" + "status=x" * 3000)).status_code in (400, 414)
+
+
+async def test_pages_escape_what_tenants_wrote(database_url: str, engine: AsyncEngine) -> None:
+    async with running_api(database_url, engine) as api:
+        client = await signed_in(api, await api.key("acme", "ops", "operator"))
+        evil = "<script>alert(1)</script>"
+        run = await api.queue.enqueue(enqueue(input={"text": evil}))
+        page = await client.get(f"/ui/runs/{run.id}")
+        assert page.status_code == 200
+        assert evil not in page.text
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
+
+
+async def test_tenant_scoping_follows_the_api(database_url: str, engine: AsyncEngine) -> None:
+    async with running_api(database_url, engine) as api:
+        ours = await api.queue.enqueue(enqueue("acme"))
+        theirs = await api.queue.enqueue(enqueue("globex"))
+        reader = await signed_in(api, await api.key("acme", "alice"))
+        listing = (await reader.get("/ui/runs")).text
+        assert str(ours.id) in listing
+        assert str(theirs.id) not in listing
+        assert (await reader.get(f"/ui/runs/{theirs.id}")).status_code == 404
+        assert (await reader.get(f"/ui/runs/{ours.id}")).status_code == 200
+        # The runbook views need the operator scope, as in the API.
+        assert (await reader.get("/ui")).status_code == 403
+        assert (await reader.get("/ui/dead-letter")).status_code == 403
+        assert (await reader.get("/ui/overview/fragment")).status_code == 403
+
+        admin = await signed_in(api, await api.key("platform", "root", "admin"))
+        listing = (await admin.get("/ui/runs")).text
+        assert str(ours.id) in listing
+        assert str(theirs.id) in listing
+        assert (await admin.get(f"/ui/runs/{theirs.id}")).status_code == 200
+        overview = await admin.get("/ui")
+        assert "whole queue" in overview.text
+
+
+async def test_the_runs_list_filters_and_pages(database_url: str, engine: AsyncEngine) -> None:
+    async with running_api(database_url, engine) as api:
+        client = await signed_in(api, await api.key("acme", "ops", "operator"))
+        interactive = [await api.queue.enqueue(enqueue()) for _ in range(53)]
+        batch = await api.queue.enqueue(enqueue(priority=PriorityClass.ASYNC.base))
+        first = await client.get("/ui/runs?class=interactive")
+        shown = re.findall(r'data-run="([0-9a-f-]+)"', first.text)
+        assert len(shown) == 50
+        assert shown[0] == str(interactive[-1].id)  # newest first
+        assert str(batch.id) not in shown
+        more = re.search(r'href="(/ui/runs\?[^"]+)" rel="next"', first.text)
+        assert more is not None
+        second = await client.get(more.group(1).replace("&amp;", "&"))
+        rest = re.findall(r'data-run="([0-9a-f-]+)"', second.text)
+        assert rest == [str(r.id) for r in reversed(interactive[:3])]
+        only_async = await client.get("/ui/runs?class=async&status=queued")
+        assert re.findall(r'data-run="([0-9a-f-]+)"', only_async.text) == [str(batch.id)]
+        future = await client.get("/ui/runs?since=2999-01-01T00:00")
+        assert re.findall(r'data-run="([0-9a-f-]+)"', future.text) == []
+
+
+def test_the_timeline_words_recovery_events() -> None:
+    at = datetime(2030, 1, 1, tzinfo=UTC)
+    events = [
+        Event(2, "run.claimed", 1, {"attempt": 1, "owner": "w1"}, at),
+        Event(
+            5,
+            "tool.finished",
+            2,
+            {
+                "step": 1,
+                "tool": "pay",
+                "idempotency_class": "unsafe",
+                "outcome_status": "uncertain",
+            },
+            at,
+        ),
+        Event(
+            6,
+            "run.fenced",
+            1,
+            {"stale_epoch": 1, "current_epoch": 2, "during": "heartbeat", "owner": "w1"},
+            at,
+        ),
+        Event(7, "run.requeued", 1, {"reason": "lease_expired", "attempts": 1}, at),
+        Event(8, "something.new", 2, {"x": 1}, at),
+    ]
+    claimed, uncertain, fenced, requeued, unknown = views.timeline(events, {})
+    assert claimed.title == "claimed at epoch 1, attempt 1"
+    assert "uncertain" in uncertain.tags
+    assert "outcome unknown" in uncertain.title
+    assert fenced.title.startswith("heartbeat lost: fenced: a worker at stale epoch 1")
+    assert "fence" in fenced.tags
+    assert "requeue" in requeued.tags
+    assert unknown.title == "something.new"
+    assert '"x": 1' in unknown.data
