@@ -153,7 +153,9 @@ async def test_tenant_scoping_follows_the_api(database_url: str, engine: AsyncEn
         assert (await reader.get(f"/ui/runs/{theirs.id}")).status_code == 404
         assert (await reader.get(f"/ui/runs/{ours.id}")).status_code == 200
         # The runbook views need the operator scope, as in the API.
-        assert (await reader.get("/ui")).status_code == 403
+        landing = await reader.get("/ui")
+        assert landing.status_code == 303
+        assert landing.headers["location"] == "/ui/runs"
         assert (await reader.get("/ui/dead-letter")).status_code == 403
         assert (await reader.get("/ui/overview/fragment")).status_code == 403
 

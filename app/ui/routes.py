@@ -230,9 +230,11 @@ async def overview_context(request: Request, caller: Caller) -> dict[str, Any]:
 
 
 @router.get("")
-async def overview(request: Request, caller: UiCaller) -> HTMLResponse:
+async def overview(request: Request, caller: UiCaller) -> Response:
     if not caller.is_operator:
-        return error_page(request, caller, 403, "The overview needs a key with the operator scope.")
+        # The overview is runbook data (the API's /queue/stats needs the operator scope too):
+        # other keys land on their tenant's runs.
+        return RedirectResponse("/ui/runs", status_code=303, headers=SECURITY_HEADERS)
     return render(request, caller, "overview.html", **await overview_context(request, caller))
 
 

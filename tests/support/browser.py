@@ -41,10 +41,21 @@ LOOPBACK = {"127.0.0.1", "localhost", "[::1]"}
 class Browser:
     context: BrowserContext
     blocked: list[str] = field(default_factory=list)
+    console: list[str] = field(default_factory=list)  # the pages' console messages and errors
+
+    @property
+    def script_errors(self) -> list[str]:
+        """Uncaught script errors and refusals by the Content-Security-Policy (error pages'
+        own 4xx statuses are expected and left out)."""
+        return [
+            m for m in self.console if m.startswith("pageerror:") or "Content Security Policy" in m
+        ]
 
     async def page(self) -> Page:
         page = await self.context.new_page()
         page.set_default_timeout(15_000)
+        page.on("console", lambda message: self.console.append(f"{message.type}: {message.text}"))
+        page.on("pageerror", lambda error: self.console.append(f"pageerror: {error}"))
         return page
 
     async def screenshot(self, page: Page, name: str) -> Path:
