@@ -70,6 +70,15 @@ def dump_json(value: JSON) -> str:
 
 
 @dataclass(frozen=True)
+class ResumeState:
+    """What a claimed run resumes from (`Queue.resume_state`)."""
+
+    checkpoint: Checkpoint | None
+    inputs: list[JSON]
+    journal: list[JournalEntry]
+
+
+@dataclass(frozen=True)
 class QueueConfig:
     lease_seconds: float = 30.0
     max_attempts: int = 3
@@ -308,6 +317,37 @@ class Queue:
             "complete", lease, {"result": dump_json(result)}, transition="succeeded"
         )
 
+    async def complete_many(self, completions: Sequence[tuple[Lease, JSON]]) -> list[WriteOutcome]:
+        """Complete many runs in one fenced statement (a group commit). Each run is fenced on its
+        own lease; the outcomes come back in the order given, `Fenced` for every run whose fence
+        did not match (nothing was written for it)."""
+        if not completions:
+            return []
+        rows = await self._rows(
+            "complete_many",
+            {
+                "run_ids": [lease.run_id for lease, _ in completions],
+                "epochs": [lease.epoch for lease, _ in completions],
+                "results": [dump_json(result) for _, result in completions],
+            },
+        )
+        row = rows[0]
+        written = {
+            run_id: (int(seq), int(priority))
+            for run_id, seq, priority in zip(
+                row["ids"], row["seqs"], row["priorities"], strict=True
+            )
+        }
+        outcomes: list[WriteOutcome] = []
+        for lease, _ in completions:
+            hit = written.get(lease.run_id)
+            if hit is None:
+                outcomes.append(Fenced(lease))
+            else:
+                self.observer.transition("succeeded", hit[1])
+                outcomes.append(Written(seq=hit[0]))
+        return outcomes
+
     async def fail(self, lease: Lease, failure: JSON) -> WriteOutcome:
         """Fail permanently: never requeued, whatever attempts remain."""
         return await self._fenced(
@@ -429,6 +469,24 @@ class Queue:
     async def latest_checkpoint(self, run_id: UUID) -> Checkpoint | None:
         rows = await self._rows("latest_checkpoint", {"run_id": run_id})
         return Checkpoint(**dict(rows[0])) if rows else None
+
+    async def resume_state(self, run: Run) -> ResumeState:
+        """What a claimed run resumes from: latest checkpoint, inputs, tool journal.
+
+        A run whose claim was its second event (`run.created`, then `run.claimed`) has none of
+        them to read: every checkpoint and journal row is written with an event of its own, and
+        so is every delivered input, so its only input is the one it was created with. That is
+        every run's first claim, and it costs no round trip; any other run reads all three in
+        one statement."""
+        if run.last_event_seq == 2 and run.inputs_count == 1:
+            return ResumeState(checkpoint=None, inputs=[run.input], journal=[])
+        rows = await self._rows("resume_state", {"run_id": run.id})
+        row = rows[0]
+        return ResumeState(
+            checkpoint=Checkpoint(**row["checkpoint"]) if row["checkpoint"] else None,
+            inputs=list(row["inputs"]),
+            journal=[JournalEntry(**entry) for entry in row["journal"]],
+        )
 
     async def journal(self, run_id: UUID) -> list[JournalEntry]:
         rows = await self._rows("tool_journal", {"run_id": run_id})

@@ -350,6 +350,47 @@ SELECT run.last_event_seq AS seq, run.priority,
 FROM run;
 
 
+-- name: complete_many
+-- fenced
+-- Group commit of completions: the runs a slot group finished while the previous batch was
+-- committing, in one statement and one transaction (one commit, one WAL flush, one NOTIFY)
+-- instead of one each. Every run is fenced on its own (run id, epoch) pair, exactly as
+-- `complete` fences one: a run whose fence does not match (reclaimed, cancelled, finished) is
+-- not updated, so it produces no row in `run` and therefore no event; it is simply missing
+-- from the result, and its caller gets Fenced. The batch shares the statement, nothing else.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+held AS (
+    SELECT * FROM unnest(CAST(:run_ids AS uuid[]), CAST(:epochs AS bigint[]),
+                         CAST(:results AS jsonb[])) AS h(run_id, epoch, result)
+),
+run AS (
+    UPDATE runs r
+    SET status = 'succeeded',
+        result = held.result,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        finished_at = clock.now,
+        last_event_seq = r.last_event_seq + 1,
+        updated_at = clock.now
+    FROM held, clock
+    WHERE r.id = held.run_id AND r.lease_epoch = held.epoch AND r.status = 'running'
+    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.priority, r.result
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq, 'run.succeeded', run.lease_epoch,
+           jsonb_build_object('result', run.result), clock.now
+    FROM run, clock
+)
+-- One row whatever the batch: the written runs as parallel arrays, and one NOTIFY naming them
+-- all (none when nothing was written).
+SELECT coalesce(array_agg(run.id), '{}') AS ids,
+       coalesce(array_agg(run.last_event_seq), '{}') AS seqs,
+       coalesce(array_agg(run.priority), '{}') AS priorities,
+       CASE WHEN count(*) > 0 THEN pg_notify('turnstile', jsonb_build_object(
+           'runs', jsonb_object_agg(run.id, 'succeeded'))::text) END AS notified
+FROM run;
+
 -- name: fail
 -- fenced
 -- A permanent failure (ADR-0004 decision 5): failed at once, never requeued, whatever the
@@ -637,6 +678,24 @@ FROM tool_journal
 WHERE run_id = :run_id
 ORDER BY event_seq;
 
+
+-- name: resume_state
+-- Everything a claimed run resumes from, in one round trip instead of three: its latest
+-- checkpoint, every input delivered to it (in order) and its tool journal (in sequence order).
+-- A plain read: what it returns is only acted on through fenced writes.
+SELECT (SELECT to_jsonb(c)
+        FROM (SELECT event_seq, epoch, step, state FROM checkpoints
+              WHERE run_id = :run_id
+              ORDER BY event_seq DESC
+              LIMIT 1) AS c) AS checkpoint,
+       (SELECT coalesce(jsonb_agg(i.input ORDER BY i.idx), '[]'::jsonb)
+        FROM run_inputs i
+        WHERE i.run_id = :run_id) AS inputs,
+       (SELECT coalesce(jsonb_agg(to_jsonb(j) ORDER BY j.event_seq), '[]'::jsonb)
+        FROM (SELECT event_seq, epoch, step, entry, tool, idempotency_class, idempotency_key,
+                     args, outcome_status, outcome
+              FROM tool_journal
+              WHERE run_id = :run_id) AS j) AS journal;
 
 -- name: run_events
 SELECT seq, type, epoch, data, created_at FROM run_events

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.queue.models import ToolCall
+from app.queue.models import JournalEntry, ToolCall
 from app.runtime.agents import Agent, AgentError, Ask, CallTool, Finish
 from app.runtime.state import RunState, ToolRecord
 from app.runtime.tools import (
@@ -82,14 +82,15 @@ class RuntimeExecutor:
         if agent is None:
             await self._fail(ctx, "unknown_agent", f"no agent named {run.agent!r}")
             return
-        checkpoint = await queue.latest_checkpoint(run.id)
-        inputs = await queue.inputs(run.id)
+        # Checkpoint, inputs and journal in one read (none at all on a run's first claim).
+        resume = await queue.resume_state(run)
+        checkpoint = resume.checkpoint
         state = RunState.from_json(checkpoint.state) if checkpoint else RunState(inputs=[run.input])
-        state.inputs = inputs  # answers delivered since the checkpoint
+        state.inputs = resume.inputs  # answers delivered since the checkpoint
         limit = agent.time_limit_seconds or self.limits.default_time_limit_seconds
         clock = _Budget(state.elapsed_seconds, limit)
 
-        await self._recover(ctx, state, clock)
+        await self._recover(ctx, state, clock, resume.journal)
         while True:
             ctx.ensure_may_continue()
             if clock.exhausted():
@@ -115,7 +116,7 @@ class RuntimeExecutor:
                     )
                     return
                 ctx.finishing = True
-                await ctx.checked(await queue.complete(ctx.lease, decision.result), "complete")
+                await ctx.checked(await ctx.complete(decision.result), "complete")
                 return
             if isinstance(decision, Ask):
                 state.questions.append(decision.question)
@@ -246,9 +247,14 @@ class RuntimeExecutor:
         )
 
     # --- recovery ---------------------------------------------------------------------------
-    async def _recover(self, ctx: ExecutionContext, state: RunState, clock: _Budget) -> None:
+    async def _recover(
+        self,
+        ctx: ExecutionContext,
+        state: RunState,
+        clock: _Budget,
+        journal: list[JournalEntry],
+    ) -> None:
         """Settle a tool call that started under an earlier claim but recorded no outcome."""
-        journal = await ctx.queue.journal(ctx.lease.run_id)
         started = {e.step: e for e in journal if e.entry == "started"}
         finished = {e.step for e in journal if e.entry == "finished"}
         pending = started.get(state.next_step)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.queue.core import Queue
 from app.queue.models import ClaimedRun, Fenced, Lease, WriteOutcome
+from app.worker.completions import CompletionBatcher
 
 
 class StopExecution(Exception):
@@ -36,6 +37,8 @@ class ExecutionContext:
     # on that write's own fence decides, and a heartbeat that no longer sees the run (because
     # the write already committed) must not take it for a lost lease.
     finishing: bool = False
+    # The slot group's group commit of completions; None completes with a statement of its own.
+    completions: CompletionBatcher | None = None
     _fenced_recorded: bool = False
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -56,6 +59,12 @@ class ExecutionContext:
     def ensure_may_continue(self) -> None:
         if not self.may_continue():
             raise StopExecution("lease lost" if self.fenced else "lease may have lapsed")
+
+    async def complete(self, result: Any) -> WriteOutcome:
+        """The fenced completion of this run, batched with its slot group's when it has one."""
+        if self.completions is not None:
+            return await self.completions.complete(self.lease, result)
+        return await self.queue.complete(self.lease, result)
 
     async def stop_fenced(self, during: str) -> None:
         """The run is someone else's: record `run.fenced` (once) and stop writing."""
@@ -91,4 +100,4 @@ class CompletingExecutor:
             await asyncio.sleep(self.pause_seconds)
         ctx.ensure_may_continue()
         ctx.finishing = True
-        await ctx.checked(await ctx.queue.complete(ctx.lease, {"completed": True}), "complete")
+        await ctx.checked(await ctx.complete({"completed": True}), "complete")

@@ -6,6 +6,8 @@
   poll interval passes.
 - Each claimed run executes in its own task; every database call it makes draws its own pooled
   connection (an AsyncSession or connection is never shared between tasks).
+- Completions of a slot group's runs are group-committed (`completions.py`): the runs that
+  finish while one batch commits go together in the next statement, each fenced on its own.
 - One heartbeat statement per process per interval extends every held lease. A lease reported
   lost cancels its execution at once and records `run.fenced`. When heartbeats fail with errors
   (not fencing) until the lease deadline by this process's monotonic clock, the execution is
@@ -33,6 +35,7 @@ from app.queue.classes import priorities_of
 from app.queue.core import Queue
 from app.queue.models import ClaimedRun, Fenced
 from app.queue.sql import q
+from app.worker.completions import CompletionBatcher
 from app.worker.executor import ExecutionContext, Executor, StopExecution
 from app.worker.layout import SlotGroup
 from app.worker.notifier import Notifier
@@ -54,6 +57,7 @@ class _Group:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     running: dict[UUID, _Execution] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
+    completions: CompletionBatcher | None = None
 
     @property
     def free(self) -> int:
@@ -81,7 +85,12 @@ class WorkerPool:
         self.queue = queue
         self.executor = executor
         self.groups = [
-            _Group(spec=g, priorities=frozenset(priorities_of(g.classes))) for g in groups
+            _Group(
+                spec=g,
+                priorities=frozenset(priorities_of(g.classes)),
+                completions=CompletionBatcher(queue),
+            )
+            for g in groups
         ]
         self.lease_seconds = lease_seconds
         self.heartbeat_seconds = heartbeat_seconds
@@ -202,6 +211,7 @@ class WorkerPool:
             slot_group=group.spec.name,
             lease_seconds=self.lease_seconds,
             trusted_until=trusted_until,
+            completions=group.completions,
         )
         execution = _Execution(ctx=ctx)
         group.running[claimed.lease.run_id] = execution
