@@ -142,3 +142,12 @@ def queue(engine: AsyncEngine, clock: ManualClock) -> Queue:
         lease_seconds=30, max_attempts=3, backoff_base_seconds=5, backoff_max_seconds=300
     )
     return Queue(engine, config, clock=clock)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the chaos suite's reports, so a CI log shows what was proven."""
+    from tests.support.chaos import REPORTS
+
+    for text in REPORTS:
+        terminalreporter.write_sep("-", "reliability report")
+        terminalreporter.write_line(text)

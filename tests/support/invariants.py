@@ -2,7 +2,9 @@
 
 - Event sequence numbers are 1..last_event_seq with no gap.
 - In sequence order, the epochs of events never go backwards, `run.fenced` aside (it carries
-  the stale epoch of the worker that lost the run).
+  the stale epoch of the worker that lost the run); only a claim or a cancellation starts a
+  new epoch, and every other event carries the epoch of the claim before it, so committed
+  writes come from one lease holder at a time.
 - Every checkpoint and journal row points at an event of its own transaction with the same
   epoch, so their epochs never go backwards either.
 - At most one terminal event, and after it nothing but `run.fenced` and `operator.*` notes
@@ -21,6 +23,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 TERMINAL_EVENTS = {"run.succeeded", "run.failed", "run.cancelled"}
+# The only events that start a new epoch: a claim (the fencing token of a new owner) and a
+# cancellation (which fences whoever held the run).
+EPOCH_BUMPS = {"run.claimed", "run.cancelled"}
 # Which status each transition event may leave, and which status it leads to. A run is queued
 # again only through creation and the four requeue paths (requeued, released, delivered).
 TRANSITIONS: dict[str, tuple[set[str | None], str]] = {
@@ -91,7 +96,13 @@ def check_log(log: RunLog) -> None:
         if type_ == "run.fenced" or type_.startswith("operator."):
             continue  # a stale worker's record, or an operator's note on a finished run
         assert not terminal_seen, f"{log.run_id}: {type_} at {seq} after a terminal event"
-        assert epoch >= highest, f"{log.run_id}: epoch {epoch} at {seq} after epoch {highest}"
+        if type_ in EPOCH_BUMPS:
+            assert epoch > highest, f"{log.run_id}: {type_} at {seq} did not take a new epoch"
+        else:
+            # One epoch at a time: every write between two claims belongs to the earlier one.
+            assert epoch == highest, (
+                f"{log.run_id}: {type_} at {seq} in epoch {epoch}, not {highest}"
+            )
         highest = epoch
         terminal_seen = type_ in TERMINAL_EVENTS
 

@@ -1,0 +1,422 @@
+"""The chaos suite's machinery: a fleet of real Turnstile processes that can be SIGKILLed and
+replaced, the counting server its runs call, a load generator that submits over HTTP and
+retries like a careful client, and the checks run on the database and the server's counts
+once the dust settles.
+
+Everything here talks to real processes over loopback and to a real PostgreSQL; nothing is
+mocked. Waiting is on rows and process output, never on fixed sleeps; the only sleeps are the
+chaos cadence itself and a client's retry backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import sys
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import httpx
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.embedded import free_port
+from tests.support.processes import Child, turnstile
+from tests.support.waiting import eventually
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+# Reports of the chaos tests, printed by conftest at the end of the session so a reader of the
+# CI log sees what was proven, not only that it passed.
+REPORTS: list[str] = []
+
+
+# --- the counting server -------------------------------------------------------------------
+@dataclass
+class CountingServer:
+    base: str
+    process: asyncio.subprocess.Process
+
+    async def hits(self) -> list[tuple[str, str, str | None]]:
+        async with httpx.AsyncClient(base_url=self.base, timeout=30) as client:
+            return [tuple(hit) for hit in (await client.get("/__hits")).json()]  # type: ignore[misc]
+
+
+@asynccontextmanager
+async def counting_server() -> AsyncIterator[CountingServer]:
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.support.counting_server", str(port)
+    )
+    server = CountingServer(f"http://127.0.0.1:{port}", process)
+    try:
+
+        async def answers() -> bool:
+            try:
+                await server.hits()
+            except httpx.TransportError:
+                return False
+            return True
+
+        await eventually(answers, within=30, what="the counting server to answer")
+        yield server
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 30)
+
+
+# --- the fleet -----------------------------------------------------------------------------
+@dataclass
+class Fleet:
+    """The worker processes of one test: started, SIGKILLed at random and replaced."""
+
+    env: dict[str, str]
+    stack: AsyncExitStack
+    workers: dict[int, Child] = field(default_factory=dict)  # pid -> child
+    kills: int = 0
+    started: int = 0
+    pauses: int = 0
+    paused: set[int] = field(default_factory=set)
+
+    async def start_worker(self) -> Child:
+        child = await self.stack.enter_async_context(
+            turnstile("worker", ready=b"running slots", env=self.env)
+        )
+        self.workers[child.process.pid] = child
+        self.started += 1
+        return child
+
+    async def pause(self, pid: int, seconds: float) -> None:
+        """SIGSTOP a worker for `seconds` (longer than its lease), then SIGCONT it."""
+        child = self.workers.get(pid)
+        if child is None or child.process.returncode is not None:
+            return
+        self.paused.add(pid)
+        child.process.send_signal(signal.SIGSTOP)
+        self.pauses += 1
+        try:
+            await asyncio.sleep(seconds)  # the freeze itself, not a wait for a condition
+        finally:
+            self.paused.discard(pid)
+            if child.process.returncode is None:
+                child.process.send_signal(signal.SIGCONT)
+
+    async def kill(self, pid: int) -> None:
+        child = self.workers.pop(pid)
+        child.process.kill()  # SIGKILL: no drain, no release, no last heartbeat
+        await child.process.wait()
+        self.kills += 1
+
+
+async def running_pids(engine: AsyncEngine, pids: set[int], poison_only: bool = False) -> list[int]:
+    """Live worker processes that hold at least one running run (a poison run, if asked)."""
+    async with engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                text(
+                    "SELECT DISTINCT w.pid FROM runs r JOIN workers w ON w.id = r.lease_owner "
+                    "WHERE r.status = 'running' AND w.pid = ANY(:pids) "
+                    "AND (NOT :poison_only OR r.input->>'poison' = 'true')"
+                ),
+                {"pids": list(pids), "poison_only": poison_only},
+            )
+        ).scalars()
+        return list(rows)
+
+
+async def terminate_backends(engine: AsyncEngine, rng: random.Random, at_most: int) -> int:
+    """pg_terminate_backend on a few of the service's connections (never our own)."""
+    async with engine.connect() as conn:
+        candidates = list(
+            (
+                await conn.execute(
+                    text(
+                        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+                    )
+                )
+            ).scalars()
+        )
+        chosen = rng.sample(candidates, k=min(at_most, len(candidates)))
+        done = 0
+        for pid in chosen:
+            done += bool(
+                (
+                    await conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+                ).scalar_one()
+            )
+        await conn.commit()
+        return done
+
+
+# --- the load ------------------------------------------------------------------------------
+@dataclass
+class Ledger:
+    """What the clients were told: every submission accepted with a 2xx, by its tag."""
+
+    accepted: dict[str, UUID] = field(default_factory=dict)
+    refused: Counter[int] = field(default_factory=Counter)  # final non-2xx answers, by status
+    retries: int = 0
+    replayed: int = 0
+    key_reuse_refused: int = 0
+    answers: int = 0
+
+    def accept(self, tag: str, run_id: UUID) -> None:
+        earlier = self.accepted.setdefault(tag, run_id)
+        # One run per idempotency key: every 2xx for the same tag names the same run.
+        assert earlier == run_id, f"{tag}: two runs {earlier} and {run_id} for one key"
+
+
+class Client:
+    """An API client that retries like a careful service: the same Idempotency-Key and body
+    after a transport error, a timeout, a 5xx or a 409 in-flight answer."""
+
+    def __init__(self, base: str, key: str, ledger: Ledger) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        )
+        self.ledger = ledger
+
+    async def post(
+        self, path: str, body: dict[str, Any], key: str, *, first_timeout: float | None = None
+    ) -> httpx.Response:
+        timeout: float | None = first_timeout
+        for attempt in range(200):
+            try:
+                response = await self.http.post(
+                    path,
+                    json=body,
+                    headers={"Idempotency-Key": key},
+                    timeout=timeout if timeout is not None else 30,
+                )
+            except httpx.TransportError:  # includes timeouts: the outcome is unknown, retry
+                response = None
+            timeout = None
+            in_flight = (
+                response is not None
+                and response.status_code == 409
+                and _problem(response) == "idempotency-key-in-flight"
+            )
+            if response is not None and response.status_code < 500 and not in_flight:
+                if response.headers.get("Idempotent-Replayed") == "true":
+                    self.ledger.replayed += 1
+                return response
+            self.ledger.retries += 1
+            await asyncio.sleep(min(1.0, 0.02 * 2 ** min(attempt, 6)) * random.random())
+        raise AssertionError(f"POST {path} with key {key} never got an answer")
+
+    async def get(self, path: str, **params: Any) -> httpx.Response:
+        for attempt in range(200):
+            try:
+                response = await self.http.get(path, params=params, timeout=60)
+                if response.status_code < 500:
+                    return response
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(min(1.0, 0.02 * 2 ** min(attempt, 6)) * random.random())
+        raise AssertionError(f"GET {path} never answered")
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+def _problem(response: httpx.Response) -> str | None:
+    try:
+        return str(response.json()["type"]).rsplit("/", 1)[-1]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+# --- the scripts ---------------------------------------------------------------------------
+def effect(base: str, tag: str, step: int, *, keyed: bool) -> dict[str, Any]:
+    """A POST to the counting server, unsafe or keyed, addressed by submission and step."""
+    kind = "keyed" if keyed else "unsafe"
+    call: dict[str, Any] = {
+        "call": "http_request",
+        "args": {"method": "POST", "url": f"{base}/{kind}/{tag}/{step}", "json": {"tag": tag}},
+    }
+    if keyed:
+        call["idempotency_key"] = True
+    return call
+
+
+def sessionless_script(i: int, base: str, tag: str) -> list[dict[str, Any]]:
+    shape = i % 10
+    if shape < 4:
+        return [{"call": "echo", "args": {"i": i}}, {"final": i}]
+    if shape < 6:
+        return [{"call": "sleep", "args": {"seconds": 0.05 * (1 + i % 5)}}, {"final": i}]
+    if shape == 6:
+        return [effect(base, tag, 0, keyed=False), {"final": i}]
+    if shape == 7:
+        return [effect(base, tag, 0, keyed=True), {"call": "sleep", "args": {"seconds": 0.1}}]
+    if shape == 8:
+        return [
+            {"call": "sleep", "args": {"seconds": 0.2}},
+            effect(base, tag, 1, keyed=False),
+            effect(base, tag, 2, keyed=True),
+            {"final": i},
+        ]
+    return [{"call": "echo", "args": {"n": n}} for n in range(3)] + [{"final": i}]
+
+
+def session_script(s: int, turn: int, base: str, tag: str) -> list[dict[str, Any]]:
+    """A user's turn: some ask a question and are answered by the next turn."""
+    steps: list[dict[str, Any]] = [{"call": "echo", "args": {"turn": turn}}]
+    if (s + turn) % 2 == 0:
+        steps.append({"ask": f"which account, turn {turn}?"})
+    if (s + turn) % 3 == 0:
+        steps.append(effect(base, tag, len(steps), keyed=(s % 2 == 0)))
+    steps.append({"call": "sleep", "args": {"seconds": 0.05}})
+    steps.append({"final": f"turn {turn} of session {s}"})
+    return steps
+
+
+# --- the checks ----------------------------------------------------------------------------
+@dataclass
+class Findings:
+    runs: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)
+    requeued: int = 0
+    released: int = 0
+    fenced: int = 0
+    claims: int = 0
+    uncertain: int = 0
+    ambiguous: int = 0
+    unsafe_calls: int = 0
+    keyed_calls: int = 0
+    duplicate_unsafe_effects: int = 0
+    keyed_repeats: int = 0
+    dead_lettered_by_attempts: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+async def examine(
+    engine: AsyncEngine, ledger: Ledger, hits: list[tuple[str, str, str | None]]
+) -> Findings:
+    """Check the end state against what clients were told and what the server saw."""
+    found = Findings()
+    per_path: dict[str, list[str | None]] = defaultdict(list)
+    for method, path, key in hits:
+        assert method == "POST", (method, path)
+        per_path[path].append(key)
+
+    async with engine.connect() as conn:
+        runs = (
+            await conn.execute(
+                text(
+                    "SELECT id, status, input->>'tag' AS tag, attempts, max_attempts, result, "
+                    "failure FROM runs"
+                )
+            )
+        ).all()
+        events = (
+            await conn.execute(text("SELECT type, count(*) AS n FROM run_events GROUP BY type"))
+        ).all()
+        journal = (
+            await conn.execute(
+                text(
+                    "SELECT run_id, step, entry, epoch, idempotency_class, idempotency_key, "
+                    "args->>'url' AS url, outcome_status FROM tool_journal ORDER BY run_id, "
+                    "event_seq"
+                )
+            )
+        ).all()
+
+    found.runs = len(runs)
+    by_type = {row.type: row.n for row in events}
+    found.requeued = by_type.get("run.requeued", 0)
+    found.released = by_type.get("run.released", 0)
+    found.fenced = by_type.get("run.fenced", 0)
+    found.claims = by_type.get("run.claimed", 0)
+
+    def problem(message: str) -> None:
+        found.problems.append(message)
+
+    # Nothing lost, nothing doubled: the runs are exactly the accepted submissions.
+    by_tag = Counter(row.tag for row in runs)
+    for tag, n in by_tag.items():
+        if n != 1:
+            problem(f"{n} runs carry tag {tag}")
+    accepted = {str(run_id) for run_id in ledger.accepted.values()}
+    stored = {str(row.id) for row in runs}
+    if missing := accepted - stored:
+        problem(f"{len(missing)} accepted runs are missing, e.g. {sorted(missing)[:3]}")
+    if extra := stored - accepted:
+        problem(f"{len(extra)} runs no client was told about, e.g. {sorted(extra)[:3]}")
+
+    results: dict[str, Any] = {}
+    for row in runs:
+        found.statuses[row.status] += 1
+        results[str(row.id)] = row.result
+        if row.status not in TERMINAL:
+            problem(f"run {row.id} is stuck in {row.status}")
+        if row.attempts > row.max_attempts:
+            problem(f"run {row.id} ran {row.attempts} times, max {row.max_attempts}")
+        if row.status == "failed":
+            if not row.failure:
+                problem(f"run {row.id} failed without a failure")
+            elif row.failure.get("kind") == "lease_expired":
+                found.dead_lettered_by_attempts += 1
+                if row.attempts != row.max_attempts:
+                    problem(f"run {row.id} dead-lettered after {row.attempts} attempts")
+
+    # Per tool invocation (a run and its step): the journal's story against the server's.
+    invocations: dict[tuple[str, int], list[Any]] = defaultdict(list)
+    for entry in journal:
+        invocations[(str(entry.run_id), entry.step)].append(entry)
+    for (run_id, step), entries in invocations.items():
+        klass = entries[0].idempotency_class
+        url = entries[0].url or ""
+        path = "/" + url.split("/", 3)[-1] if url.startswith("http") else url
+        started = [e for e in entries if e.entry == "started"]
+        finished = [e for e in entries if e.entry == "finished"]
+        if klass == "unsafe":
+            found.unsafe_calls += 1
+            n_hits = len(per_path.get(path, []))
+            if len(started) > 1:
+                problem(f"unsafe {path} was started {len(started)} times")
+            if n_hits > 1:
+                found.duplicate_unsafe_effects += n_hits - 1
+                problem(f"unsafe {path} reached the server {n_hits} times")
+            # Ambiguous: started under an epoch that never recorded its outcome.
+            finished_epochs = {e.epoch for e in finished}
+            ambiguous = any(e.epoch not in finished_epochs for e in started)
+            found.ambiguous += ambiguous
+            outcome = finished[-1].outcome_status if finished else None
+            if outcome == "uncertain":
+                found.uncertain += 1
+            if ambiguous and finished and outcome != "uncertain":
+                problem(f"unsafe {path} had no outcome after a crash, yet recorded {outcome}")
+            if outcome == "succeeded" and n_hits != 1:
+                problem(f"unsafe {path} recorded success with {n_hits} hits on the server")
+            result = results.get(run_id)
+            if outcome == "uncertain" and isinstance(result, dict):
+                statuses = {o["step"]: o["status"] for o in result.get("tool_outcomes", [])}
+                if statuses.get(step) != "uncertain":
+                    problem(f"run {run_id}: step {step} uncertain in the journal, not the result")
+        elif klass == "keyed":
+            found.keyed_calls += 1
+            keys = {e.idempotency_key for e in entries}
+            seen_keys = set(per_path.get(path, []))
+            found.keyed_repeats += max(0, len(per_path.get(path, [])) - 1)
+            if len(keys) != 1 or None in keys:
+                problem(f"keyed {path} journalled keys {keys}")
+            if seen_keys and seen_keys != keys:
+                problem(f"keyed {path} reached the server with keys {seen_keys}, journal {keys}")
+    return found
+
+
+def report(title: str, lines: dict[str, object]) -> str:
+    width = max(len(k) for k in lines)
+    body = "\n".join(f"  {k.ljust(width)}  {v}" for k, v in lines.items())
+    return f"{title}\n{body}"
+
+
+def as_json(findings: Findings) -> str:
+    return json.dumps(findings.__dict__, default=str)

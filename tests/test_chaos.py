@@ -1,0 +1,443 @@
+"""The reliability suite: real processes, a real PostgreSQL, and things going wrong on purpose.
+
+1. SIGKILL chaos. `serve --no-workers` and three `turnstile worker` processes with short
+   leases take a mixed load over HTTP (sessionless runs of both classes, conversations whose
+   turns ask the user and are answered, sleeps, unsafe and keyed POSTs to a counting server),
+   while a random worker in the middle of runs is SIGKILLed and replaced, database backends are
+   terminated now and then, the worker holding a "poison" run is killed every time until the
+   run exhausts its attempts, and clients hammer the idempotency layer (identical submissions
+   at once, retries after client timeouts, a key reused with another body).
+2. Database restarts. The same roles on a throwaway cluster of the test's own (never the
+   machine's server), which is shut down or crashed four times under load.
+
+Afterwards: every accepted submission has exactly one run and it is terminal; every run's log
+passes the shared invariants (gap-free sequences, one epoch at a time, valid status path);
+no unsafe call reached the counting server twice; every unsafe call left without an outcome is
+`uncertain` in the run's result; keyed calls always carried their one key; runs out of attempts
+are failed with a failure. A report is printed at the end of the pytest session.
+
+`TURNSTILE_CHAOS_SCALE` (default 1) multiplies the load and the chaos duration for a soak, e.g.
+`TURNSTILE_CHAOS_SCALE=10 pytest tests/test_chaos.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from contextlib import AsyncExitStack, suppress
+from typing import Any
+from uuid import UUID
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.config import Settings
+from app.db.embedded import LocalCluster, free_port
+from app.db.engine import create_engine
+from app.db.migrate import upgrade
+from app.security.api_keys import create_key
+from tests.support.chaos import (
+    REPORTS,
+    TERMINAL,
+    Client,
+    CountingServer,
+    Fleet,
+    Ledger,
+    counting_server,
+    examine,
+    report,
+    running_pids,
+    session_script,
+    sessionless_script,
+    terminate_backends,
+)
+from tests.support.invariants import check_all_runs
+from tests.support.processes import turnstile
+from tests.support.waiting import eventually
+
+SCALE = max(1, int(os.environ.get("TURNSTILE_CHAOS_SCALE", "1")))
+SESSIONLESS = 1_000 * SCALE
+SESSIONS = 30 * SCALE
+TURNS = 4
+POISON = 2
+MAX_ATTEMPTS = 3
+
+# Short leases so a killed worker's runs come back quickly; every interval stays consistent
+# with the settings' own rules (heartbeat at most a third of the lease).
+FAST = {
+    "TURNSTILE_LEASE_SECONDS": "2",
+    "TURNSTILE_HEARTBEAT_SECONDS": "0.5",
+    "TURNSTILE_SWEEP_INTERVAL_SECONDS": "0.25",
+    "TURNSTILE_POLL_INTERVAL_SECONDS": "0.5",
+    "TURNSTILE_RETRY_BACKOFF_BASE_SECONDS": "0.1",
+    "TURNSTILE_RETRY_BACKOFF_MAX_SECONDS": "1",
+    "TURNSTILE_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
+    "TURNSTILE_DRAIN_GRACE_SECONDS": "2",
+    "TURNSTILE_HTTP_ALLOWED_HOSTS": "127.0.0.1",
+    "TURNSTILE_HTTP_TIMEOUT_SECONDS": "5",
+    "TURNSTILE_SLOTS": "interactive:3,async:6,maintenance:1",
+}
+
+
+class Load:
+    """The clients of one test: submissions, conversations and idempotency abuse."""
+
+    def __init__(self, client: Client, counter: CountingServer, ledger: Ledger) -> None:
+        self.client = client
+        self.counter = counter.base
+        self.ledger = ledger
+
+    async def run(self, tag: str, body: dict[str, Any], key: str | None = None) -> UUID:
+        response = await self.client.post("/runs", {**body}, key or tag)
+        assert response.status_code == 202, (response.status_code, response.text)
+        run_id = UUID(response.json()["id"])
+        self.ledger.accept(tag, run_id)
+        return run_id
+
+    async def sessionless(self, count: int, concurrency: int = 12) -> None:
+        indexes = iter(range(count))
+
+        async def submitter() -> None:
+            for i in indexes:
+                tag = f"r{i}"
+                body = {
+                    "input": {"tag": tag, "script": sessionless_script(i, self.counter, tag)},
+                    "priority": "interactive" if i % 4 == 0 else "async",
+                }
+                await self.run(tag, body)
+
+        await asyncio.gather(*(submitter() for _ in range(concurrency)))
+
+    async def poison(self, n: int) -> None:
+        for p in range(n):
+            tag = f"poison{p}"
+            body = {
+                "input": {
+                    "tag": tag,
+                    "poison": True,
+                    "script": [{"call": "sleep", "args": {"seconds": 60}}] * 3,
+                },
+                "priority": "interactive",
+            }
+            await self.run(tag, body)
+
+    async def conversation(self, s: int) -> None:
+        response = await self.client.post("/sessions", {}, f"session-{s}")
+        assert response.status_code == 201, response.text
+        session = response.json()["id"]
+        for turn in range(TURNS):
+            tag = f"s{s}t{turn}"
+            body = {"input": {"tag": tag, "script": session_script(s, turn, self.counter, tag)}}
+            response = await self.client.post(f"/sessions/{session}/turns", body, tag)
+            assert response.status_code == 202, (response.status_code, response.text)
+            run_id = UUID(response.json()["id"])
+            self.ledger.accept(tag, run_id)
+            answered = 0
+            while True:
+                run = (await self.client.get(f"/runs/{run_id}", wait=30)).json()
+                if run["status"] in TERMINAL:
+                    break
+                if run["status"] == "waiting_for_user":
+                    answered += 1
+                    answer = {"input": f"account {answered} for {tag}"}
+                    response = await self.client.post(
+                        f"/sessions/{session}/turns", answer, f"{tag}-answer-{answered}"
+                    )
+                    assert response.status_code == 202, (response.status_code, response.text)
+                    # An answer goes to the waiting run itself; no new run is created.
+                    assert UUID(response.json()["id"]) == run_id
+                    self.ledger.answers += 1
+
+    async def identical_at_once(self, n: int) -> None:
+        """Four clients send the same submission with the same key at the same moment."""
+        for k in range(n):
+            tag = f"twin{k}"
+            body = {"input": {"tag": tag, "script": [{"call": "echo", "args": {}}]}}
+            await asyncio.gather(*(self.run(tag, body) for _ in range(4)))
+
+    async def retried_after_timeouts(self, n: int) -> None:
+        """A first attempt that gives up almost at once, then the retry with the same key."""
+        for k in range(n):
+            tag = f"impatient{k}"
+            body = {"input": {"tag": tag, "script": [{"final": k}]}}
+            response = await self.client.post("/runs", body, tag, first_timeout=0.002)
+            assert response.status_code == 202, response.text
+            self.ledger.accept(tag, UUID(response.json()["id"]))
+
+    async def reused_keys(self, n: int) -> None:
+        """The same key with another body is refused and creates nothing."""
+        for k in range(n):
+            tag = f"reuse{k}"
+            await self.run(tag, {"input": {"tag": tag, "script": [{"final": 1}]}})
+            other = {"input": {"tag": f"{tag}-other", "script": [{"final": 2}]}}
+            response = await self.client.post("/runs", other, tag)
+            assert response.status_code == 422, (response.status_code, response.text)
+            assert response.json()["type"].endswith("idempotency-key-reused")
+            self.ledger.key_reuse_refused += 1
+
+
+async def chaos(
+    engine: AsyncEngine,
+    fleet: Fleet,
+    done: asyncio.Event,
+    rng: random.Random,
+    stats: dict[str, int],
+) -> None:
+    """Until the load is finished: kill a worker in the middle of runs and start another; kill
+    whoever holds a poison run; now and then terminate some database backends."""
+    round_ = 0
+    pauses: list[asyncio.Task[None]] = []
+    while not done.is_set():
+        round_ += 1
+        # The chaos cadence: a kill every 0.6 to 1.6 s.
+        with suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), rng.uniform(0.6, 1.6))
+        if done.is_set():
+            break
+        live = set(fleet.workers)
+        poisoned = await running_pids(engine, live, poison_only=True)
+        busy = poisoned or await running_pids(engine, live)
+        if busy:
+            victim = rng.choice(busy)
+            await fleet.kill(victim)
+            stats["poison kills"] += bool(poisoned)
+            await fleet.start_worker()
+        if round_ % 3 == 0:
+            stats["backends terminated"] += await terminate_backends(engine, rng, at_most=2)
+        if round_ % 5 == 2 and not fleet.paused:
+            # Freeze a busy worker past its lease: its runs are swept and claimed elsewhere,
+            # and when it wakes up every write it attempts must be fenced off.
+            frozen = await running_pids(engine, set(fleet.workers))
+            if frozen:
+                pauses.append(asyncio.create_task(fleet.pause(rng.choice(frozen), 3.0)))
+    await asyncio.gather(*pauses)
+
+
+@pytest.mark.timeout(600)
+async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    started = time.monotonic()
+    rng = random.Random(int(os.environ.get("TURNSTILE_CHAOS_SEED", "0")) or None)
+    port = free_port()
+    env = {"DATABASE_URL": database_url, **FAST}
+    key = (await create_key(engine, tenant_id="acme", principal="svc")).secret
+    ledger = Ledger()
+    stats = {"poison kills": 0, "backends terminated": 0}
+    async with AsyncExitStack() as stack:
+        counter = await stack.enter_async_context(counting_server())
+        await stack.enter_async_context(
+            turnstile(
+                "serve", "--no-workers", "--port", str(port), ready=b"Uvicorn running", env=env
+            )
+        )
+        fleet = Fleet(env, stack)
+        for _ in range(3):
+            await fleet.start_worker()
+        client = Client(f"http://127.0.0.1:{port}", key, ledger)
+        stack.push_async_callback(client.aclose)
+        load = Load(client, counter, ledger)
+
+        done = asyncio.Event()
+        havoc = asyncio.create_task(chaos(engine, fleet, done, rng, stats))
+        try:
+            await load.poison(POISON)
+            phases: dict[str, float] = {}
+
+            async def timed(name: str, *work: Any) -> None:
+                await asyncio.gather(*work)
+                phases[name] = time.monotonic() - started
+
+            await asyncio.gather(
+                timed("sessionless", load.sessionless(SESSIONLESS)),
+                timed("conversations", *(load.conversation(s) for s in range(SESSIONS))),
+                timed(
+                    "idempotency",
+                    load.identical_at_once(20),
+                    load.retried_after_timeouts(20),
+                    load.reused_keys(10),
+                ),
+            )
+            loaded = time.monotonic()
+            accepted = [str(run_id) for run_id in ledger.accepted.values()]
+
+            async def all_terminal() -> bool:
+                async with engine.connect() as conn:
+                    n = (
+                        await conn.execute(
+                            text(
+                                "SELECT count(*) FROM runs WHERE id = ANY(CAST(:ids AS uuid[])) "
+                                "AND status IN ('succeeded', 'failed', 'cancelled')"
+                            ),
+                            {"ids": accepted},
+                        )
+                    ).scalar_one()
+                return bool(n == len(accepted))
+
+            # Poison runs need MAX_ATTEMPTS kills; the chaos goes on until they are out.
+            await eventually(all_terminal, within=300, what="every accepted run to finish")
+            finished = time.monotonic()
+        finally:
+            done.set()
+            await havoc
+        hits = await counter.hits()
+        survivors = len(fleet.workers)
+    # The fleet drained on SIGTERM and exited 0 (checked by `turnstile()` on the way out).
+
+    found = await examine(engine, ledger, hits)
+    checked = await check_all_runs(engine)
+    async with engine.connect() as conn:
+        poison = (
+            await conn.execute(
+                text(
+                    "SELECT status, attempts, failure->>'kind' AS kind FROM runs "
+                    "WHERE input->>'poison' = 'true'"
+                )
+            )
+        ).all()
+    REPORTS.append(
+        report(
+            f"SIGKILL chaos (scale {SCALE}, {time.monotonic() - started:.0f} s)",
+            {
+                "submissions accepted": len(ledger.accepted),
+                "runs in the database": found.runs,
+                "statuses": dict(found.statuses),
+                "answers delivered": ledger.answers,
+                "claims": found.claims,
+                "requeued by the sweeper": found.requeued,
+                "released early": found.released,
+                "fenced writes recorded": found.fenced,
+                "dead-lettered (attempts)": found.dead_lettered_by_attempts,
+                "unsafe calls / uncertain / ambiguous": (
+                    f"{found.unsafe_calls} / {found.uncertain} / {found.ambiguous}"
+                ),
+                "keyed calls / repeated with same key": (
+                    f"{found.keyed_calls} / {found.keyed_repeats}"
+                ),
+                "workers SIGKILLed (poison holders)": f"{fleet.kills} ({stats['poison kills']})",
+                "workers frozen past their lease": fleet.pauses,
+                "submitting / finishing (s)": f"{loaded - started:.0f} / {finished - loaded:.0f}",
+                "load finished at (s)": ", ".join(f"{k} {v:.0f}" for k, v in phases.items()),
+                "backends terminated": stats["backends terminated"],
+                "client retries / replays / reuse refused": (
+                    f"{ledger.retries} / {ledger.replayed} / {ledger.key_reuse_refused}"
+                ),
+                "duplicate unsafe effects": found.duplicate_unsafe_effects,
+                "invariant-checked runs": checked,
+            },
+        )
+    )
+    assert found.problems == [], found.problems[:20]
+    assert found.duplicate_unsafe_effects == 0
+    assert checked == len(ledger.accepted)
+    expected = SESSIONLESS + SESSIONS * TURNS + POISON + 20 + 20 + 10
+    assert len(ledger.accepted) == expected
+    # The chaos really happened: workers died mid-run and their runs came back.
+    assert fleet.kills >= 10, fleet.kills
+    assert found.requeued > 0
+    assert survivors == 3
+    # A worker frozen past its lease woke up to find its runs gone: its writes were fenced.
+    assert fleet.pauses >= 1
+    assert found.fenced >= 1
+    # Poison runs were killed on every attempt and ended in the dead letter, not lost.
+    assert [(p.status, p.attempts, p.kind) for p in poison] == [
+        ("failed", MAX_ATTEMPTS, "lease_expired")
+    ] * POISON
+    assert ledger.key_reuse_refused == 10
+
+
+@pytest.mark.timeout(600)
+async def test_database_restarts_under_load_lose_no_accepted_turn(
+    throwaway_cluster: LocalCluster,
+) -> None:
+    started = time.monotonic()
+    url = throwaway_cluster.url()
+    await asyncio.to_thread(upgrade, url)
+    engine = create_engine(Settings(), url)
+    ledger = Ledger()
+    restarts: list[str] = []
+    try:
+        key = (await create_key(engine, tenant_id="acme", principal="svc")).secret
+        port = free_port()
+        env = {"DATABASE_URL": url, **FAST, "TURNSTILE_MAX_ATTEMPTS": "10"}
+        async with AsyncExitStack() as stack:
+            counter = await stack.enter_async_context(counting_server())
+            await stack.enter_async_context(
+                turnstile(
+                    "serve", "--no-workers", "--port", str(port), ready=b"Uvicorn running", env=env
+                )
+            )
+            fleet = Fleet(env, stack)
+            for _ in range(2):
+                await fleet.start_worker()
+            client = Client(f"http://127.0.0.1:{port}", key, ledger)
+            stack.push_async_callback(client.aclose)
+            load = Load(client, counter, ledger)
+
+            async def faults() -> None:
+                # Wait for work in flight, then take the database away: a fast shutdown that
+                # disconnects everyone, or an immediate one (a crash: WAL recovery on start).
+                for mode in ("fast", "immediate", "immediate", "fast"):
+
+                    async def busy() -> bool:
+                        return len(ledger.accepted) >= 60 * (len(restarts) + 1)
+
+                    await eventually(busy, within=120, what="submissions before a restart")
+                    await asyncio.to_thread(throwaway_cluster.stop, mode)
+                    restarts.append(mode)
+                    await asyncio.to_thread(throwaway_cluster.start)
+
+            await asyncio.gather(
+                faults(),
+                load.sessionless(400, concurrency=6),
+                *(load.conversation(s) for s in range(10)),
+            )
+            accepted = [str(run_id) for run_id in ledger.accepted.values()]
+
+            async def all_terminal() -> bool:
+                try:
+                    async with engine.connect() as conn:
+                        n = (
+                            await conn.execute(
+                                text(
+                                    "SELECT count(*) FROM runs WHERE status = 'succeeded' "
+                                    "AND id = ANY(CAST(:ids AS uuid[]))"
+                                ),
+                                {"ids": accepted},
+                            )
+                        ).scalar_one()
+                except OSError:
+                    return False
+                return bool(n == len(accepted))
+
+            await eventually(all_terminal, within=240, what="every accepted run to succeed")
+            hits = await counter.hits()
+        found = await examine(engine, ledger, hits)
+        checked = await check_all_runs(engine)
+        REPORTS.append(
+            report(
+                f"Database restarts ({time.monotonic() - started:.0f} s)",
+                {
+                    "restarts": ", ".join(restarts),
+                    "submissions accepted": len(ledger.accepted),
+                    "statuses": dict(found.statuses),
+                    "client retries": ledger.retries,
+                    "requeued / released / fenced": (
+                        f"{found.requeued} / {found.released} / {found.fenced}"
+                    ),
+                    "unsafe calls / uncertain": f"{found.unsafe_calls} / {found.uncertain}",
+                    "duplicate unsafe effects": found.duplicate_unsafe_effects,
+                    "invariant-checked runs": checked,
+                },
+            )
+        )
+        assert found.problems == [], found.problems[:20]
+        assert len(restarts) == 4
+        assert len(ledger.accepted) == 400 + 10 * TURNS
+        assert found.statuses == {"succeeded": len(ledger.accepted)}
+        assert checked == len(ledger.accepted)
+    finally:
+        await engine.dispose()
