@@ -439,30 +439,39 @@ FROM generate_series(1, $2) g
 
 
 async def depth(dbs: Databases, settings: Settings, profile: Profile) -> list[dict[str, Any]]:
+    """Claims are timed in rounds that take at most a quarter of the queue; between rounds
+    (untimed) the queue is filled back to its depth, so every claim sees the depth it reports."""
     results = []
     async with dbs.fresh() as url:
         conn = await asyncpg.connect(url)
         engine = create_engine(settings, url)
         queue = Queue(engine)
+
+        async def fill_to(target: int) -> None:
+            queued = await conn.fetchval("SELECT count(*) FROM runs WHERE status = 'queued'")
+            while queued < target:
+                n = min(200_000, target - queued)
+                await conn.execute(FILL_SQL, ASYNC.base, n)
+                queued += n
+
         try:
-            queued = 0
             for target in profile.depths:
-                while queued < target:
-                    n = min(200_000, target - queued)
-                    await conn.execute(FILL_SQL, ASYNC.base, n)
-                    queued += n
+                await fill_to(target)
                 await conn.execute("VACUUM ANALYZE runs")
                 row: dict[str, Any] = {"queued": target}
                 for label, limit in (("claim_one", 1), ("claim_many_8", 8)):
                     for _ in range(10):  # warm the connection pool and the plan caches
                         await queue.claim("bench", [ASYNC], limit=limit)
-                    times = []
-                    for _ in range(profile.claims_per_depth):
-                        started = time.perf_counter()
-                        claimed = await queue.claim("bench", [ASYNC], limit=limit)
-                        times.append((time.perf_counter() - started) * 1000)
-                        assert len(claimed) == limit
-                    queued -= limit * (profile.claims_per_depth + 10)
+                    per_round = max(1, target // (limit * 4))
+                    times: list[float] = []
+                    while len(times) < profile.claims_per_depth:
+                        await fill_to(target)
+                        for _ in range(min(per_round, profile.claims_per_depth - len(times))):
+                            started = time.perf_counter()
+                            claimed = await queue.claim("bench", [ASYNC], limit=limit)
+                            times.append((time.perf_counter() - started) * 1000)
+                            if len(claimed) != limit:
+                                raise RuntimeError(f"claimed {len(claimed)} of {limit}")
                     row[label] = summary(times)
                 results.append(row)
                 log(f"claim latency at {target:,} queued: {row}")
