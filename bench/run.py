@@ -583,19 +583,31 @@ def machine() -> dict[str, Any]:
 
 def markdown(results: dict[str, Any]) -> str:
     ceil = results["ceiling"]
-    pgbench = ceil["pgbench_tps"]
+    # The ratio's reference is the higher of the two pgbench figures of this run (start and
+    # end), so a ceiling depressed by a noisy moment never flatters a ratio.
+    pgbench = max(ceil["pgbench_tps"], (results.get("ceiling_end") or {}).get("pgbench_tps", 0))
+    cores = results["machine"]["cores"] or 1
+    busy = max(results["load_average"]["start"][0], results["load_average"]["end"][0]) > cores
     lines = [
         f"Measured {results['date']} on {results['machine']['cores']} cores "
         f"({results['machine']['cpu'] or results['machine']['platform']}), PostgreSQL "
         f"{ceil['server_version']} (synchronous_commit={ceil['durability']['synchronous_commit']}, "
         f"fsync={ceil['durability']['fsync']}), profile `{results['profile']}`; load average "
         f"{results['load_average']['start']} at the start, {results['load_average']['end']} at "
-        "the end.",
+        "the end."
+        + (
+            " The load average was above the core count: other processes competed for the CPU"
+            " during this run, so every figure is lower than on an idle machine."
+            if busy
+            else ""
+        ),
         "",
         "| Figure | Measured | Ceiling in the same run | Target | Met |",
         "|---|---:|---:|---|---|",
         f"| Commit ceiling, pgbench (1 UPDATE/txn, {ceil['clients']} clients) | "
-        f"{pgbench:,.0f} tps | - | - | - |",
+        f"{ceil['pgbench_tps']:,.0f} tps at the start, "
+        f"{(results.get('ceiling_end') or {}).get('pgbench_tps', 0):,.0f} at the end | "
+        f"reference: {pgbench:,.0f} tps | - | - |",
         f"| Commit ceiling, asyncpg ({ceil['clients']} connections) | "
         f"{ceil['asyncpg_tps']:,.0f} tps | - | - | - |",
         f"| Same with one pg_notify per txn | {ceil['asyncpg_notify_tps']:,.0f} tps | "
@@ -653,12 +665,6 @@ def markdown(results: dict[str, Any]) -> str:
         f"| Peak RSS of a worker process | {rss} MB | - | <= 150 MB | "
         f"{'yes' if rss is not None and rss <= 150 else 'no'} |"
     )
-    if results.get("ceiling_end"):
-        lines += [
-            "",
-            f"pgbench again at the end of the run: {results['ceiling_end']['pgbench_tps']:,.0f} "
-            "tps (how much the ceiling moved while the run went on).",
-        ]
     return "\n".join(lines) + "\n"
 
 
@@ -687,7 +693,10 @@ def plot(results: dict[str, Any], path: Path) -> bool:
     left.axvline(20, color="grey", linestyle=":", label="interactive p99 target (20 ms)")
     left.legend(loc="lower right")
     left.grid(True, which="both", alpha=0.3)
-    pgbench = results["ceiling"]["pgbench_tps"]
+    pgbench = max(
+        results["ceiling"]["pgbench_tps"],
+        (results.get("ceiling_end") or {}).get("pgbench_tps", 0),
+    )
     for processes, marker in ((1, "o"), (2, "s")):
         rows = [r for r in results["throughput"] if r["processes"] == processes]
         if rows:
