@@ -402,9 +402,15 @@ async def latency(
             since = await conn.fetchval("SELECT now()")
             interval = 1.0 / profile.interactive_rate
             sent = 0
+            # Per interactive run: how long its enqueue transaction took as this client saw it
+            # (its BEGIN is the run's created_at, so it is part of enqueue-to-claim), and the
+            # wall-clock time the enqueue returned (same machine, same clock as the server's).
+            enqueue_ms: list[float] = []
+            returned_at: dict[uuid.UUID, float] = {}
             began = time.monotonic()
             while time.monotonic() - began < profile.latency_seconds:
-                await queue.enqueue(
+                started = time.perf_counter()
+                run = await queue.enqueue(
                     NewRun(
                         tenant_id="bench",
                         principal="bench",
@@ -413,6 +419,8 @@ async def latency(
                         priority=INTERACTIVE.base,
                     )
                 )
+                enqueue_ms.append((time.perf_counter() - started) * 1000)
+                returned_at[run.id] = time.time()
                 sent += 1
                 await asyncio.sleep(max(0.0, began + sent * interval - time.monotonic()))
             await wait_count(
@@ -435,7 +443,17 @@ async def latency(
                 worker.stop()
             await engine.dispose()
         rows = await conn.fetch(LATENCY_SQL, since, until)
+        claims = await conn.fetch(
+            "SELECT run_id, extract(epoch FROM created_at) AS at FROM run_events "
+            "WHERE type = 'run.claimed' AND seq = 2 AND run_id = ANY($1::uuid[])",
+            list(returned_at),
+        )
         await conn.close()
+    after_return = [
+        (float(row["at"]) - returned_at[row["run_id"]]) * 1000
+        for row in claims
+        if row["run_id"] in returned_at
+    ]
     by_class: dict[str, list[float]] = {}
     for row in rows:
         by_class.setdefault(PriorityClass.of(row["priority"]).value, []).append(float(row["ms"]))
@@ -450,6 +468,9 @@ async def latency(
         "async_running_at_end": async_busy,
         "worker_peak_rss_mb": rss,
         "classes": {klass: summary(values) for klass, values in sorted(by_class.items())},
+        "interactive_enqueue_transaction": summary(enqueue_ms),
+        # Negative when the claim began before the client had read its COMMIT's answer.
+        "interactive_claim_after_enqueue_returned": summary(after_return),
         "samples_ms": {klass: values for klass, values in by_class.items()},
     }
 
@@ -662,6 +683,14 @@ def markdown(results: dict[str, Any]) -> str:
                 f"async runs (p50 / p95 / p99 ms, n={row['n']}) | {row['p50_ms']} / "
                 f"{row['p95_ms']} / {row['p99_ms']} | {pgbench:,.0f} tps | {target} | {met} |"
             )
+    enq = results["latency"].get("interactive_enqueue_transaction")
+    after = results["latency"].get("interactive_claim_after_enqueue_returned")
+    if enq and after:
+        lines.append(
+            f"| of which the enqueue's own transaction, as its client saw it (p50 / p99 ms); "
+            f"claim start after the enqueue returned (p50 / p99 ms) | {enq['p50_ms']} / "
+            f"{enq['p99_ms']}; {after['p50_ms']} / {after['p99_ms']} | {pgbench:,.0f} tps | - | - |"
+        )
     depths = results["depth"]
     if depths:
         base = depths[0]["claim_one"]["p50_ms"]
