@@ -17,6 +17,7 @@ from app.queue.models import Event, NewRun
 from app.ui import views
 from app.ui.session import COOKIE, csrf_token
 from tests.support.api import Api, running_api
+from tests.support.waiting import eventually
 
 
 async def signed_in(api: Api, key: str) -> httpx.AsyncClient:
@@ -224,3 +225,36 @@ def test_the_timeline_words_recovery_events() -> None:
     assert "requeue" in requeued.tags
     assert unknown.title == "something.new"
     assert '"x": 1' in unknown.data
+
+
+async def test_a_runs_page_shows_its_question_and_the_answer(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with running_api(database_url, engine, workers=True) as api:
+        client = await api.client("acme", "alice")
+        session = (await client.post("/sessions")).json()["id"]
+        script = {"script": [{"ask": "Which account?"}, {"final": "booked"}]}
+        run_id = (await client.post(f"/sessions/{session}/turns", json={"input": script})).json()[
+            "id"
+        ]
+
+        async def reaches(status: str) -> bool:
+            run = (
+                await client.get(f"/runs/{run_id}", params={"wait": 5, "status": "queued"})
+            ).json()
+            return bool(run["status"] == status)
+
+        await eventually(lambda: reaches("waiting_for_user"), within=20, what="the question")
+        browser = await signed_in(api, await api.key("acme", "ops", "operator"))
+        waiting = (await browser.get(f"/ui/runs/{run_id}")).text
+        assert "Question to the user" in waiting
+        await client.post(f"/sessions/{session}/turns", json={"input": "acct-42"})
+        await eventually(lambda: reaches("succeeded"), within=20, what="the answer's run")
+        page = (await browser.get(f"/ui/runs/{run_id}")).text
+        assert "asked the user: &#34;Which account?&#34;" in page
+        assert "answer 2 from alice" in page
+        assert "&#34;acct-42&#34;" in page
+        assert page.count('data-type="run.claimed"') == 2
+        overview = await browser.get("/ui/overview/fragment")
+        assert overview.status_code == 200
+        assert 'data-group="interactive"' in overview.text  # this process's live slot groups
