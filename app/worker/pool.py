@@ -286,6 +286,13 @@ class WorkerPool:
                 "self-fenced: heartbeats failed until the lease deadline",
                 extra={"run_id": str(ctx.lease.run_id), "epoch": ctx.lease.epoch},
             )
+        elif ctx.self_fenced:
+            # The executor's own check before a step found the lease past its deadline (the
+            # process was frozen or starved): it stopped without a write; say so.
+            log.warning(
+                "self-fenced: the lease may have lapsed before the next step",
+                extra={"run_id": str(ctx.lease.run_id), "epoch": ctx.lease.epoch},
+            )
 
     # --- heartbeats ---------------------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
