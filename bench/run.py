@@ -485,47 +485,74 @@ FROM generate_series(1, $2) g
 """
 
 
+class _Depth:
+    """One database holding a queue of `target` claimable async runs."""
+
+    def __init__(self, url: str, settings: Settings, target: int) -> None:
+        self.url = url
+        self.target = target
+        self.engine = create_engine(settings, url)
+        self.queue = Queue(self.engine)
+        self.conn: asyncpg.Connection | None = None
+
+    async def fill(self) -> None:
+        """Top the queue back up to its depth (untimed)."""
+        if self.conn is None:
+            self.conn = await asyncpg.connect(self.url)
+        queued = await self.conn.fetchval("SELECT count(*) FROM runs WHERE status = 'queued'")
+        while queued < self.target:
+            n = min(200_000, self.target - queued)
+            await self.conn.execute(FILL_SQL, ASYNC.base, n)
+            queued += n
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+        if self.conn is not None:
+            await self.conn.close()
+
+
 async def depth(dbs: Databases, settings: Settings, profile: Profile) -> list[dict[str, Any]]:
-    """Claims are timed in rounds that take at most a quarter of the queue; between rounds
-    (untimed) the queue is filled back to its depth, so every claim sees the depth it reports."""
-    results = []
-    async with dbs.fresh() as url:
-        conn = await asyncpg.connect(url)
-        engine = create_engine(settings, url)
-        queue = Queue(engine)
-
-        async def fill_to(target: int) -> None:
-            queued = await conn.fetchval("SELECT count(*) FROM runs WHERE status = 'queued'")
-            while queued < target:
-                n = min(200_000, target - queued)
-                await conn.execute(FILL_SQL, ASYNC.base, n)
-                queued += n
-
-        try:
-            for target in profile.depths:
-                await fill_to(target)
-                await conn.execute("VACUUM ANALYZE runs")
-                row: dict[str, Any] = {"queued": target}
-                for label, limit in (("claim_one", 1), ("claim_many_8", 8)):
-                    for _ in range(10):  # warm the connection pool and the plan caches
-                        await queue.claim("bench", [ASYNC], limit=limit)
-                    per_round = max(1, target // (limit * 4))
-                    times: list[float] = []
-                    while len(times) < profile.claims_per_depth:
-                        await fill_to(target)
-                        for _ in range(min(per_round, profile.claims_per_depth - len(times))):
-                            started = time.perf_counter()
-                            claimed = await queue.claim("bench", [ASYNC], limit=limit)
-                            times.append((time.perf_counter() - started) * 1000)
-                            if len(claimed) != limit:
-                                raise RuntimeError(f"claimed {len(claimed)} of {limit}")
-                    row[label] = summary(times)
-                results.append(row)
-                log(f"claim latency at {target:,} queued: {row}")
-        finally:
-            await engine.dispose()
-            await conn.close()
-    return results
+    """One database per depth, all built first; then the claims are timed in interleaved rounds
+    (a round at each depth in turn), so a noisy moment on a shared machine falls on every depth
+    alike instead of on whichever was being measured. A round takes at most a quarter of its
+    queue, and the queue is filled back to its depth before the next one."""
+    async with contextlib.AsyncExitStack() as stack:
+        queues: list[_Depth] = []
+        for target in profile.depths:
+            queues.append(_Depth(await stack.enter_async_context(dbs.fresh()), settings, target))
+            stack.push_async_callback(queues[-1].close)
+            await queues[-1].fill()
+            assert queues[-1].conn is not None
+            await queues[-1].conn.execute("VACUUM ANALYZE runs")
+        times: dict[tuple[int, str], list[float]] = {}
+        for label, limit in (("claim_one", 1), ("claim_many_8", 8)):
+            for q in queues:
+                for _ in range(10):  # warm the connection pool and the plan caches
+                    await q.queue.claim("bench", [ASYNC], limit=limit)
+            per_round = min(25, max(1, min(profile.depths) // (limit * 4)))
+            while any(
+                len(times.get((q.target, label), [])) < profile.claims_per_depth for q in queues
+            ):
+                for q in queues:
+                    series = times.setdefault((q.target, label), [])
+                    await q.fill()
+                    for _ in range(min(per_round, profile.claims_per_depth - len(series))):
+                        started = time.perf_counter()
+                        claimed = await q.queue.claim("bench", [ASYNC], limit=limit)
+                        series.append((time.perf_counter() - started) * 1000)
+                        if len(claimed) != limit:
+                            raise RuntimeError(f"claimed {len(claimed)} of {limit}")
+        results = [
+            {
+                "queued": q.target,
+                "claim_one": summary(times[(q.target, "claim_one")]),
+                "claim_many_8": summary(times[(q.target, "claim_many_8")]),
+            }
+            for q in queues
+        ]
+        for row in results:
+            log(f"claim latency at {row['queued']:,} queued: {row}")
+        return results
 
 
 # --- 5. the API -------------------------------------------------------------------------------
