@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import statistics
 import time
 from contextlib import AsyncExitStack, suppress
 from typing import Any
@@ -79,6 +80,9 @@ FAST = {
     "TURNSTILE_HTTP_ALLOWED_HOSTS": "127.0.0.1",
     "TURNSTILE_HTTP_TIMEOUT_SECONDS": "5",
     "TURNSTILE_SLOTS": "interactive:3,async:6,maintenance:1",
+    # Five processes, plus the ones just killed whose backends are still closing, must fit in
+    # the server's 100 connections beside the test's own.
+    "TURNSTILE_DB_POOL_SIZE": "8",
 }
 
 
@@ -89,6 +93,7 @@ class Load:
         self.client = client
         self.counter = counter.base
         self.ledger = ledger
+        self.turn_seconds: list[float] = []  # a conversation turn, submitted to finished
 
     async def run(self, tag: str, body: dict[str, Any], key: str | None = None) -> UUID:
         response = await self.client.post("/runs", {**body}, key or tag)
@@ -131,6 +136,7 @@ class Load:
         for turn in range(TURNS):
             tag = f"s{s}t{turn}"
             body = {"input": {"tag": tag, "script": session_script(s, turn, self.counter, tag)}}
+            began = time.monotonic()
             response = await self.client.post(f"/sessions/{session}/turns", body, tag)
             assert response.status_code == 202, (response.status_code, response.text)
             run_id = UUID(response.json()["id"])
@@ -150,6 +156,7 @@ class Load:
                     # An answer goes to the waiting run itself; no new run is created.
                     assert UUID(response.json()["id"]) == run_id
                     self.ledger.answers += 1
+            self.turn_seconds.append(time.monotonic() - began)
 
     async def identical_at_once(self, n: int) -> None:
         """Four clients send the same submission with the same key at the same moment."""
@@ -197,7 +204,7 @@ async def chaos(
             await asyncio.wait_for(done.wait(), rng.uniform(0.6, 1.6))
         if done.is_set():
             break
-        live = set(fleet.workers)
+        live = set(fleet.workers) - fleet.paused  # a frozen worker must wake up to be fenced
         poisoned = await running_pids(engine, live, poison_only=True)
         busy = poisoned or await running_pids(engine, live)
         if busy:
@@ -207,12 +214,14 @@ async def chaos(
             await fleet.start_worker()
         if round_ % 3 == 0:
             stats["backends terminated"] += await terminate_backends(engine, rng, at_most=2)
-        if round_ % 5 == 2 and not fleet.paused:
+        if round_ % 4 == 2 and not fleet.paused:
             # Freeze a busy worker past its lease: its runs are swept and claimed elsewhere,
             # and when it wakes up every write it attempts must be fenced off.
-            frozen = await running_pids(engine, set(fleet.workers))
+            frozen = await running_pids(engine, live)
             if frozen:
-                pauses.append(asyncio.create_task(fleet.pause(rng.choice(frozen), 3.0)))
+                # Longer than its lease and than the sweeper's own lease (5 s), so the sweep
+                # goes on elsewhere even when the frozen process was the one sweeping.
+                pauses.append(asyncio.create_task(fleet.pause(rng.choice(frozen), 7.0)))
     await asyncio.gather(*pauses)
 
 
@@ -222,13 +231,13 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
 ) -> None:
     started = time.monotonic()
     rng = random.Random(int(os.environ.get("TURNSTILE_CHAOS_SEED", "0")) or None)
-    port = free_port()
     env = {"DATABASE_URL": database_url, **FAST}
     key = (await create_key(engine, tenant_id="acme", principal="svc")).secret
     ledger = Ledger()
     stats = {"poison kills": 0, "backends terminated": 0}
     async with AsyncExitStack() as stack:
         counter = await stack.enter_async_context(counting_server())
+        port = free_port()  # only now: the counting server's port is taken
         await stack.enter_async_context(
             turnstile(
                 "serve", "--no-workers", "--port", str(port), ready=b"Uvicorn running", env=env
@@ -285,6 +294,7 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
             await havoc
         hits = await counter.hits()
         survivors = len(fleet.workers)
+        self_fenced = fleet.log_count(b"self-fenced")
     # The fleet drained on SIGTERM and exited 0 (checked by `turnstile()` on the way out).
 
     found = await examine(engine, ledger, hits)
@@ -306,10 +316,13 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
                 "runs in the database": found.runs,
                 "statuses": dict(found.statuses),
                 "answers delivered": ledger.answers,
+                "turn duration p50 / max (s)": (
+                    f"{statistics.median(load.turn_seconds):.1f} / {max(load.turn_seconds):.1f}"
+                ),
                 "claims": found.claims,
                 "requeued by the sweeper": found.requeued,
                 "released early": found.released,
-                "fenced writes recorded": found.fenced,
+                "fenced writes recorded / self-fenced runs": f"{found.fenced} / {self_fenced}",
                 "dead-lettered (attempts)": found.dead_lettered_by_attempts,
                 "unsafe calls / uncertain / ambiguous": (
                     f"{found.unsafe_calls} / {found.uncertain} / {found.ambiguous}"
@@ -339,9 +352,10 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
     assert fleet.kills >= 10, fleet.kills
     assert found.requeued > 0
     assert survivors == 3
-    # A worker frozen past its lease woke up to find its runs gone: its writes were fenced.
+    # A worker frozen past its lease woke up to find its runs gone, and wrote nothing more for
+    # them: either the database refused a write (run.fenced) or its own clock stopped it first.
     assert fleet.pauses >= 1
-    assert found.fenced >= 1
+    assert found.fenced + self_fenced >= 1
     # Poison runs were killed on every attempt and ended in the dead letter, not lost.
     assert [(p.status, p.attempts, p.kind) for p in poison] == [
         ("failed", MAX_ATTEMPTS, "lease_expired")
@@ -361,10 +375,10 @@ async def test_database_restarts_under_load_lose_no_accepted_turn(
     restarts: list[str] = []
     try:
         key = (await create_key(engine, tenant_id="acme", principal="svc")).secret
-        port = free_port()
         env = {"DATABASE_URL": url, **FAST, "TURNSTILE_MAX_ATTEMPTS": "10"}
         async with AsyncExitStack() as stack:
             counter = await stack.enter_async_context(counting_server())
+            port = free_port()  # only now: the counting server's port is taken
             await stack.enter_async_context(
                 turnstile(
                     "serve", "--no-workers", "--port", str(port), ready=b"Uvicorn running", env=env
@@ -441,3 +455,73 @@ async def test_database_restarts_under_load_lose_no_accepted_turn(
         assert checked == len(ledger.accepted)
     finally:
         await engine.dispose()
+
+
+async def test_a_frozen_worker_wakes_up_fenced(database_url: str, engine: AsyncEngine) -> None:
+    """SIGSTOP the worker in the middle of a run for longer than its lease, SIGCONT it after
+    another worker has taken the run over: the sleeper must not write for that run again."""
+    env = {"DATABASE_URL": database_url, **FAST}
+    key = (await create_key(engine, tenant_id="acme", principal="svc")).secret
+    async with AsyncExitStack() as stack:
+        port = free_port()
+        await stack.enter_async_context(
+            turnstile(
+                "serve", "--no-workers", "--port", str(port), ready=b"Uvicorn running", env=env
+            )
+        )
+        fleet = Fleet(env, stack)
+        for _ in range(2):
+            await fleet.start_worker()
+        client = Client(f"http://127.0.0.1:{port}", key, Ledger())
+        stack.push_async_callback(client.aclose)
+        script = [{"call": "sleep", "args": {"seconds": 0.5}} for _ in range(8)]
+        response = await client.post("/runs", {"input": {"tag": "t", "script": script}}, "t")
+        run_id = UUID(response.json()["id"])
+
+        async def holder() -> int | None:
+            pids = await running_pids(engine, set(fleet.workers))
+            return pids[0] if pids else None
+
+        first = await eventually(holder, within=30, what="the run to be claimed")
+        # Longer than the run's lease (2 s) plus the sweeper's own lease (5 s): even when the
+        # frozen process was the one sweeping, another takes the sweep over and the run away.
+        frozen = asyncio.create_task(fleet.pause(first, 8.0))
+
+        async def taken_over() -> bool:
+            async with engine.connect() as conn:
+                n = (
+                    await conn.execute(
+                        text("SELECT lease_epoch FROM runs WHERE id = :id"), {"id": run_id}
+                    )
+                ).scalar_one()
+            return bool(n >= 2)
+
+        await eventually(taken_over, within=30, what="another worker to claim the run")
+        await frozen
+
+        async def finished() -> bool:
+            run = (await client.get(f"/runs/{run_id}")).json()
+            return bool(run["status"] == "succeeded")
+
+        await eventually(finished, within=60, what="the run to finish")
+    async with engine.connect() as conn:
+        events = (
+            await conn.execute(
+                text("SELECT type, epoch, data FROM run_events WHERE run_id = :id ORDER BY seq"),
+                {"id": run_id},
+            )
+        ).all()
+    claims = [(e.epoch, e.data["owner"]) for e in events if e.type == "run.claimed"]
+    fenced = [
+        (e.epoch, e.data["owner"], e.data["current_epoch"])
+        for e in events
+        if e.type == "run.fenced"
+    ]
+    assert len(claims) == 2, claims
+    assert claims[0][1] != claims[1][1], claims
+    # The sleeper woke and wrote nothing more for the run: either the database refused its
+    # write (run.fenced with its stale epoch) or its own clock stopped it before the next step.
+    self_fenced = fleet.children[[c.process.pid for c in fleet.children].index(first)].log
+    assert fenced == [(1, claims[0][1], 2)] or (fenced == [] and b"self-fenced" in self_fenced)
+    # Every write after the second claim is the second worker's (epoch 2).
+    assert await check_all_runs(engine) == 1

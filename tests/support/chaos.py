@@ -77,7 +77,8 @@ class Fleet:
 
     env: dict[str, str]
     stack: AsyncExitStack
-    workers: dict[int, Child] = field(default_factory=dict)  # pid -> child
+    workers: dict[int, Child] = field(default_factory=dict)  # pid -> child, the live ones
+    children: list[Child] = field(default_factory=list)  # every worker ever started
     kills: int = 0
     started: int = 0
     pauses: int = 0
@@ -88,6 +89,7 @@ class Fleet:
             turnstile("worker", ready=b"running slots", env=self.env)
         )
         self.workers[child.process.pid] = child
+        self.children.append(child)
         self.started += 1
         return child
 
@@ -105,6 +107,10 @@ class Fleet:
             self.paused.discard(pid)
             if child.process.returncode is None:
                 child.process.send_signal(signal.SIGCONT)
+
+    def log_count(self, needle: bytes) -> int:
+        """How many times `needle` appears in the logs of every worker started so far."""
+        return sum(child.log.count(needle) for child in self.children)
 
     async def kill(self, pid: int) -> None:
         child = self.workers.pop(pid)

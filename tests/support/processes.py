@@ -53,7 +53,10 @@ async def turnstile(*args: str, ready: bytes, env: dict[str, str]) -> AsyncItera
     reading: asyncio.Task[None] | None = None
     try:
         while ready not in (line := await asyncio.wait_for(stderr.readline(), 60)):
-            assert line, f"turnstile {' '.join(args)} exited before it was ready"
+            assert line, (
+                f"turnstile {' '.join(args)} exited before it was ready:\n"
+                + child.log.decode(errors="replace")[-3000:]
+            )
             child.log.extend(line)
         child.log.extend(line)
 
