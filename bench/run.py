@@ -163,7 +163,8 @@ async def server_url() -> str:
     for name in ("DATABASE_URL", "TURNSTILE_DATABASE_URL", "TEST_DATABASE_URL"):
         if os.environ.get(name):
             return os.environ[name]
-    return (await asyncio.to_thread(start_embedded, ROOT / ".turnstile")).url
+    data_dir = Settings().data_dir  # TURNSTILE_DATA_DIR, `.turnstile` by default
+    return (await asyncio.to_thread(start_embedded, ROOT / data_dir)).url
 
 
 class Databases:
@@ -773,7 +774,7 @@ def plot(results: dict[str, Any], path: Path) -> bool:
         f"Behind {results['latency']['backlog_runs']:,} queued async runs (every async slot busy)"
     )
     left.axvline(20, color="grey", linestyle=":", label="interactive p99 target (20 ms)")
-    left.legend(loc="center")
+    left.legend(loc="center", bbox_to_anchor=(0.6, 0.5), fontsize="small")
     left.grid(True, which="both", alpha=0.3)
     pgbench = max(
         results["ceiling"]["pgbench_tps"],
@@ -816,7 +817,21 @@ async def main() -> None:
     parser.add_argument(
         "--phases", default="ceiling,throughput,latency,depth,api", help="comma-separated"
     )
+    parser.add_argument(
+        "--report-only",
+        type=Path,
+        default=None,
+        help="measure nothing: write the Markdown (and PNG) again from this results JSON",
+    )
     args = parser.parse_args()
+    if args.report_only is not None:
+        results = json.loads(args.report_only.read_text())
+        table = markdown(results)
+        args.report_only.with_suffix(".md").write_text(table)
+        print(table)
+        if args.png is not None:
+            plot(results, args.png)
+        return
     profile = PROFILES[args.profile or ("quick" if args.quick else "full")]
     phases = set(args.phases.split(","))
     settings = Settings()
