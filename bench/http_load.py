@@ -61,9 +61,10 @@ async def main() -> None:
     measure_from = started + args.warmup
     stop_at = measure_from + args.seconds
     exhausted = False
+    total = 0  # every answered request, warm-up included
 
     async def connection() -> None:
-        nonlocal exhausted
+        nonlocal exhausted, total
         reader, writer = await asyncio.open_connection(args.host, args.port)
         try:
             while time.monotonic() < stop_at:
@@ -83,6 +84,7 @@ async def main() -> None:
                 writer.write(request)
                 status = await read_response(reader)
                 done = time.monotonic()
+                total += 1
                 if sent >= measure_from and done <= stop_at:
                     latencies.append((done - sent) * 1000)
                     statuses[status] += 1
@@ -97,6 +99,7 @@ async def main() -> None:
                 "connections": args.connections,
                 "seconds": round(window, 3),
                 "requests": len(latencies),
+                "requests_total": total,
                 "statuses": {str(k): v for k, v in sorted(statuses.items())},
                 "sessions_exhausted": exhausted,
                 "requests_per_second": round(len(latencies) / window, 1) if window > 0 else None,

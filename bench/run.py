@@ -223,6 +223,15 @@ def peak_rss_mb(pid: int) -> float | None:
     return None
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time a process has used so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Worker:
     """One `turnstile worker` process."""
 
@@ -239,6 +248,9 @@ class Worker:
 
     def peak_rss_mb(self) -> float | None:
         return peak_rss_mb(self.process.pid)
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.process.pid) or 0.0
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -317,6 +329,7 @@ async def throughput(
                 for i in range(processes)
             ]
             await wait_workers(conn, processes, workers)
+            cpu_before = sum(w.cpu_seconds() for w in workers)
             began = time.monotonic()
             await enqueue_bulk(Queue(engine), profile.throughput_runs, NOOP, ASYNC.base)
             enqueued = time.monotonic() - began
@@ -337,6 +350,7 @@ async def throughput(
                 await asyncio.sleep(0.05)
             wall = time.monotonic() - began
             rss = [w.peak_rss_mb() for w in workers]
+            cpu = sum(w.cpu_seconds() for w in workers) - cpu_before
         finally:
             for worker in workers:
                 worker.stop()
@@ -361,6 +375,9 @@ async def throughput(
         "runs_per_second": round(int(row["runs"]) / window, 1),
         "worker_peak_rss_mb": rss,
         "worker_connections_peak": connections,
+        # The workers' CPU time (user + system) per run while they drained: what a run costs
+        # a worker process, whatever else competed for the cores.
+        "worker_cpu_ms_per_run": round(cpu * 1000 / int(row["runs"]), 3),
     }
 
 
@@ -604,6 +621,7 @@ async def api(dbs: Databases, profile: Profile, logs: Path) -> dict[str, Any]:
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(0.1)
+            cpu_before = cpu_seconds(server.pid) or 0.0
             with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as listing:
                 listing.write("\n".join(str(row["id"]) for row in sessions))
             try:
@@ -626,6 +644,9 @@ async def api(dbs: Databases, profile: Profile, logs: Path) -> dict[str, Any]:
             finally:
                 os.unlink(listing.name)
             result: dict[str, Any] = json.loads(out)
+            cpu = (cpu_seconds(server.pid) or 0.0) - cpu_before
+            # The server's CPU time per request, warm-up requests included.
+            result["server_cpu_ms_per_request"] = round(cpu * 1000 / result["requests_total"], 3)
             result["server_peak_rss_mb"] = peak_rss_mb(server.pid)
             result["runs_created"] = await conn.fetchval("SELECT count(*) FROM runs")
         finally:
@@ -693,8 +714,9 @@ def markdown(results: dict[str, Any]) -> str:
         ratio = row["runs_per_second"] / pgbench
         lines.append(
             f"| No-op runs/s, {row['processes']} worker process"
-            f"{'es' if row['processes'] > 1 else ''} x {row['slots_per_process']} async slots | "
-            f"{row['runs_per_second']:,.0f} ({ratio:.1%}) | {pgbench:,.0f} tps | "
+            f"{'es' if row['processes'] > 1 else ''} x {row['slots_per_process']} async slots "
+            f"(worker CPU per run) | {row['runs_per_second']:,.0f} ({ratio:.1%}; "
+            f"{row.get('worker_cpu_ms_per_run', '?')} ms) | {pgbench:,.0f} tps | "
             f">= 25 % of pgbench | {'yes' if ratio >= 0.25 else 'no'}"
             f"{' (best)' if row is best else ''} |"
         )
@@ -739,8 +761,10 @@ def markdown(results: dict[str, Any]) -> str:
     )
     lines.append(
         f"| POST /sessions/{{id}}/turns, {api_row['connections']} connections, one uvicorn "
-        f"process (req/s; p50 / p99 ms) | {api_row['requests_per_second']:,.0f}; "
-        f"{_round(api_row['p50_ms'])} / {_round(api_row['p99_ms'])} | {pgbench:,.0f} tps | "
+        f"process (req/s; p50 / p99 ms; server CPU per request) | "
+        f"{api_row['requests_per_second']:,.0f}; {_round(api_row['p50_ms'])} / "
+        f"{_round(api_row['p99_ms'])}; {api_row.get('server_cpu_ms_per_request', '?')} ms | "
+        f"{pgbench:,.0f} tps | "
         f">= 1,000 req/s at p99 <= 50 ms | {'yes' if met else 'no'} |"
     )
     rss = results["worker_peak_rss_mb"]
