@@ -74,7 +74,9 @@ async def services(
     Shared by the HTTP service's lifespan and by `turnstile worker`, which runs no HTTP server.
     """
     database = await asyncio.to_thread(resolve_database, settings)
-    engine = create_engine(settings, database.url, pool_size=settings.pool_size)
+    engine = create_engine(
+        settings, database.url, pool_size=settings.pool_size, application_name=f"turnstile {role}"
+    )
     metrics = metrics or Metrics()
     queue = Queue(engine, QueueConfig.from_settings(settings), observer=metrics)
 
@@ -107,7 +109,9 @@ async def services(
             default_time_limit_seconds=settings.agent_time_limit_seconds,
         ),
     )
-    notifier = Notifier(settings.listen_database_url or database.url)
+    notifier = Notifier(
+        settings.listen_database_url or database.url, application_name=f"turnstile {role} listen"
+    )
     pool: WorkerPool | None = None
     maintenance: list[MaintenanceService] = []
     maintaining: list[asyncio.Task[None]] = []

@@ -43,11 +43,13 @@ def test_non_postgres_urls_are_refused() -> None:
     assert async_url("postgres://u@h/d").drivername == "postgresql+asyncpg"
 
 
-async def test_timeouts_apply_per_transaction(engine: AsyncEngine) -> None:
-    async with engine.begin() as conn:
-        assert await conn.scalar(text("SHOW statement_timeout")) == "30s"
-        assert await conn.scalar(text("SHOW lock_timeout")) == "5s"
-        assert await conn.scalar(text("SHOW idle_in_transaction_session_timeout")) == "1min"
+async def test_timeouts_apply_to_every_transaction(engine: AsyncEngine) -> None:
+    for _ in range(3):  # whichever pooled connection a transaction draws
+        async with engine.begin() as conn:
+            assert await conn.scalar(text("SHOW statement_timeout")) == "30s"
+            assert await conn.scalar(text("SHOW lock_timeout")) == "5s"
+            assert await conn.scalar(text("SHOW idle_in_transaction_session_timeout")) == "1min"
+            assert await conn.scalar(text("SHOW application_name")) == "turnstile"
 
 
 async def test_statement_timeout_stops_a_stuck_query(database_url: str) -> None:

@@ -67,3 +67,30 @@ async def test_api_and_workers_through_pgbouncer(
             )
             assert {r.status_code for r in many} == {202}
     await check_all_runs(engine)
+
+
+async def test_timeouts_apply_to_every_transaction_through_pgbouncer(
+    server_url: str, database_url: str
+) -> None:
+    """Startup parameters do not pass PgBouncer: each transaction sets its own timeouts."""
+    from sqlalchemy import text
+
+    from app.config import Settings
+    from app.db.engine import create_engine
+
+    async with pgbouncer_in_front_of(server_url) as port:
+        through = plain_url(make_url(database_url).set(host="127.0.0.1", port=port))
+        settings = Settings(
+            pgbouncer=True,
+            listen_database_url=database_url,
+            statement_timeout_ms=7_000,
+            lock_timeout_ms=3_000,
+        )
+        bounced = create_engine(settings, through, pool_size=2)
+        try:
+            for _ in range(3):
+                async with bounced.begin() as conn:
+                    assert await conn.scalar(text("SHOW statement_timeout")) == "7s"
+                    assert await conn.scalar(text("SHOW lock_timeout")) == "3s"
+        finally:
+            await bounced.dispose()

@@ -1,9 +1,11 @@
-"""The database engine: URL normalisation, pool sizing and per-transaction safety timeouts.
+"""The database engine: URL normalisation, pool sizing and safety timeouts on every connection.
 
-Every transaction Turnstile opens starts with `SET LOCAL` of the statement, lock and
-idle-in-transaction timeouts, so a stuck query or a forgotten transaction cannot hold a run's
-row forever. They are per transaction rather than connection startup parameters because
-PgBouncer in transaction mode neither forwards startup parameters nor keeps session state.
+Every transaction Turnstile runs has a statement, a lock and an idle-in-transaction timeout, so
+a stuck query or a forgotten transaction cannot hold a run's row forever. Connected directly,
+they are startup parameters of each connection: free, with no round trip per transaction.
+Behind PgBouncer in transaction mode, which neither forwards startup parameters nor keeps
+session state, every transaction sets them for itself instead (`set_config(..., true)`), at the
+cost of one statement per transaction.
 """
 
 from __future__ import annotations
@@ -30,6 +32,15 @@ def plain_url(url: str | URL) -> str:
     """The URL as libpq and asyncpg spell it (no SQLAlchemy driver suffix)."""
     parsed = make_url(url) if isinstance(url, str) else url
     return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def timeout_parameters(settings: Settings) -> dict[str, str]:
+    """The three timeouts as connection startup parameters (milliseconds)."""
+    return {
+        "statement_timeout": str(int(settings.statement_timeout_ms)),
+        "lock_timeout": str(int(settings.lock_timeout_ms)),
+        "idle_in_transaction_session_timeout": str(int(settings.idle_in_transaction_timeout_ms)),
+    }
 
 
 def timeout_statement(settings: Settings) -> str:
@@ -59,13 +70,26 @@ def pgbouncer_options(url: URL) -> tuple[URL, dict[str, Any]]:
 
 
 def create_engine(
-    settings: Settings, url: str, *, pool_size: int = 5, **engine_options: Any
+    settings: Settings,
+    url: str,
+    *,
+    pool_size: int = 5,
+    application_name: str = "turnstile",
+    **engine_options: Any,
 ) -> AsyncEngine:
-    """An asyncpg engine whose every transaction carries the configured timeouts."""
+    """An asyncpg engine whose every transaction runs under the configured timeouts. Direct
+    connections carry `application_name` (the process's role) into pg_stat_activity."""
     target = async_url(url)
     if settings.pgbouncer:
         target, connect_args = pgbouncer_options(target)
-        engine_options["connect_args"] = {**engine_options.get("connect_args", {}), **connect_args}
+    else:
+        connect_args = {
+            "server_settings": {
+                **timeout_parameters(settings),
+                "application_name": application_name,
+            }
+        }
+    engine_options["connect_args"] = {**engine_options.get("connect_args", {}), **connect_args}
     engine = create_async_engine(
         target,
         pool_size=pool_size,
@@ -75,10 +99,11 @@ def create_engine(
         pool_pre_ping=True,
         **engine_options,
     )
-    statement = timeout_statement(settings)
+    if settings.pgbouncer:
+        statement = timeout_statement(settings)
 
-    @event.listens_for(engine.sync_engine, "begin")
-    def _set_transaction_timeouts(conn: Connection) -> None:
-        conn.exec_driver_sql(statement)
+        @event.listens_for(engine.sync_engine, "begin")
+        def _set_transaction_timeouts(conn: Connection) -> None:
+            conn.exec_driver_sql(statement)
 
     return engine

@@ -37,8 +37,10 @@ class Notifier:
         reconnect_min_seconds: float = 0.05,
         reconnect_max_seconds: float = 5.0,
         keepalive_seconds: float = 10.0,
+        application_name: str = "turnstile listen",
     ) -> None:
         self.url = plain_url(url)
+        self.application_name = application_name
         self.reconnect_min = reconnect_min_seconds
         self.reconnect_max = reconnect_max_seconds
         self.keepalive = keepalive_seconds
@@ -102,7 +104,12 @@ class Notifier:
         while not self._stopping.is_set():
             conn: asyncpg.Connection | None = None
             try:
-                conn = await asyncpg.connect(self.url, timeout=10)
+                conn = await asyncpg.connect(
+                    self.url,
+                    timeout=10,
+                    # Always a direct connection (never PgBouncer): startup parameters pass.
+                    server_settings={"application_name": self.application_name},
+                )
                 conn.add_termination_listener(self._on_termination)
                 await conn.add_listener(CHANNEL, self._on_notification)
                 self.backend_pid = conn.get_server_pid()

@@ -136,14 +136,16 @@ async def running_pids(engine: AsyncEngine, pids: set[int], poison_only: bool = 
 
 
 async def terminate_backends(engine: AsyncEngine, rng: random.Random, at_most: int) -> int:
-    """pg_terminate_backend on a few of the service's connections (never our own)."""
+    """pg_terminate_backend on a few of the service's connections (its processes name their
+    role in application_name; the test's own connections are left alone)."""
     async with engine.connect() as conn:
         candidates = list(
             (
                 await conn.execute(
                     text(
                         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+                        "AND backend_type = 'client backend' "
+                        "AND application_name ~ '^turnstile (serve|worker)'"
                     )
                 )
             ).scalars()
