@@ -524,6 +524,24 @@ async def test_a_frozen_worker_wakes_up_fenced(database_url: str, engine: AsyncE
             return bool(run["status"] == "succeeded")
 
         await eventually(finished, within=60, what="the run to finish")
+        sleeper = fleet.workers[first]
+
+        async def sleeper_stopped() -> bool:
+            # Before SIGTERM: the woken worker must have met its fence on its own, not be
+            # drained before it looked.
+            async with engine.connect() as conn:
+                fenced = (
+                    await conn.execute(
+                        text(
+                            "SELECT count(*) FROM run_events "
+                            "WHERE run_id = :id AND type = 'run.fenced'"
+                        ),
+                        {"id": run_id},
+                    )
+                ).scalar_one()
+            return bool(fenced) or b"self-fenced" in sleeper.log
+
+        await eventually(sleeper_stopped, within=30, what="the woken worker to stop for the run")
     async with engine.connect() as conn:
         events = (
             await conn.execute(
@@ -541,7 +559,6 @@ async def test_a_frozen_worker_wakes_up_fenced(database_url: str, engine: AsyncE
     assert claims[0][1] != claims[1][1], claims
     # The sleeper woke and wrote nothing more for the run: either the database refused its
     # write (run.fenced with its stale epoch) or its own clock stopped it before the next step.
-    self_fenced = fleet.children[[c.process.pid for c in fleet.children].index(first)].log
-    assert fenced == [(1, claims[0][1], 2)] or (fenced == [] and b"self-fenced" in self_fenced)
+    assert fenced == [(1, claims[0][1], 2)] or (fenced == [] and b"self-fenced" in sleeper.log)
     # Every write after the second claim is the second worker's (epoch 2).
     assert await check_all_runs(engine) == 1
