@@ -122,9 +122,9 @@ def throwaway_cluster() -> Iterator[LocalCluster]:
         pytest.fail("no PostgreSQL binaries: install the test extras (pgserver)")
     folder = Path(tempfile.mkdtemp(prefix="turnstile-cluster-"))
     cluster = LocalCluster(bin_dir=bin_dir, data_dir=folder / "data", port=free_port())
-    cluster.init()
-    cluster.start()
     try:
+        cluster.init()
+        cluster.start()
         yield cluster
     finally:
         cluster.stop("immediate")

@@ -10,8 +10,9 @@ import tempfile
 from pathlib import Path
 
 import asyncpg
+import pytest
 
-from app.db.embedded import start_embedded
+from app.db.embedded import LocalCluster, free_port, pgserver_bin_dir, start_embedded
 from app.db.engine import plain_url
 from app.db.migrate import head_revision, upgrade
 
@@ -41,3 +42,29 @@ async def test_embedded_start_migrate_query_stop_restart() -> None:
         await asyncio.to_thread(again.stop)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_cluster_starts_from_binaries_under_a_private_folder(tmp_path: Path) -> None:
+    """A checkout under a folder only root may enter (mktemp -d makes it 0700) must not keep
+    the server's own user from running initdb and postgres out of it."""
+    installed = pgserver_bin_dir()
+    if installed is None:
+        pytest.skip("pgserver's binaries are not installed (no wheel for this Python)")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    # The package and the shared libraries its binaries find through their rpath, as pip laid
+    # them out in site-packages.
+    site = installed.parents[2]
+    for folder in ("pgserver", "pgserver.libs"):
+        shutil.copytree(site / folder, private / folder, symlinks=True)
+    cluster = LocalCluster(
+        bin_dir=private / installed.relative_to(site),
+        data_dir=tmp_path / "data",
+        port=free_port(),
+    )
+    try:
+        cluster.init()
+        cluster.start()
+        assert cluster.running()
+    finally:
+        cluster.stop("immediate")

@@ -115,8 +115,10 @@ class LocalCluster:
         _ensure_system_user(self.run_as)
         entry = pwd.getpwnam(self.run_as)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        # Every folder above the data folder must be traversable by the server's user.
-        for parent in list(self.data_dir.parents)[::-1]:
+        # Every folder above the data folder, and above the binaries, must be traversable by
+        # the server's user: a checkout under a private folder (mktemp -d makes it 0700) would
+        # otherwise keep initdb from even starting.
+        for parent in {*self.data_dir.parents, self.bin_dir, *self.bin_dir.parents}:
             mode = parent.stat().st_mode
             if not mode & 0o001:
                 parent.chmod(mode | 0o001)
