@@ -27,12 +27,11 @@ from app.api.models import (
     StuckRuns,
     run_document,
 )
+from app.api.pages import fetch_runs_page, run_page_document
 from app.api.problems import ApiProblem, responses
 from app.api.sessions import (
     IdempotencyHeader,
-    decode_cursor,
     idempotency_of,
-    run_page,
     spec_from,
     submitted_response,
 )
@@ -145,25 +144,17 @@ async def failed_runs(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Any:
-    before = decode_cursor(cursor) if cursor else (None, None)
     state = request.app.state.turnstile
     async with state.engine.connect() as conn:
-        rows = (
-            (
-                await conn.execute(
-                    q("failed_runs"),
-                    {
-                        "tenant_id": visible_tenant(caller),
-                        "before_finished": before[0],
-                        "before_id": before[1],
-                        "limit": limit + 1,
-                    },
-                )
-            )
-            .mappings()
-            .all()
+        page = await fetch_runs_page(
+            conn,
+            q("failed_runs"),
+            {"tenant_id": visible_tenant(caller)},
+            cursor=cursor,
+            limit=limit,
+            order_field="finished_at",
         )
-    return run_page(rows, limit, "finished_at")
+    return run_page_document(page)
 
 
 @runbook.post(

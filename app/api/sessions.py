@@ -4,16 +4,12 @@ these handlers parse, authorize and render."""
 
 from __future__ import annotations
 
-import base64
 import json
-from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
-from sqlalchemy import RowMapping
 
 from app.api.auth import CallerDep
 from app.api.models import (
@@ -21,12 +17,11 @@ from app.api.models import (
     RunPage,
     SessionDocument,
     TurnRequest,
-    run_document,
 )
+from app.api.pages import fetch_runs_page, run_page_document
 from app.api.problems import ApiProblem, responses
 from app.queue.classes import PriorityClass
 from app.queue.errors import SessionNotFoundError
-from app.queue.models import Run
 from app.queue.sql import q
 from app.queue.submit import IdempotencyKey, RunSpec, Submitted, Submitter, request_hash
 from app.security.api_keys import Caller
@@ -133,40 +128,6 @@ async def get_session(session_id: UUID, request: Request, caller: CallerDep) -> 
     )
 
 
-def encode_cursor(created_at: datetime, run_id: UUID) -> str:
-    raw = f"{created_at.isoformat()}|{run_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        when, _, run_id = base64.urlsafe_b64decode(padded).decode().partition("|")
-        moment = datetime.fromisoformat(when)
-        if moment.tzinfo is None:
-            raise ValueError("naive time in cursor")
-        return moment.astimezone(UTC), UUID(run_id)
-    except (ValueError, UnicodeDecodeError, OverflowError):
-        raise ApiProblem(
-            "invalid-request",
-            "cursor: not a cursor this API returned",
-            errors=[{"loc": ["query", "cursor"], "msg": "invalid cursor", "type": "cursor"}],
-        ) from None
-
-
-def run_page(rows: Sequence[RowMapping], limit: int, order_field: str) -> RunPage:
-    """A page of runs from a keyset query that fetched `limit + 1` rows: the extra row only
-    says whether a next page exists; the cursor is the last run's (`order_field`, id)."""
-    runs = [Run.from_row(row) for row in rows[:limit]]
-    next_cursor = None
-    if len(rows) > limit:
-        last = runs[-1]
-        when = getattr(last, order_field)
-        if when is not None:
-            next_cursor = encode_cursor(when, last.id)
-    return RunPage(runs=[run_document(r.to_document()) for r in runs], next_cursor=next_cursor)
-
-
 @router.get(
     "/sessions/{session_id}/runs",
     response_model=RunPage,
@@ -181,7 +142,6 @@ async def session_runs(
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Any:
     state = request.app.state.turnstile
-    before = decode_cursor(cursor) if cursor else (None, None)
     async with state.engine.connect() as conn:
         exists = (
             await conn.execute(
@@ -190,22 +150,15 @@ async def session_runs(
         ).one_or_none()
         if exists is None:
             raise SessionNotFoundError(session_id)
-        rows = (
-            (
-                await conn.execute(
-                    q("session_runs"),
-                    {
-                        "session_id": session_id,
-                        "before_created": before[0],
-                        "before_id": before[1],
-                        "limit": limit + 1,
-                    },
-                )
-            )
-            .mappings()
-            .all()
+        page = await fetch_runs_page(
+            conn,
+            q("session_runs"),
+            {"session_id": session_id},
+            cursor=cursor,
+            limit=limit,
+            order_field="created_at",
         )
-    return run_page(rows, limit, "created_at")
+    return run_page_document(page)
 
 
 @router.post(

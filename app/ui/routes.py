@@ -24,10 +24,9 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader
 
 from app.api.auth import visible_tenant
+from app.api.pages import fetch_runs_page
 from app.api.problems import ApiProblem
-from app.api.sessions import decode_cursor, encode_cursor
 from app.queue.errors import RunNotFailedError, RunNotFoundError, SessionBusyError
-from app.queue.models import Run
 from app.queue.sql import q
 from app.queue.submit import Submitter
 from app.security.api_keys import Caller
@@ -264,35 +263,23 @@ async def runs(request: Request, caller: UiCaller) -> HTMLResponse:
             classes=views.CLASSES,
             next_link=None,
         )
-    before: tuple[Any, Any] = (None, None)
-    if query.get("cursor"):
-        try:
-            before = decode_cursor(query["cursor"])
-        except ApiProblem:
-            return error_page(request, caller, 400, "cursor: not a link this dashboard made.")
     state = request.app.state.turnstile
-    async with state.engine.connect() as conn:
-        rows = (
-            (
-                await conn.execute(
-                    ui_q("ui_runs"),
-                    {
-                        "tenant_id": visible_tenant(caller),
-                        **filters.params(),
-                        "before_created": before[0],
-                        "before_id": before[1],
-                        "limit": PAGE_SIZE + 1,
-                    },
-                )
+    try:
+        async with state.engine.connect() as conn:
+            found = await fetch_runs_page(
+                conn,
+                ui_q("ui_runs"),
+                {"tenant_id": visible_tenant(caller), **filters.params()},
+                cursor=query.get("cursor") or None,
+                limit=PAGE_SIZE,
+                order_field="created_at",
             )
-            .mappings()
-            .all()
-        )
-    page = [Run.from_row(row) for row in rows[:PAGE_SIZE]]
+    except ApiProblem:
+        return error_page(request, caller, 400, "cursor: not a link this dashboard made.")
+    page = found.runs
     next_link = None
-    if len(rows) > PAGE_SIZE:
-        cursor = encode_cursor(page[-1].created_at, page[-1].id)
-        next_link = "/ui/runs?" + urlencode({**filters.query(), "cursor": cursor})
+    if found.next_cursor is not None:
+        next_link = "/ui/runs?" + urlencode({**filters.query(), "cursor": found.next_cursor})
     return render(
         request,
         caller,
@@ -339,36 +326,24 @@ async def run_page(run_id: str, request: Request, caller: UiCaller) -> HTMLRespo
 async def dead_letter(request: Request, caller: UiCaller) -> HTMLResponse:
     if not caller.is_operator:
         return error_page(request, caller, 403, "The dead letter needs the operator scope.")
-    before: tuple[Any, Any] = (None, None)
     cursor = request.query_params.get("cursor")
-    if cursor:
-        try:
-            before = decode_cursor(cursor[:200])
-        except ApiProblem:
-            return error_page(request, caller, 400, "cursor: not a link this dashboard made.")
     state = request.app.state.turnstile
-    async with state.engine.connect() as conn:
-        rows = (
-            (
-                await conn.execute(
-                    q("failed_runs"),
-                    {
-                        "tenant_id": visible_tenant(caller),
-                        "before_finished": before[0],
-                        "before_id": before[1],
-                        "limit": PAGE_SIZE + 1,
-                    },
-                )
+    try:
+        async with state.engine.connect() as conn:
+            found = await fetch_runs_page(
+                conn,
+                q("failed_runs"),
+                {"tenant_id": visible_tenant(caller)},
+                cursor=cursor[:200] if cursor else None,
+                limit=PAGE_SIZE,
+                order_field="finished_at",
             )
-            .mappings()
-            .all()
-        )
-    page = [Run.from_row(row) for row in rows[:PAGE_SIZE]]
+    except ApiProblem:
+        return error_page(request, caller, 400, "cursor: not a link this dashboard made.")
+    page = found.runs
     next_link = None
-    if len(rows) > PAGE_SIZE and page[-1].finished_at is not None:
-        next_link = "/ui/dead-letter?" + urlencode(
-            {"cursor": encode_cursor(page[-1].finished_at, page[-1].id)}
-        )
+    if found.next_cursor is not None:
+        next_link = "/ui/dead-letter?" + urlencode({"cursor": found.next_cursor})
     return render(
         request,
         caller,
