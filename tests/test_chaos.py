@@ -30,6 +30,7 @@ import statistics
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack, suppress
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -88,6 +89,46 @@ FAST = {
     # the server's 100 connections beside the test's own.
     "TURNSTILE_DB_POOL_SIZE": "8",
 }
+
+
+@dataclass
+class Service:
+    """The processes one test runs: an API replica, a fleet of workers, the counting server."""
+
+    fleet: Fleet
+    client: Client
+    counter: CountingServer
+
+
+async def start_service(
+    stack: AsyncExitStack, env: dict[str, str], key: str, ledger: Ledger, *, workers: int
+) -> Service:
+    counter = await stack.enter_async_context(counting_server())
+    port = free_port()  # only now: the counting server's port is taken
+    await stack.enter_async_context(
+        turnstile("serve", "--no-workers", "--port", str(port), ready=b"Uvicorn running", env=env)
+    )
+    fleet = Fleet(env, stack)
+    for _ in range(workers):
+        await fleet.start_worker()
+    client = Client(f"http://127.0.0.1:{port}", key, ledger)
+    stack.push_async_callback(client.aclose)
+    return Service(fleet, client, counter)
+
+
+async def finished_runs(engine: AsyncEngine, ids: list[str], statuses: tuple[str, ...]) -> int:
+    """How many of the runs `ids` are in one of `statuses`."""
+    async with engine.connect() as conn:
+        n = (
+            await conn.execute(
+                text(
+                    "SELECT count(*) FROM runs WHERE id = ANY(CAST(:ids AS uuid[])) "
+                    "AND status = ANY(:statuses)"
+                ),
+                {"ids": ids, "statuses": list(statuses)},
+            )
+        ).scalar_one()
+    return int(n)
 
 
 class Load:
@@ -251,19 +292,9 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
     ledger = Ledger()
     stats = {"poison kills": 0, "backends terminated": 0}
     async with AsyncExitStack() as stack:
-        counter = await stack.enter_async_context(counting_server())
-        port = free_port()  # only now: the counting server's port is taken
-        await stack.enter_async_context(
-            turnstile(
-                "serve", "--no-workers", "--port", str(port), ready=b"Uvicorn running", env=env
-            )
-        )
-        fleet = Fleet(env, stack)
-        for _ in range(3):
-            await fleet.start_worker()
-        client = Client(f"http://127.0.0.1:{port}", key, ledger)
-        stack.push_async_callback(client.aclose)
-        load = Load(client, counter, ledger)
+        service = await start_service(stack, env, key, ledger, workers=3)
+        fleet, counter = service.fleet, service.counter
+        load = Load(service.client, counter, ledger)
 
         done = asyncio.Event()
         havoc = asyncio.create_task(chaos(engine, fleet, done, rng, stats))
@@ -292,17 +323,7 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
             accepted = [str(run_id) for run_id in ledger.accepted.values()]
 
             async def all_terminal() -> bool:
-                async with engine.connect() as conn:
-                    n = (
-                        await conn.execute(
-                            text(
-                                "SELECT count(*) FROM runs WHERE id = ANY(CAST(:ids AS uuid[])) "
-                                "AND status IN ('succeeded', 'failed', 'cancelled')"
-                            ),
-                            {"ids": accepted},
-                        )
-                    ).scalar_one()
-                return bool(n == len(accepted))
+                return await finished_runs(engine, accepted, TERMINAL) == len(accepted)
 
             # Poison runs need MAX_ATTEMPTS kills; the chaos goes on until they are out.
             await eventually(all_terminal, within=300, what="every accepted run to finish")
@@ -397,19 +418,9 @@ async def test_database_restarts_under_load_lose_no_accepted_turn(
         key = (await create_key(engine, tenant_id="acme", principal="svc")).secret
         env = {"DATABASE_URL": url, **FAST, "TURNSTILE_MAX_ATTEMPTS": "10"}
         async with AsyncExitStack() as stack:
-            counter = await stack.enter_async_context(counting_server())
-            port = free_port()  # only now: the counting server's port is taken
-            await stack.enter_async_context(
-                turnstile(
-                    "serve", "--no-workers", "--port", str(port), ready=b"Uvicorn running", env=env
-                )
-            )
-            fleet = Fleet(env, stack)
-            for _ in range(2):
-                await fleet.start_worker()
-            client = Client(f"http://127.0.0.1:{port}", key, ledger)
-            stack.push_async_callback(client.aclose)
-            load = Load(client, counter, ledger)
+            service = await start_service(stack, env, key, ledger, workers=2)
+            counter = service.counter
+            load = Load(service.client, counter, ledger)
 
             async def faults() -> None:
                 # Wait for work in flight, then take the database away: a fast shutdown that
@@ -433,19 +444,10 @@ async def test_database_restarts_under_load_lose_no_accepted_turn(
 
             async def all_terminal() -> bool:
                 try:
-                    async with engine.connect() as conn:
-                        n = (
-                            await conn.execute(
-                                text(
-                                    "SELECT count(*) FROM runs WHERE status = 'succeeded' "
-                                    "AND id = ANY(CAST(:ids AS uuid[]))"
-                                ),
-                                {"ids": accepted},
-                            )
-                        ).scalar_one()
+                    succeeded = await finished_runs(engine, accepted, ("succeeded",))
                 except OSError:
                     return False
-                return bool(n == len(accepted))
+                return succeeded == len(accepted)
 
             await eventually(all_terminal, within=240, what="every accepted run to succeed")
             hits = await counter.hits()
@@ -483,17 +485,8 @@ async def test_a_frozen_worker_wakes_up_fenced(database_url: str, engine: AsyncE
     env = {"DATABASE_URL": database_url, **FAST}
     key = (await create_key(engine, tenant_id="acme", principal="svc")).secret
     async with AsyncExitStack() as stack:
-        port = free_port()
-        await stack.enter_async_context(
-            turnstile(
-                "serve", "--no-workers", "--port", str(port), ready=b"Uvicorn running", env=env
-            )
-        )
-        fleet = Fleet(env, stack)
-        for _ in range(2):
-            await fleet.start_worker()
-        client = Client(f"http://127.0.0.1:{port}", key, Ledger())
-        stack.push_async_callback(client.aclose)
+        service = await start_service(stack, env, key, Ledger(), workers=2)
+        fleet, client = service.fleet, service.client
         script = [{"call": "sleep", "args": {"seconds": 0.5}} for _ in range(8)]
         response = await client.post("/runs", {"input": {"tag": "t", "script": script}}, "t")
         run_id = UUID(response.json()["id"])
