@@ -9,8 +9,6 @@ and when the first worker's call returns, its write is fenced and it records `ru
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from uuid import UUID
@@ -26,11 +24,10 @@ from app.queue.classes import PriorityClass
 from app.queue.core import Queue, QueueConfig
 from app.queue.models import NewRun
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
-from app.worker.executor import ExecutionContext, StopExecution
 from tests.support.api import Api, running_api
 from tests.support.browser import chromium
 from tests.support.clock import ManualClock
-from tests.support.runtime import current
+from tests.support.runtime import current, execute_once
 from tests.support.servers import running_server
 
 pytestmark = pytest.mark.system
@@ -44,19 +41,9 @@ def runtime() -> RuntimeExecutor:
 
 
 async def execute(queue: Queue, owner: str) -> None:
-    """Claim the next run as worker `owner` and execute it to its next resting point."""
-    claimed = await queue.claim(owner, list(PriorityClass))
-    assert len(claimed) == 1
-    ctx = ExecutionContext(
-        queue=queue,
-        claimed=claimed[0],
-        slot_group="interactive",
-        lease_seconds=30,
-        trusted_until=time.monotonic() + 30,
-    )
-    # Fenced: the executor recorded run.fenced; the pool would move on.
-    with contextlib.suppress(StopExecution):
-        await runtime().execute(ctx)
+    """Claim the next run as worker `owner` and execute it to its next resting point (a fenced
+    execution records run.fenced and stops, as in the pool)."""
+    await execute_once(queue, runtime(), owner=owner)
 
 
 @pytest.fixture

@@ -45,9 +45,14 @@ def parse(source: str) -> dict[str, Statement]:
 
 
 @cache
-def statements() -> dict[str, Statement]:
-    source = resources.files("app.queue").joinpath("queries.sql").read_text(encoding="utf-8")
+def load_statements(package: str) -> dict[str, Statement]:
+    """The named statements of `package`'s queries.sql, parsed once."""
+    source = resources.files(package).joinpath("queries.sql").read_text(encoding="utf-8")
     return parse(source)
+
+
+def statements() -> dict[str, Statement]:
+    return load_statements("app.queue")
 
 
 def q(name: str) -> TextClause:

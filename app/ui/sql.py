@@ -6,20 +6,11 @@ the `{{now}}` clock. Kept apart so the dashboard's reads never mix with the queu
 
 from __future__ import annotations
 
-from functools import cache
-from importlib import resources
-
 from sqlalchemy import TextClause
 
-from app.queue.sql import Statement, parse
-
-
-@cache
-def statements() -> dict[str, Statement]:
-    source = resources.files("app.ui").joinpath("queries.sql").read_text(encoding="utf-8")
-    return parse(source)
+from app.queue.sql import load_statements
 
 
 def ui_q(name: str) -> TextClause:
     """The named dashboard statement, ready to execute."""
-    return statements()[name].clause
+    return load_statements("app.ui")[name].clause

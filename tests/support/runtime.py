@@ -14,9 +14,10 @@ from app.worker.executor import ExecutionContext, StopExecution
 from tests.support.clock import ManualClock
 
 
-async def execute_once(queue: Queue, executor: RuntimeExecutor) -> bool:
-    """Claim the run and execute it; False when the execution 'crashed'."""
-    claimed = await queue.claim("worker", list(PriorityClass))
+async def execute_once(queue: Queue, executor: RuntimeExecutor, *, owner: str = "worker") -> bool:
+    """Claim the next run as worker `owner` and execute it to its next resting point; False
+    when the execution 'crashed'."""
+    claimed = await queue.claim(owner, list(PriorityClass))
     assert len(claimed) == 1
     ctx = ExecutionContext(
         queue=queue,
