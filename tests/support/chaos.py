@@ -11,7 +11,6 @@ chaos cadence itself and a client's retry backoff.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import signal
 import sys
@@ -80,7 +79,6 @@ class Fleet:
     workers: dict[int, Child] = field(default_factory=dict)  # pid -> child, the live ones
     children: list[Child] = field(default_factory=list)  # every worker ever started
     kills: int = 0
-    started: int = 0
     pauses: int = 0
     paused: set[int] = field(default_factory=set)
 
@@ -90,7 +88,6 @@ class Fleet:
         )
         self.workers[child.process.pid] = child
         self.children.append(child)
-        self.started += 1
         return child
 
     async def pause(self, pid: int, seconds: float) -> None:
@@ -168,7 +165,6 @@ class Ledger:
     """What the clients were told: every submission accepted with a 2xx, by its tag."""
 
     accepted: dict[str, UUID] = field(default_factory=dict)
-    refused: Counter[int] = field(default_factory=Counter)  # final non-2xx answers, by status
     retries: int = 0
     replayed: int = 0
     key_reuse_refused: int = 0
@@ -424,7 +420,3 @@ def report(title: str, lines: dict[str, object]) -> str:
     width = max(len(k) for k in lines)
     body = "\n".join(f"  {k.ljust(width)}  {v}" for k, v in lines.items())
     return f"{title}\n{body}"
-
-
-def as_json(findings: Findings) -> str:
-    return json.dumps(findings.__dict__, default=str)
