@@ -136,6 +136,13 @@ runs = Table(
         postgresql_where=text("status = 'running'"),
     ),
     Index("ix_runs_session_id_created_at", "session_id", "created_at"),
+    # One resubmission per failed run: concurrent resubmits answer with the same new run.
+    Index(
+        "uq_runs_resubmitted_from",
+        "resubmitted_from",
+        unique=True,
+        postgresql_where=text("resubmitted_from IS NOT NULL"),
+    ),
     Index("ix_runs_tenant_id_status_created_at", "tenant_id", "status", "created_at"),
     # Retention and the dead letter read finished runs by age.
     Index(
@@ -193,7 +200,8 @@ tool_journal = Table(
     Column("event_seq", BigInteger, nullable=False),
     Column("epoch", BigInteger, nullable=False),
     Column("step", Integer, nullable=False),
-    # 'started' before the tool runs; 'finished' with its outcome after.
+    # 'started' before the tool runs; 'finished' with its outcome after; 'not_sent' when the
+    # call provably never left and its retries ran out (the next attempt plans it again).
     Column("entry", Text, nullable=False),
     Column("tool", Text, nullable=False),
     Column("idempotency_class", Text, nullable=False),
@@ -203,7 +211,7 @@ tool_journal = Table(
     Column("outcome", JSONB, nullable=True),
     _ts("created_at", nullable=False, default_now=True),
     PrimaryKeyConstraint("run_id", "event_seq"),
-    CheckConstraint("entry IN ('started', 'finished')", name="entry"),
+    CheckConstraint("entry IN ('started', 'finished', 'not_sent')", name="entry"),
     CheckConstraint("idempotency_class IN ('safe', 'keyed', 'unsafe')", name="idempotency_class"),
     CheckConstraint(
         "outcome_status IS NULL OR outcome_status IN ('succeeded', 'failed', 'uncertain')",
