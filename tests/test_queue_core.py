@@ -154,7 +154,7 @@ async def test_batched_heartbeat_reports_only_held_leases(queue: Queue) -> None:
     await queue.cancel(leases[1].run_id, actor="op")
     stale = Lease(run_id=leases[2].run_id, epoch=leases[2].epoch - 1, owner="w")
     held = await queue.heartbeat_many([leases[0], leases[1], stale])
-    assert held == {leases[0].run_id}
+    assert held == {leases[0].key}
 
 
 async def test_every_fenced_write_is_refused_after_reclaim(

@@ -14,6 +14,7 @@ WORKER_WRITES = {
     "heartbeat",
     "heartbeat_many",
     "append_event",
+    "tool_not_sent",
     "tool_started",
     "tool_finished",
     "save_checkpoint",

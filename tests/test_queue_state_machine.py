@@ -167,7 +167,7 @@ def make_machine(database_url: str) -> type[RuleBasedStateMachine]:
                 assert self.do(self.queue.heartbeat(lease)) is self.current(lease)
             else:
                 mine = [held for held in self.leases if held.owner == lease.owner]
-                expected = {held.run_id for held in mine if self.current(held)}
+                expected = {held.key for held in mine if self.current(held)}
                 assert self.do(self.queue.heartbeat_many(mine)) == expected
 
         def write(self, which: int, kind: str) -> None:

@@ -5,6 +5,7 @@ real API."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -369,17 +370,20 @@ async def test_plugins_add_agents_and_tools(database_url: str, engine: Any) -> N
         }
 
 
-async def test_an_unsafe_call_that_never_left_is_a_failure_not_uncertain(
+async def test_an_unsafe_call_that_never_left_is_planned_again_not_taken_as_done(
     queue: Queue, clock: ManualClock
 ) -> None:
+    """Retries of a call refused before sending ran out: the journal closes it as not sent
+    (neither done nor uncertain), and the next attempt makes the call for real. It used to be
+    recorded as failed, and the run then succeeded with a tool that never ran."""
     from app.db.embedded import free_port
 
-    closed = free_port()  # nothing listens there: every attempt is refused before sending
+    port = free_port()  # nothing listens there yet: every attempt is refused before sending
     run = await queue.enqueue(
         scripted(
             {
                 "call": "http_request",
-                "args": {"method": "POST", "url": f"http://127.0.0.1:{closed}/"},
+                "args": {"method": "POST", "url": f"http://127.0.0.1:{port}/"},
             },
             {"final": "done"},
         )
@@ -387,11 +391,34 @@ async def test_an_unsafe_call_that_never_left_is_a_failure_not_uncertain(
     assert await execute_once(queue, runtime(transient_retries=1))
     released = await current(queue, run.id)
     assert (released.status, released.attempts) == ("queued", 1)
-    clock.advance(3600)
-    assert await execute_once(queue, runtime())
+    assert [e.entry for e in await queue.journal(run.id)] == ["started", "not_sent"]
+
+    requests: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", port)
+    try:
+        clock.advance(3600)
+        assert await execute_once(queue, runtime())
+    finally:
+        server.close()
+        await server.wait_closed()
     done = await current(queue, run.id)
+    assert done.status == "succeeded"
+    assert len(requests) == 1  # the call was made, once
     outcome = done.result["tool_outcomes"][0]
-    assert (outcome["status"], outcome["outcome"]["sent"]) == ("failed", False)
+    assert outcome["status"] == "succeeded"
+    assert [e.entry for e in await queue.journal(run.id)] == [
+        "started",
+        "not_sent",
+        "started",
+        "finished",
+    ]
 
 
 async def test_metadata_shared_and_embedded_addresses_are_refused() -> None:

@@ -24,6 +24,7 @@ from app.worker.executor import CompletingExecutor, ExecutionContext, Executor
 from app.worker.layout import parse_slots
 from app.worker.notifier import Notifier
 from app.worker.pool import WorkerPool
+from tests.support.invariants import check_all_runs
 from tests.support.servers import running_server
 from tests.support.waiting import eventually
 
@@ -345,3 +346,82 @@ async def test_stop_is_idempotent(make_pool: Callable[..., Any]) -> None:
     await pool.stop(grace_seconds=0)
     await pool.stop(grace_seconds=0)
     assert not pool.started
+
+
+# --- found and fixed (docs/reliability.md) ---------------------------------------------------
+class EndsThenLingers:
+    """Ends its hold (the completion commits), then keeps the task busy (or fails) before it
+    returns: the window in which a drain or an error used to write a spurious run.fenced."""
+
+    def __init__(self, *, then_fail: bool = False) -> None:
+        self.then_fail = then_fail
+        self.ended: list[UUID] = []
+
+    async def execute(self, ctx: ExecutionContext) -> None:
+        ctx.finishing = True
+        await ctx.checked(await ctx.queue.complete(ctx.lease, {"done": True}), "complete")
+        self.ended.append(ctx.lease.run_id)
+        if self.then_fail:
+            raise RuntimeError("a bug after the run ended")
+        await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize("then_fail", [False, True], ids=["drain", "error"])
+async def test_no_run_fenced_after_the_run_ended_its_own_hold(
+    make_pool: Callable[..., Any], fast_queue: Queue, engine: AsyncEngine, then_fail: bool
+) -> None:
+    executor = EndsThenLingers(then_fail=then_fail)
+    pool: WorkerPool = await make_pool(executor)
+    run = await fast_queue.enqueue(new_run(ASYNC))
+
+    async def ended() -> bool:
+        return executor.ended == [run.id]
+
+    await eventually(ended, what="the completion")
+    await pool.stop(grace_seconds=0.05)
+    types = [e.type for e in await fast_queue.events(run.id)]
+    assert types == ["run.created", "run.claimed", "run.succeeded"]
+    assert await check_all_runs(engine) == 1
+
+
+async def test_two_executions_of_one_run_in_one_process_are_two_holds(
+    make_pool: Callable[..., Any], fast_queue: Queue, engine: AsyncEngine
+) -> None:
+    """The sweeper requeued a run whose execution here is still alive, and this process
+    claimed it again: the stale hold must not share the fresh one's heartbeat, slot entry or
+    completion."""
+    executor = BlockingExecutor()
+    # A 1 s lease that no heartbeat renews (one beat a minute): it lapses while running.
+    pool: WorkerPool = await make_pool(executor, heartbeat=60, lease=1, poll=0.1)
+    run = await fast_queue.enqueue(new_run(ASYNC))
+    await eventually(lambda: asyncio.sleep(0, executor.started == [run.id]), what="the claim")
+
+    async def swept() -> bool:
+        return (await fast_queue.sweep()).requeued == 1
+
+    await eventually(swept, what="the lease to lapse and be swept")
+    await eventually(
+        lambda: asyncio.sleep(0, executor.started == [run.id, run.id]), what="the second claim"
+    )
+    assert sorted(ctx.lease.epoch for ctx in pool.held()) == [1, 2]
+
+    await pool.beat()  # renews the fresh hold only; the stale one learns it is fenced
+    await eventually(
+        lambda: asyncio.sleep(0, executor.interrupted == [(run.id, True, False)]),
+        what="the stale hold's interruption",
+    )
+    await eventually(
+        lambda: asyncio.sleep(0, [ctx.lease.epoch for ctx in pool.held()] == [2]),
+        what="the stale hold's slot to free",
+    )
+    executor.release.set()
+
+    async def succeeded() -> bool:
+        return (await status_of(fast_queue, run.id)).status == "succeeded"
+
+    await eventually(succeeded, what="the fresh hold's completion")
+    events = await fast_queue.events(run.id)
+    fenced = [e for e in events if e.type == "run.fenced"]
+    assert [(e.epoch, e.data["during"]) for e in fenced] == [(1, "heartbeat")]
+    assert [e.epoch for e in events if e.type == "run.succeeded"] == [2]
+    assert await check_all_runs(engine) == 1

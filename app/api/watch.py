@@ -11,14 +11,21 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 
+from app.queue.models import RUN_ID_PREFIX
+
 
 class RunWatch:
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Event]] = {}
 
-    def notify(self, runs: dict[str, str] | None) -> None:
-        """Called by the notifier; None means "anything may have changed" (after a reconnect)."""
-        targets = self._waiters.keys() if runs is None else runs.keys() & self._waiters.keys()
+    def notify(self, runs: set[str] | None) -> None:
+        """Called by the notifier with the id prefixes a notification names; None means
+        "anything may have changed" (after a reconnect, or a notification naming too many)."""
+        targets = (
+            self._waiters.keys()
+            if runs is None
+            else [run_id for run_id in self._waiters if run_id[:RUN_ID_PREFIX] in runs]
+        )
         for run_id in list(targets):
             for event in self._waiters.get(run_id, ()):
                 event.set()

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from sqlalchemy import RowMapping
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
@@ -25,6 +26,7 @@ from app.queue.classes import PriorityClass, priorities_of
 from app.queue.errors import RunFinishedError, RunNotFoundError, RunNotWaitingError
 from app.queue.models import (
     JSON,
+    UNKNOWN_OUTCOME,
     CancelOutcome,
     Checkpoint,
     ClaimedRun,
@@ -42,6 +44,15 @@ from app.queue.models import (
 from app.queue.sql import q
 
 Clock = Callable[[], datetime | None]
+
+DEADLOCK_RETRIES = 3
+"""How often a multi-row fenced statement is retried after PostgreSQL chose it as a deadlock
+victim. Its transaction rolled back whole, so a retry cannot write twice; the id-ordered lock
+step makes deadlocks between our own batches impossible, and this covers any other session."""
+
+
+def _is_deadlock(exc: DBAPIError) -> bool:
+    return getattr(exc.orig, "sqlstate", None) == "40P01" or "deadlock detected" in str(exc.orig)
 
 
 class Observer(Protocol):
@@ -124,6 +135,17 @@ class Queue:
         async with self._tx(conn) as tx:
             result = await tx.execute(q(name), params)
             return list(result.mappings().all())
+
+    async def _batch_rows(self, name: str, params: dict[str, Any]) -> list[RowMapping]:
+        """A multi-row fenced statement in a transaction of its own, retried when it was a
+        deadlock victim (nothing of it committed)."""
+        for attempt in range(DEADLOCK_RETRIES + 1):
+            try:
+                return await self._rows(name, dict(params))
+            except DBAPIError as exc:
+                if not _is_deadlock(exc) or attempt == DEADLOCK_RETRIES:
+                    raise
+        raise AssertionError("unreachable")
 
     async def _fenced(
         self,
@@ -250,11 +272,12 @@ class Queue:
 
     async def heartbeat_many(
         self, leases: Sequence[Lease], *, lease_seconds: float | None = None
-    ) -> set[UUID]:
-        """Extend many leases in one statement; returns the run ids still held."""
+    ) -> set[tuple[UUID, int]]:
+        """Extend many leases in one statement; returns the (run id, epoch) pairs still held
+        (`Lease.key`): a stale execution of a run must not be renewed by its fresh one's."""
         if not leases:
             return set()
-        rows = await self._rows(
+        rows = await self._batch_rows(
             "heartbeat_many",
             {
                 "run_ids": [lease.run_id for lease in leases],
@@ -262,7 +285,7 @@ class Queue:
                 "lease_seconds": lease_seconds or self.config.lease_seconds,
             },
         )
-        return {row["id"] for row in rows}
+        return {(row["id"], int(row["lease_epoch"])) for row in rows}
 
     async def append_event(self, lease: Lease, type_: str, data: JSON) -> WriteOutcome:
         return await self._fenced("append_event", lease, {"type": type_, "data": dump_json(data)})
@@ -298,6 +321,20 @@ class Queue:
             },
         )
 
+    async def tool_not_sent(self, lease: Lease, call: ToolCall, error: str) -> WriteOutcome:
+        """Close a started call that provably never left: the next attempt plans it again."""
+        return await self._fenced(
+            "tool_not_sent",
+            lease,
+            {
+                "step": call.step,
+                "tool": call.tool,
+                "idempotency_class": call.idempotency_class,
+                "idempotency_key": call.idempotency_key,
+                "error": error[:500],
+            },
+        )
+
     async def save_checkpoint(self, lease: Lease, step: int, state: JSON) -> WriteOutcome:
         return await self._fenced(
             "save_checkpoint", lease, {"step": step, "state": dump_json(state)}
@@ -323,7 +360,7 @@ class Queue:
         did not match (nothing was written for it)."""
         if not completions:
             return []
-        rows = await self._rows(
+        rows = await self._batch_rows(
             "complete_many",
             {
                 "run_ids": [lease.run_id for lease, _ in completions],
@@ -333,14 +370,14 @@ class Queue:
         )
         row = rows[0]
         written = {
-            run_id: (int(seq), int(priority))
-            for run_id, seq, priority in zip(
-                row["ids"], row["seqs"], row["priorities"], strict=True
+            (run_id, int(epoch)): (int(seq), int(priority))
+            for run_id, epoch, seq, priority in zip(
+                row["ids"], row["epochs"], row["seqs"], row["priorities"], strict=True
             )
         }
         outcomes: list[WriteOutcome] = []
         for lease, _ in completions:
-            hit = written.get(lease.run_id)
+            hit = written.get(lease.key)
             if hit is None:
                 outcomes.append(Fenced(lease))
             else:
@@ -394,6 +431,7 @@ class Queue:
                     "limit": limit,
                     "backoff_base": self.config.backoff_base_seconds,
                     "backoff_max": self.config.backoff_max_seconds,
+                    "unknown": UNKNOWN_OUTCOME,
                 },
             )
             batch_requeued, batch_failed = int(rows[0]["requeued"]), int(rows[0]["failed"])

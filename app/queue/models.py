@@ -27,6 +27,12 @@ class Lease:
     epoch: int
     owner: str
 
+    @property
+    def key(self) -> tuple[UUID, int]:
+        """What names one execution of a run: a process may hold a stale and a fresh
+        execution of the same run at once, so the run id alone never does."""
+        return (self.run_id, self.epoch)
+
 
 @dataclass(frozen=True)
 class Written:
@@ -43,6 +49,17 @@ class Fenced:
 
 
 WriteOutcome = Written | Fenced
+
+RUN_ID_PREFIX = 8
+"""How many leading characters of a run id a notification names a run by (queries.sql bounds
+every payload; listeners match these prefixes)."""
+
+UNKNOWN_OUTCOME = (
+    "The outcome of this call is unknown: it started, but the worker running it stopped before "
+    "recording a result. It may or may not have taken effect; it will not be repeated."
+)
+"""What the model is told of an unsafe call that started and recorded no outcome (ADR-0004
+decision 8): by recovery on the next attempt, or by the sweeper when it dead-letters the run."""
 
 
 @dataclass(frozen=True)

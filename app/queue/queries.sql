@@ -16,8 +16,18 @@
 --   records the stale epoch of the worker that lost the run.
 -- * NOTIFY serializes commits, so a statement notifies at most once (one pg_notify in its final
 --   SELECT, aggregated over rows), and only on enqueue, requeue, delivery, waiting and terminal
---   transitions; never on claims or heartbeats. Payload: {"work": [priorities], "runs": {id:
---   status}} on channel turnstile.
+--   transitions; never on claims or heartbeats. Payload on channel turnstile:
+--   {"work": [priorities], "runs": [run id prefixes], "more": true}.
+-- * A payload is bounded whatever the number of rows, because PostgreSQL refuses one of 8,000
+--   bytes or more and rolls the whole statement back with it: a notification must never fail
+--   a transition. "work" holds distinct priorities (at most 30, the CHECK range); "runs" names
+--   at most 100 runs, each by the first 8 characters of its id (listeners match prefixes; a
+--   rare false match only costs a re-read); "more": true means "more runs changed than named:
+--   re-read everything you watch". Largest payload: about 1.2 kB. tests/test_queue_sql.py
+--   refuses any aggregate in a notification that is not bounded this way.
+-- * Every multi-row fenced statement takes its run rows in id order (a `locked` CTE, `ORDER BY
+--   id FOR UPDATE`) before it updates them: `UPDATE ... FROM unnest(...)` locks rows in the
+--   join's order, and two batches of one process in opposite orders deadlocked each other.
 
 
 -- name: enqueue
@@ -179,12 +189,24 @@ RETURNING lease_expires_at;
 -- name: heartbeat_many
 -- fenced
 -- One statement per worker process per beat, whatever its number of runs; each run is fenced
--- on its own (run id, epoch) pair, and the ids not returned have been lost.
+-- on its own (run id, epoch) pair, and the pairs not returned have been lost. A process can
+-- hold two executions of one run (a stale one the sweeper requeued, and its new claim), so
+-- results are (id, epoch) pairs, never ids alone.
+WITH held AS (
+    SELECT * FROM unnest(CAST(:run_ids AS uuid[]), CAST(:epochs AS bigint[]))
+        AS h(run_id, epoch)
+),
+locked AS MATERIALIZED (
+    -- Rows in id order first (see the header): complete_many of the same process takes them
+    -- in the same order, so the two can no longer deadlock.
+    SELECT id FROM runs WHERE id = ANY(CAST(:run_ids AS uuid[])) ORDER BY id FOR UPDATE
+)
 UPDATE runs r
 SET lease_expires_at = {{now}} + make_interval(secs => :lease_seconds)
-FROM unnest(CAST(:run_ids AS uuid[]), CAST(:epochs AS bigint[])) AS held(run_id, epoch)
-WHERE r.id = held.run_id AND r.lease_epoch = held.epoch AND r.status = 'running'
-RETURNING r.id, r.lease_expires_at;
+FROM held, locked
+WHERE r.id = locked.id
+  AND r.id = held.run_id AND r.lease_epoch = held.epoch AND r.status = 'running'
+RETURNING r.id, r.lease_epoch, r.lease_expires_at;
 
 
 -- name: append_event
@@ -266,6 +288,37 @@ FROM run, clock
 RETURNING event_seq AS seq;
 
 
+-- name: tool_not_sent
+-- fenced
+-- Closes a started call whose transient errors prove the request never reached its target and
+-- whose retries ran out. Not 'finished' (the next attempt would take the step as done and the
+-- run could succeed with a tool that never ran) and not open (recovery would report an unsafe
+-- call 'uncertain'): the next attempt plans the call again. No checkpoint: the step is undone.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs
+    SET last_event_seq = last_event_seq + 1
+    WHERE id = :run_id AND lease_epoch = :epoch AND status = 'running'
+    RETURNING id, last_event_seq, lease_epoch
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq, 'tool.not_sent', run.lease_epoch,
+           jsonb_build_object('step', CAST(:step AS integer), 'tool', CAST(:tool AS text),
+                              'idempotency_class', CAST(:idempotency_class AS text),
+                              'error', CAST(:error AS text)),
+           clock.now
+    FROM run, clock
+)
+INSERT INTO tool_journal (run_id, event_seq, epoch, step, entry, tool, idempotency_class,
+                          idempotency_key, outcome, created_at)
+SELECT run.id, run.last_event_seq, run.lease_epoch, :step, 'not_sent', :tool,
+       :idempotency_class, :idempotency_key, jsonb_build_object('error', CAST(:error AS text)),
+       clock.now
+FROM run, clock
+RETURNING event_seq AS seq;
+
+
 -- name: save_checkpoint
 -- fenced
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
@@ -318,7 +371,7 @@ checkpoint AS (
 )
 SELECT run.last_event_seq AS seq,
        pg_notify('turnstile', jsonb_build_object(
-           'runs', jsonb_build_object(run.id, 'waiting_for_user'))::text)
+           'runs', jsonb_build_array(left(run.id::text, 8)))::text)
 FROM run;
 
 
@@ -346,7 +399,7 @@ event AS (
 )
 SELECT run.last_event_seq AS seq, run.priority,
        pg_notify('turnstile', jsonb_build_object(
-           'runs', jsonb_build_object(run.id, 'succeeded'))::text)
+           'runs', jsonb_build_array(left(run.id::text, 8)))::text)
 FROM run;
 
 
@@ -363,6 +416,10 @@ held AS (
     SELECT * FROM unnest(CAST(:run_ids AS uuid[]), CAST(:epochs AS bigint[]),
                          CAST(:results AS jsonb[])) AS h(run_id, epoch, result)
 ),
+locked AS MATERIALIZED (
+    -- Rows in id order first, as heartbeat_many takes them (see the header).
+    SELECT id FROM runs WHERE id = ANY(CAST(:run_ids AS uuid[])) ORDER BY id FOR UPDATE
+),
 run AS (
     UPDATE runs r
     SET status = 'succeeded',
@@ -372,8 +429,9 @@ run AS (
         finished_at = clock.now,
         last_event_seq = r.last_event_seq + 1,
         updated_at = clock.now
-    FROM held, clock
-    WHERE r.id = held.run_id AND r.lease_epoch = held.epoch AND r.status = 'running'
+    FROM held, locked, clock
+    WHERE r.id = locked.id
+      AND r.id = held.run_id AND r.lease_epoch = held.epoch AND r.status = 'running'
     RETURNING r.id, r.last_event_seq, r.lease_epoch, r.priority, r.result
 ),
 event AS (
@@ -382,13 +440,17 @@ event AS (
            jsonb_build_object('result', run.result), clock.now
     FROM run, clock
 )
--- One row whatever the batch: the written runs as parallel arrays, and one NOTIFY naming them
--- all (none when nothing was written).
+-- One row whatever the batch: the written runs as parallel arrays ((id, epoch) names a write:
+-- one process may hold a stale and a fresh execution of one run), and one bounded NOTIFY (none
+-- when nothing was written).
 SELECT coalesce(array_agg(run.id), '{}') AS ids,
+       coalesce(array_agg(run.lease_epoch), '{}') AS epochs,
        coalesce(array_agg(run.last_event_seq), '{}') AS seqs,
        coalesce(array_agg(run.priority), '{}') AS priorities,
        CASE WHEN count(*) > 0 THEN pg_notify('turnstile', jsonb_build_object(
-           'runs', jsonb_object_agg(run.id, 'succeeded'))::text) END AS notified
+           'runs', (SELECT jsonb_agg(left(named.id::text, 8))
+                    FROM (SELECT id FROM run LIMIT 100) AS named),
+           'more', count(*) > 100)::text) END AS notified
 FROM run;
 
 -- name: fail
@@ -417,7 +479,7 @@ event AS (
 )
 SELECT run.last_event_seq AS seq, run.priority,
        pg_notify('turnstile', jsonb_build_object(
-           'runs', jsonb_build_object(run.id, 'failed'))::text)
+           'runs', jsonb_build_array(left(run.id::text, 8)))::text)
 FROM run;
 
 
@@ -493,7 +555,7 @@ event AS (
 )
 SELECT run.last_event_seq AS seq, run.status, run.priority,
        pg_notify('turnstile', CASE run.status
-           WHEN 'failed' THEN jsonb_build_object('runs', jsonb_build_object(run.id, 'failed'))
+           WHEN 'failed' THEN jsonb_build_object('runs', jsonb_build_array(left(run.id::text, 8)))
            ELSE jsonb_build_object('work', jsonb_build_array(run.priority)) END::text)
 FROM run;
 
@@ -527,35 +589,80 @@ SELECT run.last_event_seq AS seq, run.priority FROM run;
 -- is not bumped here: the status change alone fences the old holder (its fence requires
 -- 'running'), and the next claim bumps the epoch. SKIP LOCKED lets two sweepers, or a sweeper
 -- and a worker writing its last heartbeat, pass each other.
+-- A run dead-lettered in the middle of an unsafe tool call (journal 'started' with no later
+-- entry for its step) gets, before its run.failed, a journal outcome 'uncertain' with its own
+-- tool.finished event for each such call, and its failure names them: nobody will recover it,
+-- so this is the last chance to say that its effect is unknown.
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
-expired AS (
-    SELECT id FROM runs
+expired AS MATERIALIZED (
+    SELECT id, attempts >= max_attempts AS last_attempt FROM runs
     WHERE status = 'running' AND lease_expires_at < {{now}}
     ORDER BY lease_expires_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ),
+open_calls AS MATERIALIZED (
+    SELECT j.run_id, j.step, j.tool, j.idempotency_class, j.idempotency_key,
+           row_number() OVER (PARTITION BY j.run_id ORDER BY j.event_seq) AS n
+    FROM expired
+    JOIN tool_journal j ON j.run_id = expired.id
+    WHERE expired.last_attempt AND j.entry = 'started' AND j.idempotency_class = 'unsafe'
+      AND NOT EXISTS (SELECT 1 FROM tool_journal later
+                      WHERE later.run_id = j.run_id AND later.step = j.step
+                        AND later.event_seq > j.event_seq)
+),
+open_per_run AS (
+    SELECT run_id, count(*) AS calls,
+           jsonb_agg(jsonb_build_object('step', step, 'tool', tool) ORDER BY n) AS described,
+           string_agg(format('%s (step %s)', tool, step), ', ' ORDER BY n) AS named
+    FROM open_calls
+    GROUP BY run_id
+),
 swept AS (
     UPDATE runs r
-    SET status = CASE WHEN r.attempts >= r.max_attempts THEN 'failed' ELSE 'queued' END,
-        failure = CASE WHEN r.attempts >= r.max_attempts THEN jsonb_build_object(
+    SET status = CASE WHEN expired.last_attempt THEN 'failed' ELSE 'queued' END,
+        failure = CASE WHEN expired.last_attempt THEN jsonb_strip_nulls(jsonb_build_object(
                       'kind', 'lease_expired',
                       'message', format('lease expired on attempt %s of %s (last owner %s)',
-                                        r.attempts, r.max_attempts, r.lease_owner),
-                      'attempts', r.attempts) END,
-        finished_at = CASE WHEN r.attempts >= r.max_attempts THEN clock.now END,
-        scheduled_for = CASE WHEN r.attempts >= r.max_attempts THEN r.scheduled_for
+                                        r.attempts, r.max_attempts, r.lease_owner)
+                                 || coalesce('; outcome unknown of ' || open_per_run.named, ''),
+                      'attempts', r.attempts,
+                      'uncertain_calls', open_per_run.described)) END,
+        finished_at = CASE WHEN expired.last_attempt THEN clock.now END,
+        scheduled_for = CASE WHEN expired.last_attempt THEN r.scheduled_for
                              ELSE clock.now + make_interval(secs => least(
                                  :backoff_max, :backoff_base * power(2, r.attempts - 1)))
                         END,
         lease_owner = NULL,
         lease_expires_at = NULL,
-        last_event_seq = r.last_event_seq + 1,
+        -- One event per uncertain call, then the run's own.
+        last_event_seq = r.last_event_seq + 1 + coalesce(open_per_run.calls, 0),
         updated_at = clock.now
-    FROM expired, clock
+    FROM expired LEFT JOIN open_per_run ON open_per_run.run_id = expired.id, clock
     WHERE r.id = expired.id
     RETURNING r.id, r.status, r.last_event_seq, r.lease_epoch, r.priority, r.attempts,
-              r.scheduled_for, r.failure
+              r.scheduled_for, r.failure, coalesce(open_per_run.calls, 0) AS open_calls
+),
+uncertain_event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT swept.id, swept.last_event_seq - swept.open_calls - 1 + open_calls.n, 'tool.finished',
+           swept.lease_epoch,
+           jsonb_build_object('step', open_calls.step, 'tool', open_calls.tool,
+                              'idempotency_class', open_calls.idempotency_class,
+                              'outcome_status', 'uncertain',
+                              'outcome', jsonb_build_object('message', CAST(:unknown AS text)),
+                              'by', 'sweeper'),
+           clock.now
+    FROM swept JOIN open_calls ON open_calls.run_id = swept.id, clock
+),
+uncertain_journal AS (
+    INSERT INTO tool_journal (run_id, event_seq, epoch, step, entry, tool, idempotency_class,
+                              idempotency_key, outcome_status, outcome, created_at)
+    SELECT swept.id, swept.last_event_seq - swept.open_calls - 1 + open_calls.n,
+           swept.lease_epoch, open_calls.step, 'finished', open_calls.tool,
+           open_calls.idempotency_class, open_calls.idempotency_key, 'uncertain',
+           jsonb_build_object('message', CAST(:unknown AS text)), clock.now
+    FROM swept JOIN open_calls ON open_calls.run_id = swept.id, clock
 ),
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
@@ -575,11 +682,15 @@ SELECT count(*) FILTER (WHERE status = 'queued') AS requeued,
        (SELECT coalesce(jsonb_object_agg(k, n), '{}'::jsonb)
         FROM (SELECT status || ':' || priority AS k, count(*) AS n
               FROM swept GROUP BY 1) AS per_class) AS by_priority,
+       -- Bounded whatever the batch (see the header): requeues wake claimers by priority,
+       -- dead-lettered runs wake their watchers by id prefix.
        CASE WHEN count(*) > 0 THEN pg_notify('turnstile', jsonb_build_object(
            'work', coalesce(jsonb_agg(DISTINCT priority) FILTER (WHERE status = 'queued'),
                             '[]'::jsonb),
-           'runs', coalesce(jsonb_object_agg(id, status) FILTER (WHERE status = 'failed'),
-                            '{}'::jsonb))::text) END AS notified
+           'runs', coalesce((SELECT jsonb_agg(left(named.id::text, 8))
+                             FROM (SELECT id FROM swept WHERE status = 'failed' LIMIT 100)
+                                 AS named), '[]'::jsonb),
+           'more', count(*) FILTER (WHERE status = 'failed') > 100)::text) END AS notified
 FROM swept;
 
 
@@ -615,7 +726,7 @@ answer AS (
 SELECT run.*,
        pg_notify('turnstile', jsonb_build_object(
            'work', jsonb_build_array(run.priority),
-           'runs', jsonb_build_object(run.id, 'queued'))::text)
+           'runs', jsonb_build_array(left(run.id::text, 8)))::text)
 FROM run;
 
 
@@ -649,7 +760,7 @@ event AS (
 )
 SELECT run.*,
        pg_notify('turnstile', jsonb_build_object(
-           'runs', jsonb_build_object(run.id, 'cancelled'))::text)
+           'runs', jsonb_build_array(left(run.id::text, 8)))::text)
 FROM run;
 
 
@@ -821,6 +932,20 @@ event AS (
     FROM run, clock
 )
 SELECT * FROM run;
+
+
+-- name: lock_failed_run
+-- A resubmission takes the failed run's row first (after its session's, in the submission lock
+-- order: sessions, then runs), so two resubmissions of one run are decided one at a time.
+SELECT * FROM runs
+WHERE id = :run_id AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id)
+FOR UPDATE;
+
+
+-- name: resubmission_of
+-- The run an earlier resubmission of this failed run created (uq_runs_resubmitted_from: at most
+-- one), read in a statement of its own so that it sees what a rival committed while we waited.
+SELECT * FROM runs WHERE resubmitted_from = :run_id;
 
 
 -- name: operator_event

@@ -160,20 +160,52 @@ class Submissions:
             run = await self._create(conn, who, spec, None, PriorityClass.ASYNC)
             return await self._finish(conn, who, idempotency, run, "created")
 
-    async def resubmit(self, who: Submitter, run_id: UUID, *, tenant_id: str | None) -> Submitted:
-        """A new run with the failed run's first input; the failed run stays failed."""
+    async def resubmit(
+        self,
+        who: Submitter,
+        run_id: UUID,
+        *,
+        tenant_id: str | None,
+        idempotency: IdempotencyKey | None = None,
+    ) -> Submitted:
+        """A new run with the failed run's first input; the failed run stays failed. One per
+        failed run: a second resubmission, concurrent or later, answers with the first's new
+        run (replayed), and `Idempotency-Key` is honoured as on any submission."""
         async with self.queue.engine.begin() as conn:
-            failed = await self.queue.get_run(run_id, tenant_id=tenant_id, conn=conn)
-            if failed is None:
+            if idempotency and (replay := await self._take_key(conn, who, idempotency)):
+                return replay
+            seen = await self.queue.get_run(run_id, tenant_id=tenant_id, conn=conn)
+            if seen is None:
                 raise RunNotFoundError(run_id)
-            if failed.status != "failed":
-                raise RunNotFailedError(run_id, failed.status)
-            owner = Submitter(tenant_id=failed.tenant_id, principal=failed.principal)
-            if failed.session_id is not None:
+            if seen.session_id is not None:
                 await conn.execute(
                     q("lock_session"),
-                    {"session_id": failed.session_id, "tenant_id": failed.tenant_id, "now": None},
+                    {"session_id": seen.session_id, "tenant_id": seen.tenant_id, "now": None},
                 )
+            locked = (
+                (
+                    await conn.execute(
+                        q("lock_failed_run"), {"run_id": run_id, "tenant_id": tenant_id}
+                    )
+                )
+                .mappings()
+                .one()
+            )
+            failed = Run.from_row(locked)
+            if failed.status != "failed":
+                raise RunNotFailedError(run_id, failed.status)
+            earlier = (
+                (await conn.execute(q("resubmission_of"), {"run_id": run_id}))
+                .mappings()
+                .one_or_none()
+            )
+            if earlier is not None:
+                again = Run.from_row(earlier)
+                replay = Submitted(ACCEPTED, again.to_document(), again.id, True, "replayed")
+                if idempotency is not None:
+                    await self._store_key(conn, who, idempotency, replay.document, again.id)
+                return replay
+            if failed.session_id is not None:
                 active = (
                     (
                         await conn.execute(
@@ -187,8 +219,8 @@ class Submissions:
                     raise SessionBusyError(failed.session_id, active["id"], active["status"])
             new = await self.queue.enqueue(
                 NewRun(
-                    tenant_id=owner.tenant_id,
-                    principal=owner.principal,
+                    tenant_id=failed.tenant_id,
+                    principal=failed.principal,
                     agent=failed.agent,
                     input=failed.input,
                     priority=failed.priority,
@@ -203,10 +235,10 @@ class Submissions:
                     "run_id": failed.id,
                     "type": "operator.resubmitted",
                     "data": dump_json({"by": who.actor, "new_run_id": str(new.id)}),
-                    "now": None,
+                    "now": self.queue.clock(),
                 },
             )
-            return Submitted(ACCEPTED, new.to_document(), new.id, False, "created")
+            return await self._finish(conn, who, idempotency, new, "created")
 
     async def dismiss(self, who: Submitter, run_id: UUID, *, tenant_id: str | None) -> Run:
         """Mark a failed run dismissed (retention may then prune it); idempotent."""
@@ -328,15 +360,25 @@ class Submissions:
     ) -> Submitted:
         document = run.to_document()
         if idempotency is not None:
-            await conn.execute(
-                q("idempotency_store"),
-                {
-                    "tenant_id": who.tenant_id,
-                    "principal": who.principal,
-                    "key": idempotency.key,
-                    "response_status": ACCEPTED,
-                    "response_body": dump_json(document),
-                    "run_id": run.id,
-                },
-            )
+            await self._store_key(conn, who, idempotency, document, run.id)
         return Submitted(ACCEPTED, document, run.id, False, routed)
+
+    async def _store_key(
+        self,
+        conn: AsyncConnection,
+        who: Submitter,
+        idempotency: IdempotencyKey,
+        document: dict[str, JSON],
+        run_id: UUID,
+    ) -> None:
+        await conn.execute(
+            q("idempotency_store"),
+            {
+                "tenant_id": who.tenant_id,
+                "principal": who.principal,
+                "key": idempotency.key,
+                "response_status": ACCEPTED,
+                "response_body": dump_json(document),
+                "run_id": run_id,
+            },
+        )

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.queue.models import JournalEntry, ToolCall
+from app.queue.models import UNKNOWN_OUTCOME, JournalEntry, ToolCall
 from app.runtime.agents import Agent, AgentError, Ask, CallTool, Finish
 from app.runtime.state import RunState, ToolRecord
 from app.runtime.tools import (
@@ -37,11 +37,6 @@ from app.worker.executor import ExecutionContext, StopExecution
 
 log = logging.getLogger("turnstile.runtime")
 JSON = Any
-
-UNKNOWN_OUTCOME = (
-    "The outcome of this call is unknown: it started, but the worker running it stopped before "
-    "recording a result. It may or may not have taken effect; it will not be repeated."
-)
 
 
 class SimulatedCrash(BaseException):
@@ -115,21 +110,19 @@ class RuntimeExecutor:
                         f"the result exceeds {self.limits.max_result_bytes} bytes",
                     )
                     return
-                ctx.finishing = True
-                await ctx.checked(await ctx.complete(decision.result), "complete")
+                await ctx.finish("complete", ctx.complete(decision.result))
                 return
             if isinstance(decision, Ask):
                 state.questions.append(decision.question)
                 state.elapsed_seconds = clock.elapsed()
-                ctx.finishing = True
-                await ctx.checked(
-                    await queue.wait_for_user(
+                await ctx.finish(
+                    "wait_for_user",
+                    queue.wait_for_user(
                         ctx.lease,
                         decision.question,
                         step=state.next_step,
                         state=state.to_json(),
                     ),
-                    "wait_for_user",
                 )
                 return
             for call in decision:
@@ -193,10 +186,12 @@ class RuntimeExecutor:
                     break
                 if attempt > self.limits.transient_retries:
                     if not repeatable:
-                        # Provably never sent: a definite failure, recorded so that recovery
-                        # does not mistake the open journal entry for an unknown outcome.
-                        await self._record(
-                            ctx, state, clock, record, "failed", {"error": str(exc), "sent": False}
+                        # Provably never sent: close the entry as not sent, so that recovery
+                        # neither takes the step as done nor reports it uncertain; the next
+                        # attempt plans the call again.
+                        await ctx.checked(
+                            await ctx.queue.tool_not_sent(ctx.lease, record, str(exc)),
+                            "tool_not_sent",
                         )
                     await self._release_early(
                         ctx, f"{record.tool} kept failing after {attempt} attempts: {exc}"
@@ -255,10 +250,11 @@ class RuntimeExecutor:
         journal: list[JournalEntry],
     ) -> None:
         """Settle a tool call that started under an earlier claim but recorded no outcome."""
-        started = {e.step: e for e in journal if e.entry == "started"}
-        finished = {e.step for e in journal if e.entry == "finished"}
-        pending = started.get(state.next_step)
-        if pending is None or pending.step in finished:
+        # The last entry of the step decides: 'started' alone is open; 'finished' is done (the
+        # checkpoint has it); 'not_sent' closed a call that never left, to be planned again.
+        last = {e.step: e for e in journal}  # the journal comes in sequence order
+        pending = last.get(state.next_step)
+        if pending is None or pending.entry != "started":
             return
         record = ToolCall(
             step=pending.step,
@@ -282,15 +278,11 @@ class RuntimeExecutor:
     # --- endings ------------------------------------------------------------------------------
     async def _fail(self, ctx: ExecutionContext, kind: str, message: str) -> None:
         log.info("run failed", extra={"run_id": str(ctx.lease.run_id), "kind": kind})
-        ctx.finishing = True
-        await ctx.checked(
-            await ctx.queue.fail(ctx.lease, {"kind": kind, "message": message}), "fail"
-        )
+        await ctx.finish("fail", ctx.queue.fail(ctx.lease, {"kind": kind, "message": message}))
 
     async def _release_early(self, ctx: ExecutionContext, reason: str) -> None:
-        ctx.finishing = True
-        await ctx.checked(
-            await ctx.queue.release(ctx.lease, graceful=False, reason=reason[:500]), "release"
+        await ctx.finish(
+            "release", ctx.queue.release(ctx.lease, graceful=False, reason=reason[:500])
         )
 
     def _crash(self, boundary: str, step: int) -> None:

@@ -23,8 +23,12 @@ JSON = Any
 _Pending = tuple[Lease, JSON, "asyncio.Future[WriteOutcome]"]
 
 
+MAX_BATCH = 256
+"""The largest completion batch one statement carries (its NOTIFY is bounded whatever the size)."""
+
+
 class CompletionBatcher:
-    def __init__(self, queue: Queue, *, max_batch: int = 256) -> None:
+    def __init__(self, queue: Queue, *, max_batch: int = MAX_BATCH) -> None:
         self.queue = queue
         self.max_batch = max_batch
         self._pending: list[_Pending] = []

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from app.queue.core import Queue
-from app.queue.models import ClaimedRun, Fenced, Lease, WriteOutcome
+from app.queue.models import ClaimedRun, Fenced, Lease, WriteOutcome, Written
 from app.worker.completions import CompletionBatcher
 
 
@@ -37,6 +38,10 @@ class ExecutionContext:
     # on that write's own fence decides, and a heartbeat that no longer sees the run (because
     # the write already committed) must not take it for a lost lease.
     finishing: bool = False
+    # The write that ends this hold committed: nothing is left to release, and a drain that
+    # stops the execution now must write nothing more (a release would come back fenced and
+    # record a spurious run.fenced after the run's own ending).
+    ended: bool = False
     # The slot group's group commit of completions; None completes with a statement of its own.
     completions: CompletionBatcher | None = None
     _fenced_recorded: bool = False
@@ -65,6 +70,16 @@ class ExecutionContext:
         if self.completions is not None:
             return await self.completions.complete(self.lease, result)
         return await self.queue.complete(self.lease, result)
+
+    async def finish(self, during: str, write: Awaitable[WriteOutcome]) -> WriteOutcome:
+        """Make the write that ends this hold (complete, fail, wait for the user, release):
+        marked finishing before it is sent, `ended` once it committed, and on `Fenced` the one
+        stop path (`checked`)."""
+        self.finishing = True
+        outcome = await write
+        if isinstance(outcome, Written):
+            self.ended = True
+        return await self.checked(outcome, during)
 
     async def stop_fenced(self, during: str) -> None:
         """The run is someone else's: record `run.fenced` (once) and stop writing."""
@@ -99,5 +114,4 @@ class CompletingExecutor:
         if self.pause_seconds:
             await asyncio.sleep(self.pause_seconds)
         ctx.ensure_may_continue()
-        ctx.finishing = True
-        await ctx.checked(await ctx.complete({"completed": True}), "complete")
+        await ctx.finish("complete", ctx.complete({"completed": True}))

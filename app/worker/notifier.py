@@ -5,8 +5,10 @@ back to the pool and stops listening, and PgBouncer in transaction mode cannot h
 When the connection drops it is re-established with backoff, and every subscriber is woken
 once, since notifications sent while nobody listened are lost; polling stays the fallback.
 
-Payloads are JSON written by `queries.sql`: `{"work": [priority, ...]}` when runs became
-claimable, `{"runs": {"<run id>": "<status>"}}` when runs changed status.
+Payloads are JSON written by `queries.sql`, bounded whatever the number of rows:
+`{"work": [priority, ...]}` when runs became claimable, `{"runs": ["<run id prefix>", ...]}`
+(the first 8 characters of at most 100 ids) when runs changed status, and `"more": true` when
+more runs changed than the payload names, which subscribers take as "anything may have changed".
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ log = logging.getLogger("turnstile.notifier")
 
 CHANNEL = "turnstile"
 WorkCallback = Callable[[set[int] | None], None]  # None: "anything may have changed"
-RunsCallback = Callable[[dict[str, str] | None], None]
+RunsCallback = Callable[[set[str] | None], None]  # run id prefixes; None: "look at everything"
 
 
 class Notifier:
@@ -83,9 +85,13 @@ class Notifier:
             for callback in self._work:
                 callback(priorities)
         runs = message.get("runs")
-        if runs:
+        if message.get("more"):
             for runs_callback in self._runs:
-                runs_callback({str(k): str(v) for k, v in runs.items()})
+                runs_callback(None)
+        elif runs:
+            prefixes = {str(prefix) for prefix in runs}
+            for runs_callback in self._runs:
+                runs_callback(prefixes)
 
     def _wake_everyone(self) -> None:
         for callback in self._work:

@@ -55,7 +55,10 @@ class _Group:
     spec: SlotGroup
     priorities: frozenset[int]
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    running: dict[UUID, _Execution] = field(default_factory=dict)
+    # Keyed by (run id, epoch), never by the run alone: after the sweeper requeued a run whose
+    # old execution here is still alive, this process may claim it again, and the two are
+    # different holds with different fates.
+    running: dict[tuple[UUID, int], _Execution] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
     completions: CompletionBatcher | None = None
 
@@ -149,8 +152,17 @@ class WorkerPool:
             _, pending = await asyncio.wait(
                 [e.task for e in executions if e.task is not None], timeout=grace_seconds
             )
+            # An execution whose ending write is in flight is let finish it (one statement): an
+            # interrupted one would leave the run's fate unknown to this process.
+            in_flight = [
+                e.task
+                for e in executions
+                if e.task in pending and e.ctx.finishing and not e.ctx.ended
+            ]
+            if in_flight:
+                await asyncio.wait(in_flight, timeout=grace_seconds)
             for execution in executions:
-                if execution.task in pending:
+                if execution.task is not None and not execution.task.done():
                     self._interrupt(execution, "drain")
             await asyncio.gather(*pending, return_exceptions=True)
         self._heartbeat_stop.set()
@@ -214,7 +226,7 @@ class WorkerPool:
             completions=group.completions,
         )
         execution = _Execution(ctx=ctx)
-        group.running[claimed.lease.run_id] = execution
+        group.running[claimed.lease.key] = execution
         execution.task = asyncio.create_task(
             self._execute(group, execution), name=f"turnstile-run-{claimed.lease.run_id}"
         )
@@ -256,19 +268,21 @@ class WorkerPool:
                 "executor failed; releasing the run with backoff",
                 extra={"run_id": str(run_id), "epoch": ctx.lease.epoch},
             )
-            if ctx.may_continue():
+            if not ctx.ended and ctx.may_continue():
+                # An ending write that failed with an error (not fenced) may still have
+                # committed: if the release then finds the run gone, that is no lost lease.
+                outcome_unknown = ctx.finishing
+                ctx.finishing = True  # the heartbeat must not take the release for a lost lease
                 outcome = await self.queue.release(
                     ctx.lease, graceful=False, reason=f"executor error: {exc!r}"[:500]
                 )
-                if isinstance(outcome, Fenced):
+                if isinstance(outcome, Fenced) and not outcome_unknown:
                     await ctx.stop_fenced("release")
         finally:
             try:
                 await self._after(execution)
             finally:
-                # A newer claim of the same run may already hold this slot entry.
-                if group.running.get(run_id) is execution:
-                    del group.running[run_id]
+                group.running.pop(ctx.lease.key, None)
                 group.wake.set()
 
     async def _after(self, execution: _Execution) -> None:
@@ -276,10 +290,14 @@ class WorkerPool:
         if execution.stop_reason == "fenced":
             await ctx.stop_fenced("heartbeat")
         elif execution.stop_reason == "drain":
+            if ctx.ended:
+                return  # its completion, failure or question committed: nothing to give back
+            outcome_unknown = ctx.finishing  # an ending write interrupted in flight
+            ctx.finishing = True
             outcome = await self.queue.release(
                 ctx.lease, graceful=True, reason="worker shutting down"
             )
-            if isinstance(outcome, Fenced):
+            if isinstance(outcome, Fenced) and not outcome_unknown:
                 await ctx.stop_fenced("release")
         elif execution.stop_reason == "self_fenced":
             log.warning(
@@ -330,7 +348,7 @@ class WorkerPool:
         except Exception:
             log.warning("worker registration refresh failed", exc_info=True)
         for execution in executions:
-            if execution.ctx.lease.run_id in held:
+            if execution.ctx.lease.key in held:
                 execution.ctx.trusted_until = sent + self.lease_seconds
             elif not execution.ctx.finishing:
                 self._interrupt(execution, "fenced")

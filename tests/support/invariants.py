@@ -9,6 +9,8 @@
   epoch, so their epochs never go backwards either.
 - At most one terminal event, and after it nothing but `run.fenced` and `operator.*` notes
   (dismiss, resubmit), which are not transitions.
+- No `run.fenced` for an epoch whose holder had already ended its hold itself (succeeded,
+  failed, asked the user, released): such a record is spurious, the holder lost nothing.
 - Replaying the transition events gives a valid path through the statuses that ends at the
   run's status; a run is `queued` again only through the four requeue paths; tool records,
   checkpoints and notes appear only while the run is running.
@@ -49,6 +51,9 @@ class RunLog:
     events: list[tuple[int, str, int]]  # (seq, type, epoch)
     checkpoints: list[tuple[int, int]]  # (event_seq, epoch)
     journal: list[tuple[int, int]]
+    # Epochs whose holder ended its own hold, with the sequence of that event (the sweeper's
+    # run.failed and run.requeued are not the holder's).
+    holder_endings: dict[int, int] | None = None
 
 
 async def read_log(conn: AsyncConnection, run_id: UUID) -> RunLog:
@@ -75,7 +80,18 @@ async def read_log(conn: AsyncConnection, run_id: UUID) -> RunLog:
             {"id": run_id},
         )
     ).all()
+    endings = (
+        await conn.execute(
+            text(
+                "SELECT epoch, min(seq) FROM run_events WHERE run_id = :id AND (type IN "
+                "('run.succeeded', 'run.waiting', 'run.released') OR (type = 'run.failed' "
+                "AND data->'failure'->>'kind' IS DISTINCT FROM 'lease_expired')) GROUP BY epoch"
+            ),
+            {"id": run_id},
+        )
+    ).all()
     return RunLog(
+        holder_endings={int(epoch): int(seq) for epoch, seq in endings},
         run_id=run_id,
         status=run.status,
         last_event_seq=run.last_event_seq,
@@ -105,6 +121,14 @@ def check_log(log: RunLog) -> None:
             )
         highest = epoch
         terminal_seen = type_ in TERMINAL_EVENTS
+
+    for seq, type_, epoch in log.events:
+        ended_at = (log.holder_endings or {}).get(epoch)
+        if type_ == "run.fenced" and ended_at is not None:
+            assert seq < ended_at, (
+                f"{log.run_id}: spurious run.fenced at {seq}: epoch {epoch} had ended its own "
+                f"hold at {ended_at}"
+            )
 
     for kind, rows in (("checkpoint", log.checkpoints), ("journal", log.journal)):
         for event_seq, epoch in rows:
