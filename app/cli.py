@@ -13,8 +13,9 @@ import json
 import os
 import signal
 import sys
+import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
@@ -262,20 +263,19 @@ async def _run_worker(settings: Settings, metrics_port: int | None, metrics_host
     from app.db.state import schema_revision
     from app.main import services
 
-    engine = await _engine_for(settings)
-    try:
-        revision = await schema_revision(engine)
-    finally:
-        await engine.dispose()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    revision = await _reachable_schema(settings, stop, schema_revision)
+    if stop.is_set():
+        print("turnstile: worker stopped before the database was reachable", file=sys.stderr)
+        return
     if revision != head_revision():
         raise CommandError(
             f"the database schema is at {revision or 'nothing'}, this worker needs "
             f"{head_revision()}: run 'turnstile migrate' first"
         )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     async with services(settings, role="worker") as state:
         pool = state.pool
         assert pool is not None
@@ -299,6 +299,38 @@ async def _run_worker(settings: Settings, metrics_port: int | None, metrics_host
                 exporter.shutdown()
         print("turnstile: draining", file=sys.stderr, flush=True)
     print("turnstile: worker stopped", file=sys.stderr, flush=True)
+
+
+async def _reachable_schema(
+    settings: Settings,
+    stop: asyncio.Event,
+    schema_revision: Callable[[AsyncEngine], Awaitable[str | None]],
+) -> str | None:
+    """The schema revision, once the database answers: a worker that starts before its
+    database (a fleet coming up together) retries with backoff, one log line per failure,
+    until `worker_start_timeout_seconds` have passed or it is told to stop."""
+    deadline = time.monotonic() + settings.worker_start_timeout_seconds
+    delay = 0.5
+    while True:
+        engine = await _engine_for(settings)
+        try:
+            return await schema_revision(engine)
+        except (OSError, DBAPIError) as exc:
+            reason = str(getattr(exc, "orig", None) or exc).splitlines()[0][:200]
+            if time.monotonic() + delay > deadline:
+                raise CommandError(f"database unreachable: {reason}") from None
+            print(
+                f"turnstile: database unreachable ({reason}); retrying in {delay:g}s",
+                file=sys.stderr,
+                flush=True,
+            )
+        finally:
+            await engine.dispose()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=delay)
+        if stop.is_set():
+            return None
+        delay = min(delay * 2, 10.0)
 
 
 def _run_command(args: argparse.Namespace) -> None:

@@ -104,6 +104,12 @@ class Settings(BaseSettings):
     run_workers: bool = Field(default=True, description="Run the worker pool inside serve.")
     poll_interval_seconds: float = Field(default=2.0, gt=0)
     drain_grace_seconds: float = Field(default=10.0, ge=0)
+    worker_start_timeout_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="How long `turnstile worker` keeps retrying, with backoff, a database it "
+        "cannot reach at start (a fleet may start before its database); 0: fail at once.",
+    )
     listen_database_url: str | None = Field(
         default=None,
         description="Direct PostgreSQL URL for LISTEN when DATABASE_URL goes through PgBouncer.",

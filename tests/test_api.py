@@ -429,6 +429,17 @@ async def test_dead_letter_resubmit_and_dismiss(api: Api) -> None:
     new = again.json()
     assert (new["input"], new["resubmitted_from"], new["status"]) == ({"job": 7}, run, "queued")
     assert (await client.get(f"/runs/{run}")).json()["status"] == "failed"
+    # One new run per failed run: resubmitting again answers with the same one, replayed.
+    twice = await ops.post(f"/runs/{run}/resubmit")
+    assert (twice.status_code, twice.json()["id"]) == (202, new["id"])
+    assert twice.headers["Idempotent-Replayed"] == "true"
+    # Idempotency-Key is honoured: a replay, and a reuse on another run is refused.
+    keyed = await ops.post(f"/runs/{run}/resubmit", headers={"Idempotency-Key": "rs-1"})
+    assert keyed.json()["id"] == new["id"]
+    replay = await ops.post(f"/runs/{run}/resubmit", headers={"Idempotency-Key": "rs-1"})
+    assert (replay.json()["id"], replay.headers["Idempotent-Replayed"]) == (new["id"], "true")
+    reused = await ops.post(f"/runs/{new['id']}/resubmit", headers={"Idempotency-Key": "rs-1"})
+    assert_problem(reused, 422, "idempotency-key-reused")
 
     dismissed = await ops.post(f"/runs/{run}/dismiss")
     assert dismissed.json()["dismissed_at"] is not None

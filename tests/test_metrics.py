@@ -84,6 +84,10 @@ async def test_api_metrics_after_real_runs(database_url: str, engine: AsyncEngin
         value(found, "turnstile_queue_depth", **{"class": "maintenance"}, status="queued")
         is not None
     )
+    # The NOTIFY queue's fill level, which every notifying transition depends on.
+    usage = value(found, "turnstile_notification_queue_usage_ratio")
+    assert usage is not None
+    assert 0 <= usage < 1
 
 
 async def test_requeued_released_and_fenced_are_counted(engine: AsyncEngine) -> None:

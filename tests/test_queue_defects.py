@@ -28,7 +28,7 @@ from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.models import Fenced, Lease, NewRun, SweepReport, ToolCall, Written
 from app.queue.sql import statements
-from app.queue.submit import Submissions, Submitter
+from app.queue.submit import RunSpec, Submissions, Submitter
 from app.worker.completions import MAX_BATCH
 from tests.support.clock import ManualClock
 from tests.support.invariants import check_all_runs
@@ -279,3 +279,56 @@ async def test_a_requeued_run_keeps_its_open_call_for_recovery(
     assert (await queue.sweep()).requeued == 1
     # Not dead-lettered: the next attempt's recovery settles the call, not the sweeper.
     assert [e.entry for e in await queue.journal(lease.run_id)] == ["started"]
+
+
+# --- 5. a turn racing a cancel ---------------------------------------------------------------
+def _submissions(queue: Queue) -> Submissions:
+    return Submissions(
+        queue,
+        default_agent="scripted",
+        idempotency_ttl_seconds=3600,
+        idempotency_wait_seconds=2,
+        lock_timeout_ms=5000,
+    )
+
+
+async def test_a_turn_racing_a_cancel_of_the_waiting_run_gets_a_new_run(queue: Queue) -> None:
+    """The turn reads the waiting run, then a cancel commits before its delivery: the session
+    has no active run any more, so the turn starts a new one (it used to get 409)."""
+    submissions = _submissions(queue)
+    alice = Submitter(tenant_id="t", principal="alice")
+    async with queue.engine.begin() as conn:
+        session_id = (
+            await conn.execute(
+                text(
+                    "INSERT INTO sessions (tenant_id, principal) VALUES ('t', 'alice') RETURNING id"
+                )
+            )
+        ).scalar_one()
+    first = await submissions.submit_turn(alice, session_id, RunSpec(input="hello"))
+    (claimed,) = await queue.claim("w", ALL)
+    assert isinstance(
+        await queue.wait_for_user(claimed.lease, "which one?", step=1, state={}), Written
+    )
+
+    async with queue.engine.connect() as holder:
+        # Hold the run row, so the cancel and then the delivery queue up on it in that order.
+        await holder.begin()
+        await holder.execute(
+            text("SELECT 1 FROM runs WHERE id = :id FOR UPDATE"), {"id": first.run_id}
+        )
+        cancel = asyncio.create_task(queue.cancel(first.run_id, actor="op"))
+        await eventually(lambda: _waiting_on_locks(queue.engine, 1), what="the cancel waiting")
+        turn = asyncio.create_task(
+            submissions.submit_turn(alice, session_id, RunSpec(input="the blue one"))
+        )
+        await eventually(lambda: _waiting_on_locks(queue.engine, 2), what="the delivery waiting")
+        await holder.rollback()
+    assert (await asyncio.wait_for(cancel, 30)).changed
+    answered = await asyncio.wait_for(turn, 30)
+    assert answered.routed == "created"
+    assert answered.run_id != first.run_id
+    new = await queue.get_run(answered.run_id)
+    assert new is not None
+    assert (new.status, new.input) == ("queued", "the blue one")
+    assert await check_all_runs(queue.engine) == 2

@@ -4,13 +4,17 @@ run is released with its attempt given back and finishes elsewhere), exiting 0."
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sys
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.embedded import LocalCluster, free_port
+from app.db.migrate import upgrade
 from app.queue.core import Queue
 from app.queue.models import NewRun, Run
 from tests.support.processes import Child, run_cli, turnstile
@@ -81,3 +85,52 @@ async def test_a_worker_refuses_an_unmigrated_database(empty_database: str) -> N
     assert code == 2
     assert err.strip().startswith("turnstile: the database schema is at nothing")
     assert err.strip().count("\n") == 0
+
+
+async def test_a_worker_started_before_its_database_waits_for_it(
+    throwaway_cluster: LocalCluster,
+) -> None:
+    """A fleet may start before its database: the worker retries with backoff, a line per
+    failure, and runs once the database is up (it used to exit at the first refusal)."""
+    url = throwaway_cluster.url()
+    await asyncio.to_thread(upgrade, url)
+    await asyncio.to_thread(throwaway_cluster.stop, "fast")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "app.cli",
+        "worker",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "DATABASE_URL": url, "TURNSTILE_POLL_INTERVAL_SECONDS": "60"},
+    )
+    assert process.stderr is not None
+    try:
+        first = await asyncio.wait_for(process.stderr.readline(), 60)
+        assert b"database unreachable" in first
+        assert b"retrying in" in first
+        await asyncio.to_thread(throwaway_cluster.start)
+        lines = [first]
+        while b"running slots" not in lines[-1]:
+            line = await asyncio.wait_for(process.stderr.readline(), 60)
+            assert line, b"".join(lines).decode(errors="replace")
+            lines.append(line)
+        log = b"".join(lines).decode(errors="replace")
+        assert "Traceback" not in log, log
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 60) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_a_worker_gives_up_on_an_unreachable_database_after_its_timeout() -> None:
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"  # nothing listens there
+    code, _, err = await run_cli(
+        "worker", env={"DATABASE_URL": url, "TURNSTILE_WORKER_START_TIMEOUT_SECONDS": "1"}
+    )
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("turnstile: database unreachable")
+    assert all("database unreachable" in line for line in lines)

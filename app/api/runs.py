@@ -169,9 +169,21 @@ async def failed_runs(
         "run-not-failed",
         "session-busy",
         "invalid-request",
+        "idempotency-key-reused",
+        "idempotency-key-in-flight",
+    ),
+    description=(
+        "One new run per failed run: resubmitting it again, concurrently or later, answers "
+        "with the run the first resubmission created (`Idempotent-Replayed: true`). "
+        "`Idempotency-Key` is honoured as on every submission."
     ),
 )
-async def resubmit(run_id: UUID, request: Request, caller: OperatorDep) -> Any:
+async def resubmit(
+    run_id: UUID,
+    request: Request,
+    caller: OperatorDep,
+    idempotency_key: IdempotencyHeader = None,
+) -> Any:
     state = request.app.state.turnstile
     outcome = await state.submissions.resubmit(
         Submitter(caller.tenant_id, caller.principal, caller.actor),
@@ -179,6 +191,7 @@ async def resubmit(run_id: UUID, request: Request, caller: OperatorDep) -> Any:
         # Actions stay within the key's own tenant, admin keys included: the admin scope
         # widens what a key can see, not what it can change.
         tenant_id=caller.tenant_id,
+        idempotency=await idempotency_of(request, idempotency_key),
     )
     return submitted_response(outcome)
 

@@ -58,7 +58,8 @@ def spec_from(body: TurnRequest, caller: Caller, agents: frozenset[str]) -> RunS
 async def idempotency_of(request: Request, key: str | None) -> IdempotencyKey | None:
     if key is None:
         return None
-    body: Any = json.loads(await request.body())
+    raw = await request.body()
+    body: Any = json.loads(raw) if raw else None  # a bodiless action (resubmit) hashes as null
     return IdempotencyKey(
         key=key, request_hash=request_hash(request.method, request.url.path, body)
     )

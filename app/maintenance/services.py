@@ -204,6 +204,8 @@ class QueueMetrics(MaintenanceService):
             counts[row.reason] += 1
         for reason, count in counts.items():
             self.metrics.stuck.labels(reason).set(count)
+        (usage,) = await self._execute("notification_queue_usage", {})
+        self.metrics.notification_queue_usage.set(float(usage.usage))
 
 
 class LeasedSweeper(MaintenanceService):

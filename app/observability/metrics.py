@@ -94,6 +94,13 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.notification_queue_usage = Gauge(
+            "turnstile_notification_queue_usage_ratio",
+            "PostgreSQL's pg_notification_queue_usage(): the share of the cluster's NOTIFY queue "
+            "in use. At 1.0, every notifying transition fails; a listener that stopped reading "
+            "(a stuck LISTEN session) is what fills it.",
+            registry=self.registry,
+        )
 
     # --- the queue core's observer ------------------------------------------------------------
     def transition(self, name: str, priority: int, count: int = 1) -> None:

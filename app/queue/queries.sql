@@ -975,6 +975,12 @@ GROUP BY 1, 2
 ORDER BY 1, 2;
 
 
+-- name: notification_queue_usage
+-- The share of the cluster's NOTIFY queue in use (0..1). A full queue makes pg_notify fail,
+-- and with it every notifying transition: operators alert on it (docs/operations.md).
+SELECT pg_notification_queue_usage() AS usage;
+
+
 -- name: stuck_runs
 -- Leases expired but not yet swept; runs eligible but unclaimed for longer than a threshold;
 -- runs waiting for the user for longer than a threshold.

@@ -34,6 +34,7 @@ from app.queue.errors import (
     IdempotencyKeyReusedError,
     RunNotFailedError,
     RunNotFoundError,
+    RunNotWaitingError,
     SessionBusyError,
     SessionNotFoundError,
 )
@@ -131,24 +132,36 @@ class Submissions:
             )
             if locked.one_or_none() is None:
                 raise SessionNotFoundError(session_id)
-            active = (
-                (await conn.execute(q("active_run_of_session"), {"session_id": session_id}))
-                .mappings()
-                .one_or_none()
-            )
-            if active is None:
-                run = await self._create(conn, who, spec, session_id, PriorityClass.INTERACTIVE)
-                routed = "created"
-            elif active["status"] == "waiting_for_user":
-                waiting = Run.from_row(active)
-                self._check_answer(waiting, spec)
-                run = await self.queue.deliver_input(
-                    waiting.id, spec.input, principal=who.principal, conn=conn
+            # Routing reads the active run, then acts on it. The session lock keeps every other
+            # submission out, but a cancel takes the run row alone: one that commits between
+            # the read and a delivery leaves the delivery nothing to update. Then the session
+            # has no active run, and routing again (a fresh statement, a fresh snapshot) gives
+            # the turn the new run it should get, not a 409.
+            for routing in range(2):
+                active = (
+                    (await conn.execute(q("active_run_of_session"), {"session_id": session_id}))
+                    .mappings()
+                    .one_or_none()
                 )
-                routed = "delivered"
-            else:
-                raise SessionBusyError(session_id, active["id"], active["status"])
-            return await self._finish(conn, who, idempotency, run, routed)
+                if active is None:
+                    run = await self._create(conn, who, spec, session_id, PriorityClass.INTERACTIVE)
+                    routed = "created"
+                elif active["status"] == "waiting_for_user":
+                    waiting = Run.from_row(active)
+                    self._check_answer(waiting, spec)
+                    try:
+                        run = await self.queue.deliver_input(
+                            waiting.id, spec.input, principal=who.principal, conn=conn
+                        )
+                    except RunNotWaitingError:
+                        if routing == 0:
+                            continue
+                        raise
+                    routed = "delivered"
+                else:
+                    raise SessionBusyError(session_id, active["id"], active["status"])
+                return await self._finish(conn, who, idempotency, run, routed)
+            raise AssertionError("unreachable: the second routing returns or raises")
 
     async def submit_run(
         self, who: Submitter, spec: RunSpec, idempotency: IdempotencyKey | None = None
