@@ -95,6 +95,11 @@ class Settings(BaseSettings):
     # --- API ---------------------------------------------------------------------------------
     default_agent: str = Field(default="scripted", min_length=1)
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    metrics_require_key: bool = Field(
+        default=False,
+        description="Serve GET /metrics only to admin keys: its figures are queue-wide, across "
+        "tenants. Off, anyone who can reach the port may scrape it.",
+    )
 
     # --- worker pool ------------------------------------------------------------------------
     slots: str = Field(
