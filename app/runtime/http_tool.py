@@ -8,6 +8,10 @@ exact name or address: `*` never opens them, so a tenant cannot reach the servic
 
 Idempotency: GET, HEAD, PUT and DELETE are safe to repeat; POST and PATCH are unsafe, or keyed
 when the call asks for `"idempotency_key": true` (sent as the `Idempotency-Key` header).
+
+Answers are read raw and inflated here, never past `MAX_RESPONSE_BYTES` of decoded body: a
+small compressed body can expand a thousandfold, so the cap applies to what is produced, as it
+is produced, and reading stops at the cap.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import asyncio
 import ipaddress
 import json
 import socket
+import zlib
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -37,8 +42,10 @@ METADATA = {
     ipaddress.ip_address("100.100.100.200"),  # Alibaba Cloud
 }
 MAX_RESPONSE_BYTES = 256_000
-# Headers the HTTP client must own; a caller's copy would corrupt or smuggle the request.
-RESERVED_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
+# Headers the HTTP client must own; a caller's copy would corrupt or smuggle the request, or
+# ask for an encoding the tool cannot inflate within its cap.
+RESERVED_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "accept-encoding"}
+ACCEPT_ENCODING = "gzip, deflate"
 
 
 class HttpRequestTool:
@@ -100,6 +107,7 @@ class HttpRequestTool:
             if str(k).lower() not in RESERVED_HEADERS | {"idempotency-key"}
         }
         headers["Host"] = parts.netloc.rsplit("@", 1)[-1]
+        headers["Accept-Encoding"] = ACCEPT_ENCODING
         if ctx.idempotency_key is not None:
             headers["Idempotency-Key"] = ctx.idempotency_key
         extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
@@ -150,22 +158,21 @@ class HttpRequestTool:
             raise TransientToolError(f"timed out: {type(exc).__name__}") from exc
         except httpx.TransportError as exc:
             raise TransientToolError(f"connection failed: {exc!r}") from exc
-        raw = bytearray()
-        truncated = False
         try:
             if response.status_code >= 500 or response.status_code == 429:
                 raise TransientToolError(f"HTTP {response.status_code}")
+            decoded = BoundedBody(response.headers.get("content-encoding", ""), MAX_RESPONSE_BYTES)
             try:
-                async for chunk in response.aiter_bytes():
-                    raw.extend(chunk)
-                    if len(raw) > MAX_RESPONSE_BYTES:
-                        truncated = True
+                async for chunk in response.aiter_raw():
+                    decoded.feed(chunk)
+                    if decoded.truncated:
                         break
             except httpx.TransportError as exc:
                 raise TransientToolError(f"the response broke off: {exc!r}") from exc
         finally:
             await response.aclose()
-        text = bytes(raw[:MAX_RESPONSE_BYTES]).decode(response.encoding or "utf-8", "replace")
+        truncated = decoded.truncated
+        text = bytes(decoded.body).decode(response.encoding or "utf-8", "replace")
         body: JSON = text
         if not truncated:
             try:
@@ -216,6 +223,62 @@ class HttpRequestTool:
                     "by name in TURNSTILE_HTTP_ALLOWED_HOSTS to allow it"
                 )
         return addresses
+
+
+class BoundedBody:
+    """A response body decoded as its raw bytes arrive, holding at most `limit` decoded bytes.
+
+    Inflation asks zlib for no more output than the room left (plus one byte, which says the
+    body went on), so a compressed chunk never expands past the cap in memory. Encodings other
+    than gzip and deflate (which the tool does not ask for) are kept as they came, as httpx
+    does; a stack of several encodings is refused rather than inflated layer by layer.
+    """
+
+    def __init__(self, content_encoding: str, limit: int) -> None:
+        self.limit = limit
+        self.body = bytearray()
+        self.truncated = False
+        codings = [
+            c.strip().lower()
+            for c in content_encoding.split(",")
+            if c.strip().lower() not in ("", "identity")
+        ]
+        if len(codings) > 1:
+            raise PermanentToolError(
+                f"the answer's Content-Encoding {content_encoding!r} stacks encodings; not read"
+            )
+        coding = codings[0] if codings else "identity"
+        self._inflater: Any = None
+        self._raw_deflate_fallback = False
+        if coding in ("gzip", "x-gzip"):
+            self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif coding == "deflate":
+            # "deflate" should be zlib-wrapped, but some servers send a raw stream.
+            self._inflater = zlib.decompressobj(zlib.MAX_WBITS)
+            self._raw_deflate_fallback = True
+
+    def feed(self, raw: bytes) -> None:
+        room = self.limit - len(self.body) + 1
+        produced = raw[:room] if self._inflater is None else self._inflate(raw, room)
+        self.body.extend(produced)
+        if len(self.body) > self.limit:
+            del self.body[self.limit :]
+            self.truncated = True
+
+    def _inflate(self, raw: bytes, room: int) -> bytes:
+        try:
+            # Output stops at `room`: the rest stays unread in unconsumed_tail, and a full
+            # `room` means the cap is reached, so the caller stops reading.
+            out: bytes = self._inflater.decompress(raw, room)
+        except zlib.error as exc:
+            if not self._raw_deflate_fallback:
+                raise TransientToolError(f"the answer's body is corrupt: {exc}") from exc
+            self._raw_deflate_fallback = False
+            self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+            return self._inflate(raw, room)
+        if raw:
+            self._raw_deflate_fallback = False  # the header was read: the format is settled
+        return out
 
 
 def _is_internal(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
