@@ -73,8 +73,9 @@ class Settings(BaseSettings):
     # --- runtime -----------------------------------------------------------------------------
     http_allowed_hosts: str = Field(
         default="*",
-        description="Hosts http_request may reach: names, '*.suffix' or '*'. Internal addresses "
-        "only when the host is listed by its exact name or address.",
+        description="Hosts http_request may reach: names, '*.suffix', '*' or literal addresses. "
+        "Internal addresses only when the host is listed by its exact name or address; "
+        "link-local and cloud-metadata addresses only when the address itself is listed.",
     )
     http_timeout_seconds: float = Field(default=10.0, gt=0)
     agent_time_limit_seconds: float = Field(default=600.0, gt=0)
