@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app.config import Settings
-from app.db.embedded import EmbeddedUnavailableError
+from app.db.embedded import EmbeddedDatabase, EmbeddedUnavailableError
 from app.observability.logs import configure_logging
 from app.runtime.plugins import PluginError
 
@@ -33,6 +33,10 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from app.security.api_keys import KeyInfo
+
+
+# The development key's file in the embedded data folder (mode 0600).
+DEV_KEY_FILE = "dev-key"
 
 
 class CommandError(Exception):
@@ -52,6 +56,11 @@ def _settings(**overrides: object) -> Settings:
 
 def _migrated_settings(settings: Settings) -> Settings:
     """Resolve the database (starting the embedded one if needed) and migrate it to head."""
+    return _migrated(settings)[0]
+
+
+def _migrated(settings: Settings) -> tuple[Settings, EmbeddedDatabase | None]:
+    """`_migrated_settings`, also saying whether the database is the embedded one."""
     from app.db.migrate import head_revision, upgrade
     from app.db.state import resolve_database
 
@@ -63,7 +72,7 @@ def _migrated_settings(settings: Settings) -> Settings:
         else "DATABASE_URL"
     )
     print(f"turnstile: schema at revision {head_revision()} on {where}", file=sys.stderr)
-    return settings.model_copy(update={"database_url": database.url})
+    return settings.model_copy(update={"database_url": database.url}), database.embedded
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -77,8 +86,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     settings = _settings(**overrides)
     configure_logging(settings.log_level)
     _check_plugins(settings)
-    settings = _migrated_settings(settings)
-    asyncio.run(_first_start_key(settings))
+    settings, embedded = _migrated(settings)
+    asyncio.run(first_start_key(settings, embedded))
     app = create_app(settings)
     print(f"turnstile: serving on http://{settings.host}:{settings.port}/docs", file=sys.stderr)
     config = uvicorn.Config(
@@ -138,23 +147,40 @@ async def _engine_for(settings: Settings) -> AsyncEngine:
     return create_engine(settings, database.url, pool_size=2)
 
 
-async def _first_start_key(settings: Settings) -> None:
-    """On first start against a database without keys, make a development key and print it
-    once, so the quick start works in one command. The key is an ordinary revocable key."""
+async def first_start_key(settings: Settings, embedded: EmbeddedDatabase | None) -> None:
+    """On the first start of the embedded database (local development: no DATABASE_URL), make
+    a development key so the quick start works in one command. It goes to a file only its owner
+    can read, in the embedded data folder, and only that file's path is printed: logs are
+    collected and shared, so a live key must never reach them. Against a configured database
+    (a deployment) no key is made; the log says how to make one."""
     from app.security.api_keys import create_key, has_any_key
 
     engine = await _engine_for(settings)
     try:
         if await has_any_key(engine):
             return
+        if embedded is None:
+            print(
+                "turnstile: no API keys exist yet; create one with: turnstile keys create "
+                "--tenant TENANT --principal NAME [--operator|--admin]",
+                file=sys.stderr,
+            )
+            return
         new = await create_key(
             engine, tenant_id="dev", principal="dev", scopes=("operator",), name="first start"
         )
     finally:
         await engine.dispose()
+    path = embedded.data_dir / DEV_KEY_FILE
+    # O_CREAT's mode applies only to a new file, so a leftover file is narrowed with fchmod
+    # before the key is written into it.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as file:
+        os.fchmod(fd, 0o600)
+        file.write(new.secret + "\n")
     print(
         "turnstile: no API keys existed, so a development key was created (tenant 'dev', "
-        f"operator scope); it is shown only now:\n\n    {new.secret}\n\n"
+        f"operator scope) and written to {path} (readable by you only);\n"
         f"  revoke it with: turnstile keys revoke {new.info.id}",
         file=sys.stderr,
     )

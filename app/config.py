@@ -73,8 +73,9 @@ class Settings(BaseSettings):
     # --- runtime -----------------------------------------------------------------------------
     http_allowed_hosts: str = Field(
         default="*",
-        description="Hosts http_request may reach: names, '*.suffix' or '*'. Internal addresses "
-        "only when the host is listed by its exact name or address.",
+        description="Hosts http_request may reach: names, '*.suffix', '*' or literal addresses. "
+        "Internal addresses only when the host is listed by its exact name or address; "
+        "link-local and cloud-metadata addresses only when the address itself is listed.",
     )
     http_timeout_seconds: float = Field(default=10.0, gt=0)
     agent_time_limit_seconds: float = Field(default=600.0, gt=0)
@@ -95,6 +96,11 @@ class Settings(BaseSettings):
     # --- API ---------------------------------------------------------------------------------
     default_agent: str = Field(default="scripted", min_length=1)
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    metrics_require_key: bool = Field(
+        default=False,
+        description="Serve GET /metrics only to admin keys: its figures are queue-wide, across "
+        "tenants. Off, anyone who can reach the port may scrape it.",
+    )
 
     # --- worker pool ------------------------------------------------------------------------
     slots: str = Field(

@@ -3,6 +3,8 @@ the series and labels the operations guide names."""
 
 from __future__ import annotations
 
+import random
+import string
 from typing import Any
 
 import httpx
@@ -10,8 +12,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.config import Settings
 from app.db.embedded import free_port
-from app.observability.metrics import Metrics
+from app.main import create_app
+from app.observability.metrics import HTTP_METHODS, Metrics
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue, QueueConfig
 from app.queue.models import NewRun
@@ -144,3 +148,53 @@ async def test_a_worker_serves_its_own_metrics_port(database_url: str, engine: A
         found = await eventually(counted, within=20, what="the worker's metrics")
         assert value(found, "turnstile_slots", group="interactive") == 4
         assert (await queue.get_run(run.id)).status == "succeeded"  # type: ignore[union-attr]
+
+
+async def test_http_labels_come_from_fixed_sets(database_url: str, engine: AsyncEngine) -> None:
+    """Random methods and paths (one method of 8 KB) add no series: unknown methods count as
+    `other`, paths as their route template or `unmatched`."""
+    rng = random.Random(7)
+    async with (
+        running_api(database_url, engine) as api,
+        httpx.AsyncClient(base_url=api.base) as anonymous,
+    ):
+        baseline = len((await anonymous.get("/metrics")).text)
+        methods = ["".join(rng.choices(string.ascii_uppercase, k=12)) for _ in range(50)]
+        for method in [*methods, "M" * 8192]:
+            await anonymous.request(method, "/healthz")
+            await anonymous.request(method, f"/no/such/{rng.getrandbits(64):x}")
+        for _ in range(20):
+            await anonymous.get(f"/runs/{rng.getrandbits(64):x}/nowhere")
+        scraped = (await anonymous.get("/metrics")).text
+    app = create_app(Settings(database_url=database_url))
+    templates = {getattr(route, "path", None) for route in app.routes}
+    templates |= {*app.openapi()["paths"], "unmatched"}
+    found = samples(scraped)
+    http = [dict(labels) for (name, labels) in found if name == "turnstile_http_requests_total"]
+    assert {labels["method"] for labels in http} <= {*HTTP_METHODS, "other"}
+    assert {labels["route"] for labels in http} <= templates
+    assert (
+        value(
+            found, "turnstile_http_requests_total", route="/healthz", method="other", status="405"
+        )
+        == 51
+    )
+    assert len(scraped) < baseline + 16_000  # a few new series, not one per method
+
+
+async def test_metrics_can_require_an_admin_key(database_url: str, engine: AsyncEngine) -> None:
+    async with running_api(database_url, engine, metrics_require_key=True) as api:
+        admin = await api.client("platform", "prometheus", "admin")
+        operator = await api.client("acme", "ops", "operator")
+        tenant = await api.client("acme", "alice")
+        async with httpx.AsyncClient(base_url=api.base) as anonymous:
+            refused = await anonymous.get("/metrics")
+        assert refused.status_code == 401
+        assert refused.headers["content-type"] == "application/problem+json"
+        for client in (operator, tenant):
+            forbidden = await client.get("/metrics")
+            assert forbidden.status_code == 403
+            assert forbidden.json()["type"].endswith("/forbidden")
+        served = await admin.get("/metrics")
+        assert served.status_code == 200
+        assert "turnstile_http_requests_total" in served.text

@@ -371,3 +371,43 @@ async def test_a_call_never_started_is_run_before_the_model_is_asked_again(
         "a": {"status": "succeeded", "result": {"echo": {"x": "A"}}},
         "b": {"status": "succeeded", "result": {"echo": {"x": "B"}}},
     }
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        (401, {"error": {"message": f"Incorrect API key provided: {API_KEY}.", "pad": "x" * 9000}}),
+        (400, {"pad": "y" * 9000, "echo": API_KEY}),
+        (200, {"echo": API_KEY, "pad": "z" * 9000}),
+    ],
+    ids=["401-echoing-the-key", "400-long", "200-without-choices"],
+)
+async def test_an_endpoints_error_body_is_capped_and_never_shows_the_key(
+    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str], reply: Any
+) -> None:
+    """The failure is tenant-visible: what the endpoint said is cut to a short excerpt, and
+    the configured API key is redacted from it wherever it appears."""
+    fake, base = model
+    fake.fail(*reply)
+    run = await queue.enqueue(turn())
+    assert await execute_once(queue, executor(base, http))
+    failed = await current(queue, run.id)
+    assert (failed.status, failed.failure["kind"]) == ("failed", "agent_error")
+    message = failed.failure["message"]
+    assert API_KEY not in message
+    assert len(message) <= 600, len(message)
+    events = json.dumps([e.data for e in await queue.events(run.id)])
+    assert API_KEY not in events
+
+
+async def test_a_transient_failure_message_never_shows_the_key(
+    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+) -> None:
+    fake, base = model
+    for _ in range(4):
+        fake.fail(503, {"error": f"upstream rejected {API_KEY}"})
+    run = await queue.enqueue(turn())
+    assert await execute_once(queue, executor(base, http))
+    events = json.dumps([e.data for e in await queue.events(run.id)])
+    assert "upstream rejected" in events
+    assert API_KEY not in events

@@ -16,13 +16,13 @@ from app.api.problems import ApiProblem
 from app.security.api_keys import Caller, authenticate, hash_key
 
 KEY_CACHE_SECONDS = 5.0
-_bearer = HTTPBearer(auto_error=False, description="An API key from `turnstile keys create`.")
+bearer = HTTPBearer(auto_error=False, description="An API key from `turnstile keys create`.")
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="turnstile"'}
 
 
 async def current_caller(
     request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Caller:
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise ApiProblem("unauthorized", "missing bearer API key", headers=_CHALLENGE)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.api.auth import bearer, current_caller
+from app.api.problems import ApiProblem, responses
 from app.db.migrate import head_revision
 from app.db.state import schema_revision
 
@@ -46,11 +49,29 @@ async def readyz(request: Request) -> JSONResponse:
     )
 
 
+async def metrics_access(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> None:
+    """Open by default (a scraper on the private network); with TURNSTILE_METRICS_REQUIRE_KEY,
+    admin keys only, since the figures are queue-wide: every tenant's runs together."""
+    if not request.app.state.turnstile.settings.metrics_require_key:
+        return
+    caller = await current_caller(request, credentials)
+    if not caller.is_admin:
+        raise ApiProblem("forbidden", "metrics are queue-wide: they need a key with admin scope")
+
+
 @router.get(
     "/metrics",
     summary="Prometheus metrics of this process",
+    description="Needs an admin key when TURNSTILE_METRICS_REQUIRE_KEY is set.",
     response_class=PlainTextResponse,
-    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
+    responses={
+        200: {"content": {CONTENT_TYPE_LATEST: {}}},
+        **responses("unauthorized", "forbidden"),
+    },
+    dependencies=[Depends(metrics_access)],
 )
 async def metrics(request: Request) -> Response:
     registry = request.app.state.turnstile.metrics.registry

@@ -32,6 +32,9 @@ TRANSITIONS = (
     "fenced",
 )
 CLASS_NAMES = [c.value for c in PriorityClass]
+# Label values must come from fixed sets: a client controls the method and the path, and every
+# distinct label value is a new series kept for the life of the process (and every scrape).
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 def class_of(priority: int) -> str:
@@ -132,9 +135,21 @@ class _SlotCollector(Collector):
         yield size
 
 
+def method_label(method: str) -> str:
+    """The request's method when it is a standard one, else `other`."""
+    return method if method in HTTP_METHODS else "other"
+
+
+def route_label(scope: Scope) -> str:
+    """The matched route's template (fixed by the app's code), else `unmatched`."""
+    route: Any = scope.get("route")
+    template = getattr(route, "path", None)
+    return template if isinstance(template, str) and template else "unmatched"
+
+
 class HttpMetrics:
     """Counts every request by its route template (not its raw path, so ids do not explode the
-    label space) and status, with its latency."""
+    label space), its method (standard ones only) and status, with its latency."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -156,9 +171,8 @@ class HttpMetrics:
         try:
             await self.app(scope, receive, sending)
         finally:
-            route: Any = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            method = str(scope.get("method", ""))
+            template = route_label(scope)
+            method = method_label(str(scope.get("method", "")))
             self.metrics.http_requests.labels(template, method, str(status)).inc()
             self.metrics.http_latency.labels(template, method).observe(
                 time.perf_counter() - started

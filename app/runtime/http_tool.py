@@ -2,12 +2,21 @@
 
 Hosts must match `TURNSTILE_HTTP_ALLOWED_HOSTS` (names, `*.suffix` patterns, or `*`). Every
 address the name resolves to is checked, and the request goes to that checked address (the
-name is pinned, so DNS cannot change between the check and the connection). Loopback, private,
-link-local, reserved and cloud-metadata addresses are refused unless the host is listed by its
-exact name or address: `*` never opens them, so a tenant cannot reach the service's neighbours.
+name is pinned, so DNS cannot change between the check and the connection). Patterns never open
+a non-public address, so a tenant cannot reach the service's neighbours:
+- internal addresses (loopback, private, shared, reserved, multicast, and IPv4 written in IPv6:
+  IPv4-compatible, -mapped, -translated, NAT64, 6to4, Teredo) need the host listed by its exact
+  name, or the address listed literally;
+- link-local and cloud-metadata addresses, also when embedded in one of those IPv6 forms, need
+  the address itself listed literally: a listed name never opens them, since whoever controls
+  that name's DNS could point it at the metadata service.
 
 Idempotency: GET, HEAD, PUT and DELETE are safe to repeat; POST and PATCH are unsafe, or keyed
 when the call asks for `"idempotency_key": true` (sent as the `Idempotency-Key` header).
+
+Answers are read raw and inflated here, never past `MAX_RESPONSE_BYTES` of decoded body: a
+small compressed body can expand a thousandfold, so the cap applies to what is produced, as it
+is produced, and reading stops at the cap.
 """
 
 from __future__ import annotations
@@ -16,7 +25,9 @@ import asyncio
 import ipaddress
 import json
 import socket
-from typing import Any, ClassVar
+import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -37,8 +48,15 @@ METADATA = {
     ipaddress.ip_address("100.100.100.200"),  # Alibaba Cloud
 }
 MAX_RESPONSE_BYTES = 256_000
-# Headers the HTTP client must own; a caller's copy would corrupt or smuggle the request.
-RESERVED_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+# How far an address is from the public internet; see the module's docstring.
+Reach = Literal["public", "internal", "sensitive"]
+# host, port -> the addresses it resolves to, in the resolver's order.
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+# Headers the HTTP client must own; a caller's copy would corrupt or smuggle the request, or
+# ask for an encoding the tool cannot inflate within its cap.
+RESERVED_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "accept-encoding"}
+ACCEPT_ENCODING = "gzip, deflate"
 
 
 class HttpRequestTool:
@@ -68,10 +86,16 @@ class HttpRequestTool:
         *,
         timeout_seconds: float = 10.0,
         client: httpx.AsyncClient | None = None,
+        resolve: Resolver | None = None,
     ) -> None:
         self.allowed = [h.strip().lower() for h in allowed_hosts if h.strip()]
+        # Listed literal addresses, compared as addresses (so `[FD00:EC2::254]` is fd00:ec2::254).
+        self.literals = {
+            address for entry in self.allowed if (address := _literal(entry)) is not None
+        }
         self.timeout = timeout_seconds
         self._client = client
+        self._resolve = resolve or _resolve
 
     def idempotency_class(self, args: dict[str, JSON]) -> IdempotencyClass:
         method = str(args.get("method", "")).upper()
@@ -86,12 +110,19 @@ class HttpRequestTool:
         url = args.get("url")
         if not isinstance(url, str):
             raise PermanentToolError("url must be a string")
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+            hostname = parts.hostname
+        except ValueError as exc:  # a port out of range, a broken [IPv6] literal
+            raise PermanentToolError(f"url is not valid: {exc}") from None
+        if parts.scheme not in ("http", "https") or not hostname:
             raise PermanentToolError("url must be an absolute http(s) URL")
-        host = parts.hostname.lower()
+        if port == 0:
+            raise PermanentToolError("url is not valid: port 0")
+        host = hostname.lower()
         addresses = await self._checked_addresses(
-            host, parts.port or (443 if parts.scheme == "https" else 80)
+            host, port or (443 if parts.scheme == "https" else 80)
         )
         given = dict(args.get("headers") or {})
         headers = {
@@ -100,6 +131,7 @@ class HttpRequestTool:
             if str(k).lower() not in RESERVED_HEADERS | {"idempotency-key"}
         }
         headers["Host"] = parts.netloc.rsplit("@", 1)[-1]
+        headers["Accept-Encoding"] = ACCEPT_ENCODING
         if ctx.idempotency_key is not None:
             headers["Idempotency-Key"] = ctx.idempotency_key
         extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
@@ -150,22 +182,21 @@ class HttpRequestTool:
             raise TransientToolError(f"timed out: {type(exc).__name__}") from exc
         except httpx.TransportError as exc:
             raise TransientToolError(f"connection failed: {exc!r}") from exc
-        raw = bytearray()
-        truncated = False
         try:
             if response.status_code >= 500 or response.status_code == 429:
                 raise TransientToolError(f"HTTP {response.status_code}")
+            decoded = BoundedBody(response.headers.get("content-encoding", ""), MAX_RESPONSE_BYTES)
             try:
-                async for chunk in response.aiter_bytes():
-                    raw.extend(chunk)
-                    if len(raw) > MAX_RESPONSE_BYTES:
-                        truncated = True
+                async for chunk in response.aiter_raw():
+                    decoded.feed(chunk)
+                    if decoded.truncated:
                         break
             except httpx.TransportError as exc:
                 raise TransientToolError(f"the response broke off: {exc!r}") from exc
         finally:
             await response.aclose()
-        text = bytes(raw[:MAX_RESPONSE_BYTES]).decode(response.encoding or "utf-8", "replace")
+        truncated = decoded.truncated
+        text = bytes(decoded.body).decode(response.encoding or "utf-8", "replace")
         body: JSON = text
         if not truncated:
             try:
@@ -184,11 +215,9 @@ class HttpRequestTool:
         }
 
     # --- the allow-list -----------------------------------------------------------------------
-    def _named(self, host: str) -> bool:
-        """Listed by its exact name or address (which also opens private addresses)."""
-        return host in self.allowed
-
     def _matches(self, host: str) -> bool:
+        if (literal := _literal(host)) is not None and literal in self.literals:
+            return True
         for pattern in self.allowed:
             if pattern == "*" or pattern == host:
                 return True
@@ -196,38 +225,160 @@ class HttpRequestTool:
                 return True
         return False
 
+    def _opens(self, host: str, address: IPAddress) -> bool:
+        """Whether the allow-list opens this non-public address for this host."""
+        if address in self.literals:
+            return True
+        # A name listed exactly opens internal addresses (an intranet service), never
+        # link-local or metadata ones.
+        return address_reach(address) == "internal" and host in self.allowed
+
     async def _checked_addresses(self, host: str, port: int) -> list[str]:
         if not self._matches(host):
             raise PermanentToolError(f"host {host!r} is not on the allow-list")
-        try:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                host, port, type=socket.SOCK_STREAM
-            )
-        except socket.gaierror as exc:
-            raise TransientToolError(f"cannot resolve {host!r}: {exc}", sent=False) from exc
-        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))  # resolver order
+        addresses = await self._resolve(host, port)
         if not addresses:
             raise TransientToolError(f"{host!r} resolved to nothing", sent=False)
         for text in addresses:
-            address = ipaddress.ip_address(text.split("%", 1)[0])
-            if _is_internal(address) and not self._named(host):
+            try:
+                address = ipaddress.ip_address(text.split("%", 1)[0])
+            except ValueError:
+                raise PermanentToolError(f"{host!r} resolved to {text!r}, not an address") from None
+            reach = address_reach(address)
+            if reach == "public" or self._opens(host, address):
+                continue
+            if reach == "sensitive":
                 raise PermanentToolError(
-                    f"host {host!r} resolves to {address}, an internal address; list the host "
-                    "by name in TURNSTILE_HTTP_ALLOWED_HOSTS to allow it"
+                    f"host {host!r} resolves to {address}, a link-local or cloud-metadata "
+                    "address; only that address listed literally in "
+                    "TURNSTILE_HTTP_ALLOWED_HOSTS allows it"
                 )
+            raise PermanentToolError(
+                f"host {host!r} resolves to {address}, an internal address; list the host "
+                "by name in TURNSTILE_HTTP_ALLOWED_HOSTS to allow it"
+            )
         return addresses
 
 
-def _is_internal(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Anything but a globally routable unicast address, including IPv4 hidden in IPv6."""
+async def _resolve(host: str, port: int) -> list[str]:
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise TransientToolError(f"cannot resolve {host!r}: {exc}", sent=False) from exc
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))  # resolver order
+
+
+def _literal(entry: str) -> IPAddress | None:
+    """The address an allow-list entry names literally (`10.0.0.1`, `[fd00::1]`), if any."""
+    try:
+        return ipaddress.ip_address(entry.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return None
+
+
+class BoundedBody:
+    """A response body decoded as its raw bytes arrive, holding at most `limit` decoded bytes.
+
+    Inflation asks zlib for no more output than the room left (plus one byte, which says the
+    body went on), so a compressed chunk never expands past the cap in memory. Encodings other
+    than gzip and deflate (which the tool does not ask for) are kept as they came, as httpx
+    does; a stack of several encodings is refused rather than inflated layer by layer.
+    """
+
+    def __init__(self, content_encoding: str, limit: int) -> None:
+        self.limit = limit
+        self.body = bytearray()
+        self.truncated = False
+        codings = [
+            c.strip().lower()
+            for c in content_encoding.split(",")
+            if c.strip().lower() not in ("", "identity")
+        ]
+        if len(codings) > 1:
+            raise PermanentToolError(
+                f"the answer's Content-Encoding {content_encoding!r} stacks encodings; not read"
+            )
+        coding = codings[0] if codings else "identity"
+        self._inflater: Any = None
+        self._raw_deflate_fallback = False
+        if coding in ("gzip", "x-gzip"):
+            self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif coding == "deflate":
+            # "deflate" should be zlib-wrapped, but some servers send a raw stream.
+            self._inflater = zlib.decompressobj(zlib.MAX_WBITS)
+            self._raw_deflate_fallback = True
+
+    def feed(self, raw: bytes) -> None:
+        room = self.limit - len(self.body) + 1
+        produced = raw[:room] if self._inflater is None else self._inflate(raw, room)
+        self.body.extend(produced)
+        if len(self.body) > self.limit:
+            del self.body[self.limit :]
+            self.truncated = True
+
+    def _inflate(self, raw: bytes, room: int) -> bytes:
+        try:
+            # Output stops at `room`: the rest stays unread in unconsumed_tail, and a full
+            # `room` means the cap is reached, so the caller stops reading.
+            out: bytes = self._inflater.decompress(raw, room)
+        except zlib.error as exc:
+            if not self._raw_deflate_fallback:
+                raise TransientToolError(f"the answer's body is corrupt: {exc}") from exc
+            self._raw_deflate_fallback = False
+            self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+            return self._inflate(raw, room)
+        if raw:
+            self._raw_deflate_fallback = False  # the header was read: the format is settled
+        return out
+
+
+# IPv6 ranges that carry an IPv4 address in their last 32 bits. Each is refused as a whole (none
+# is a real destination for this tool, and "*" must not open a path to an IPv4 neighbour);
+# the IPv4 inside decides whether it is only internal or link-local/metadata.
+_IPV4_IN_LOW_BITS = (
+    ipaddress.ip_network("::/96"),  # IPv4-compatible (deprecated)
+    ipaddress.ip_network("::ffff:0:0/96"),  # IPv4-mapped
+    ipaddress.ip_network("::ffff:0:0:0/96"),  # IPv4-translated (SIIT)
+    ipaddress.ip_network("64:ff9b::/96"),  # NAT64, well-known prefix
+)
+_IPV6_INTERNAL = (
+    ipaddress.ip_network("64:ff9b:1::/48"),  # NAT64, local use: where the IPv4 sits varies
+    ipaddress.ip_network("2002::/16"),  # 6to4
+    ipaddress.ip_network("2001::/32"),  # Teredo
+    ipaddress.ip_network("fec0::/10"),  # site-local: deprecated, still routed inside networks
+)
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries, in any of the forms that embed one."""
+    found: list[ipaddress.IPv4Address] = []
+    if any(address in net for net in _IPV4_IN_LOW_BITS):
+        found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    if address.sixtofour is not None:
+        found.append(address.sixtofour)
+    if address.teredo is not None:
+        found.extend(address.teredo)
+    return found
+
+
+def address_reach(address: IPAddress) -> Reach:
+    """`public` for a globally routable unicast address; `sensitive` for link-local and
+    cloud-metadata addresses, also hidden in IPv6; `internal` for everything else."""
     if isinstance(address, ipaddress.IPv6Address):
-        embedded = [address.ipv4_mapped, address.sixtofour]
-        if address.teredo is not None:
-            embedded.extend(address.teredo)
-        if address in ipaddress.ip_network("64:ff9b::/96"):  # NAT64
-            embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
-        if any(inner is not None and _is_internal(inner) for inner in embedded):
-            return True
-        if address.is_site_local:  # fec0::/10, deprecated but still routable inside networks
-            return True
-    return address in METADATA or not address.is_global or address.is_multicast
+        inner = embedded_ipv4(address)
+        if address.is_link_local or address in METADATA:
+            return "sensitive"
+        if any(address_reach(v4) == "sensitive" for v4 in inner):
+            return "sensitive"
+        if inner or any(address in net for net in _IPV6_INTERNAL):
+            return "internal"
+    elif address.is_link_local or address in METADATA:
+        return "sensitive"
+    if (
+        not address.is_global
+        or address.is_reserved
+        or address.is_multicast
+        or address.is_unspecified
+    ):
+        return "internal"
+    return "public"

@@ -32,6 +32,8 @@ from app.runtime.tools import Tool
 log = logging.getLogger("turnstile.openai")
 JSON = Any
 ASK_USER = "ask_user"
+# What a failure quotes of an endpoint's answer (failures are tenant-visible, stored with runs).
+EXCERPT_CHARS = 500
 UNKNOWN = (
     "The outcome of this tool call is unknown: it started but its result was never recorded "
     "(the worker stopped). It may or may not have taken effect, and it was not repeated."
@@ -328,13 +330,14 @@ class OpenAIAgent:
                     problem = f"cannot reach the endpoint: {type(exc).__name__}"
                 else:
                     if response.status_code == 429 or response.status_code >= 500:
-                        problem = f"the endpoint answered {response.status_code}: " + _excerpt(
-                            response
+                        problem = f"the endpoint answered {response.status_code}: " + (
+                            self._excerpt(response.text)
                         )
                         wait = max(wait, _retry_after(response, self.max_retry_after))
                     elif response.status_code >= 400:
                         raise AgentError(
-                            f"the endpoint answered {response.status_code}: {_excerpt(response)}",
+                            f"the endpoint answered {response.status_code}: "
+                            + self._excerpt(response.text),
                             permanent=True,
                         )
                     else:
@@ -342,7 +345,8 @@ class OpenAIAgent:
                             reply = response.json()
                         except ValueError:
                             raise AgentError(
-                                f"the endpoint's answer is not JSON: {_excerpt(response)}",
+                                "the endpoint's answer is not JSON: "
+                                + self._excerpt(response.text),
                                 permanent=True,
                             ) from None
                         if not isinstance(reply, dict):
@@ -361,23 +365,27 @@ class OpenAIAgent:
             if self._client is None:
                 await client.aclose()
 
-    @staticmethod
-    def _message_of(reply: dict[str, JSON]) -> dict[str, JSON]:
+    def _excerpt(self, text: str, limit: int = EXCERPT_CHARS) -> str:
+        """What the endpoint said, for a failure the tenant sees: the configured key redacted
+        first (an endpoint may echo it back), then cut short, so no part of it survives."""
+        if self._api_key:
+            text = text.replace(self._api_key, "[redacted]")
+        return text[:limit].replace("\n", " ")
+
+    def _message_of(self, reply: dict[str, JSON]) -> dict[str, JSON]:
         choices = reply.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise AgentError(
-                f"the endpoint's answer has no choices: {str(reply)[:300]}", permanent=True
+                f"the endpoint's answer has no choices: {self._excerpt(str(reply), 300)}",
+                permanent=True,
             )
         message = choices[0].get("message")
         if not isinstance(message, dict):
             raise AgentError(
-                f"the endpoint's answer has no message: {str(reply)[:300]}", permanent=True
+                f"the endpoint's answer has no message: {self._excerpt(str(reply), 300)}",
+                permanent=True,
             )
         return message
-
-
-def _excerpt(response: httpx.Response) -> str:
-    return response.text[:500].replace("\n", " ")
 
 
 def _retry_after(response: httpx.Response, ceiling: float) -> float:

@@ -86,3 +86,8 @@ WHERE w.stopped_at IS NULL
 GROUP BY 1, 2
 ORDER BY 1;
 
+
+-- name: ui_worker_hosts
+-- Where the workers named in a run's lease and events run. Worker ids are opaque (tenants see
+-- them); only operator and admin keys are shown the host and pid behind them.
+SELECT id, host, pid FROM workers WHERE id = ANY(CAST(:ids AS text[]));

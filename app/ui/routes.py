@@ -308,13 +308,24 @@ async def run_page(run_id: str, request: Request, caller: UiCaller) -> HTMLRespo
             int(row["event_seq"]): dict(row)
             for row in (await conn.execute(q("run_inputs"), {"run_id": run.id})).mappings()
         }
+        hosts: dict[str, str] = {}
+        if caller.is_operator:
+            # Worker ids are opaque; the operator's runbook needs the machine behind them.
+            owners = views.worker_owners(events) | ({run.lease_owner} if run.lease_owner else set())
+            hosts = {
+                row["id"]: f"{row['host']}, pid {row['pid']}"
+                for row in (
+                    await conn.execute(ui_q("ui_worker_hosts"), {"ids": sorted(owners)})
+                ).mappings()
+            }
     more = events[-1].seq if events and events[-1].seq < run.last_event_seq else None
     return render(
         request,
         caller,
         "run.html",
         run=run,
-        timeline=views.timeline(events, inputs),
+        lease_holder=views.worker_label(run.lease_owner, hosts),
+        timeline=views.timeline(events, inputs, hosts),
         more_after=more,
         may_act=caller.is_operator and run.tenant_id == caller.tenant_id,
         notice=notice_of(request),

@@ -56,14 +56,34 @@ def _step(data: Mapping[str, Any]) -> str:
 
 
 def timeline(
-    events: Sequence[Event], inputs: Mapping[int, Mapping[str, Any]]
+    events: Sequence[Event],
+    inputs: Mapping[int, Mapping[str, Any]],
+    hosts: Mapping[str, str] | None = None,
 ) -> list[TimelineEntry]:
     """One entry per event, worded for an operator. `inputs` maps the event sequence number
-    that delivered an input to that input row (its content and principal)."""
-    return [_entry(event, inputs) for event in events]
+    that delivered an input to that input row (its content and principal); `hosts` maps worker
+    ids to where they run, given for operator and admin keys only."""
+    return [_entry(event, inputs, hosts or {}) for event in events]
 
 
-def _entry(event: Event, inputs: Mapping[int, Mapping[str, Any]]) -> TimelineEntry:
+def worker_owners(events: Iterable[Event]) -> set[str]:
+    """The worker ids a run's events name (claims and fenced writes)."""
+    return {
+        str(e.data["owner"])
+        for e in events
+        if isinstance(e.data, Mapping) and isinstance(e.data.get("owner"), str)
+    }
+
+
+def worker_label(worker_id: str | None, hosts: Mapping[str, str]) -> str:
+    """A worker id, with its host and pid when the viewer may see them."""
+    where = hosts.get(str(worker_id))
+    return f"{worker_id} ({where})" if where else str(worker_id)
+
+
+def _entry(
+    event: Event, inputs: Mapping[int, Mapping[str, Any]], hosts: Mapping[str, str]
+) -> TimelineEntry:
     d: Mapping[str, Any] = event.data if isinstance(event.data, Mapping) else {}
     title = event.type
     detail = ""
@@ -78,7 +98,9 @@ def _entry(event: Event, inputs: Mapping[int, Mapping[str, Any]]) -> TimelineEnt
                 detail = f"scheduled for {d['scheduled_for']}"
         case "run.claimed":
             title = f"claimed at epoch {event.epoch}, attempt {d.get('attempt')}"
-            detail = f"by {d.get('owner')}, lease until {d.get('lease_expires_at')}"
+            detail = (
+                f"by {worker_label(d.get('owner'), hosts)}, lease until {d.get('lease_expires_at')}"
+            )
             tags.append("claim")
         case "tool.started":
             title = f"tool {d.get('tool')} started, {_step(d)}, {d.get('idempotency_class')}"
@@ -112,7 +134,10 @@ def _entry(event: Event, inputs: Mapping[int, Mapping[str, Any]]) -> TimelineEnt
                 f"{lost}fenced: a worker at stale epoch {d.get('stale_epoch')} tried to write "
                 f"(current epoch {d.get('current_epoch')}, run {d.get('status')})"
             )
-            detail = f"worker {d.get('owner')}, during {during}; nothing it wrote was kept"
+            detail = (
+                f"worker {worker_label(d.get('owner'), hosts)}, during {during}; "
+                "nothing it wrote was kept"
+            )
             tags.append("fence")
         case "run.requeued":
             title = f"requeued: {d.get('reason', 'lease expired')} (heartbeats stopped)"

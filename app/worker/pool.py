@@ -24,9 +24,9 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import socket
 import time
-import uuid
 from dataclasses import dataclass, field
 from uuid import UUID
 
@@ -68,7 +68,10 @@ class _Group:
 
 
 def new_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """An opaque id: it lands in tenant-visible places (run.claimed and run.fenced events, the
+    sweeper's failure message, the run's lease holder), so it must not name the machine or the
+    process. The workers table maps it to host and pid for operators."""
+    return f"w-{secrets.token_hex(8)}"
 
 
 class WorkerPool:
@@ -134,7 +137,12 @@ class WorkerPool:
         self.started = True
         log.info(
             "worker pool started",
-            extra={"worker_id": self.worker_id, "slots": self._slot_groups_json()},
+            extra={
+                "worker_id": self.worker_id,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "slots": self._slot_groups_json(),
+            },
         )
 
     async def stop(self, grace_seconds: float = 10.0) -> None:
