@@ -555,3 +555,69 @@ async def test_a_frozen_worker_wakes_up_fenced(database_url: str, engine: AsyncE
     assert fenced == [(1, claims[0][1], 2)] or (fenced == [] and b"self-fenced" in sleeper.log)
     # Every write after the second claim is the second worker's (epoch 2).
     assert await check_all_runs(engine) == 1
+
+
+async def test_a_mass_expiry_on_the_last_attempt_dead_letters_every_run(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    """Hundreds of runs on their last attempt, every worker SIGKILLed at once, the leases
+    expiring together: the sweeper dead-letters them all, each with its failure and event. A
+    notification naming every swept run used to exceed PostgreSQL's payload limit and roll the
+    sweep back, tick after tick, leaving them all `running` for good."""
+    count = 300 * SCALE
+    env = {
+        "DATABASE_URL": database_url,
+        **FAST,
+        "TURNSTILE_MAX_ATTEMPTS": "1",  # the first claim is the last attempt
+        # Long enough that a busy machine never loses one of 300 leases before the kill.
+        "TURNSTILE_LEASE_SECONDS": "10",
+        "TURNSTILE_HEARTBEAT_SECONDS": "2",
+        "TURNSTILE_SLOTS": f"interactive:1,async:{count // 2 + 10},maintenance:1",
+    }
+    key = (await create_key(engine, tenant_id="acme", principal="svc")).secret
+    ledger = Ledger()
+    async with AsyncExitStack() as stack:
+        service = await start_service(stack, env, key, ledger, workers=2)
+        load = Load(service.client, service.counter, ledger)
+        ids: list[str] = []
+
+        async def submit(i: int) -> None:
+            script = [{"call": "sleep", "args": {"seconds": 60}}] * 10
+            body = {"input": {"tag": f"m{i}", "script": script}}
+            ids.append(str(await load.run(f"m{i}", body)))
+
+        for start in range(0, count, 50):
+            await asyncio.gather(*(submit(i) for i in range(start, min(count, start + 50))))
+
+        async def all_running() -> bool:
+            return await finished_runs(engine, ids, ("running",)) == count
+
+        await eventually(all_running, within=120, what="every run claimed by the two workers")
+        began = time.monotonic()
+        for pid in list(service.fleet.workers):
+            await service.fleet.kill(pid)
+        await service.fleet.start_worker()  # the one that will sweep (and finds nothing to run)
+
+        async def all_failed() -> bool:
+            return await finished_runs(engine, ids, ("failed",)) == count
+
+        await eventually(all_failed, within=90, what="every run dead-lettered")
+        swept_in = time.monotonic() - began
+    async with engine.connect() as conn:
+        kinds = (
+            await conn.execute(
+                text(
+                    "SELECT failure->>'kind', count(*) FROM runs WHERE status = 'failed' GROUP BY 1"
+                )
+            )
+        ).all()
+        failed_events = (
+            await conn.execute(text("SELECT count(*) FROM run_events WHERE type = 'run.failed'"))
+        ).scalar_one()
+    assert [(kind, int(n)) for kind, n in kinds] == [("lease_expired", count)]
+    assert failed_events == count
+    assert await check_all_runs(engine) == count
+    REPORTS.append(
+        f"mass expiry: {count} runs on their last attempt, 2 workers SIGKILLed at once; "
+        f"all dead-lettered {swept_in:.1f} s after the kill (lease 10 s, sweeper lease 5 s)"
+    )

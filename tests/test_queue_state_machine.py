@@ -74,6 +74,9 @@ def make_machine(database_url: str) -> type[RuleBasedStateMachine]:
             self.leases: list[Lease] = []  # every lease handed out, current or stale
             self.attempts: dict[UUID, int] = {}
             self.finished: dict[UUID, str] = {}
+            # Leases whose holder ended its own hold (wait, complete, fail, release): a worker
+            # writes nothing more for them, so a later write here records no run.fenced.
+            self.ended: set[tuple[UUID, int]] = set()
             self.do(self._truncate())
 
         def do(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -196,11 +199,14 @@ def make_machine(database_url: str) -> type[RuleBasedStateMachine]:
             if not valid:
                 assert isinstance(outcome, Fenced)
                 assert after == before, "a fenced write changed the run"
-                seq = self.do(q.record_fenced(lease, during=kind))
-                assert seq == before.last_event_seq + 1
+                if lease.key not in self.ended:
+                    seq = self.do(q.record_fenced(lease, during=kind))
+                    assert seq == before.last_event_seq + 1
                 return
             assert isinstance(outcome, Written)
             assert outcome.seq == after.last_event_seq
+            if kind in ("wait", "complete", "fail", "release_graceful", "release_early"):
+                self.ended.add(lease.key)
             if kind == "wait":
                 self.attempts[lease.run_id] = 0
                 assert after.status == "waiting_for_user"
