@@ -332,3 +332,40 @@ async def test_a_turn_racing_a_cancel_of_the_waiting_run_gets_a_new_run(queue: Q
     assert new is not None
     assert (new.status, new.input) == ("queued", "the blue one")
     assert await check_all_runs(queue.engine) == 2
+
+
+async def test_an_early_release_that_dead_letters_records_open_unsafe_calls(
+    queue: Queue,
+) -> None:
+    """The executor failed unexpectedly inside an unsafe call on the run's last attempt: the
+    early release dead-letters the run, and says the call's outcome is unknown."""
+    (lease,) = await _bulk(queue, 1, max_attempts=1)
+    payment = ToolCall(step=1, tool="pay", idempotency_class="unsafe", args={})
+    assert isinstance(await queue.tool_started(lease, payment), Written)
+    assert isinstance(await queue.release(lease, graceful=False, reason="bug"), Written)
+    run = await queue.get_run(lease.run_id)
+    assert run is not None
+    assert run.status == "failed"
+    assert run.failure is not None
+    assert run.failure["kind"] == "attempts_exhausted"
+    assert run.failure["uncertain_calls"] == [{"step": 1, "tool": "pay"}]
+    assert [e.type for e in await queue.events(lease.run_id)][-2:] == [
+        "tool.finished",
+        "run.failed",
+    ]
+    assert [e.entry for e in await queue.journal(lease.run_id)] == ["started", "finished"]
+    assert await check_all_runs(queue.engine) == 1
+
+
+async def test_an_early_release_that_requeues_leaves_open_calls_to_recovery(
+    queue: Queue,
+) -> None:
+    (lease,) = await _bulk(queue, 1, max_attempts=3)
+    payment = ToolCall(step=1, tool="pay", idempotency_class="unsafe", args={})
+    assert isinstance(await queue.tool_started(lease, payment), Written)
+    assert isinstance(await queue.release(lease, graceful=False, reason="bug"), Written)
+    run = await queue.get_run(lease.run_id)
+    assert run is not None
+    assert (run.status, run.failure) == ("queued", None)
+    assert [e.entry for e in await queue.journal(lease.run_id)] == ["started"]
+    assert await check_all_runs(queue.engine) == 1

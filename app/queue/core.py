@@ -405,6 +405,7 @@ class Queue:
                 "reason": reason,
                 "backoff_base": self.config.backoff_base_seconds,
                 "backoff_max": self.config.backoff_max_seconds,
+                "unknown": UNKNOWN_OUTCOME,
             },
             transition="released",
         )

@@ -516,16 +516,35 @@ FROM run;
 -- fenced
 -- Transient retries inside the run ran out: counted like a lost lease. Requeued with backoff,
 -- or failed when this was the last attempt. Only this statement and the sweeper compare
--- attempts with max_attempts.
+-- attempts with max_attempts. Dead-lettering, it records the unsafe calls the run left open
+-- as 'uncertain' first, as the sweeper does (see sweep_expired); requeued, it leaves them to
+-- the next attempt's recovery.
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+open_calls AS MATERIALIZED (
+    SELECT j.step, j.tool, j.idempotency_class, j.idempotency_key,
+           row_number() OVER (ORDER BY j.event_seq) AS n
+    FROM tool_journal j
+    WHERE j.run_id = :run_id AND j.entry = 'started' AND j.idempotency_class = 'unsafe'
+      AND NOT EXISTS (SELECT 1 FROM tool_journal later
+                      WHERE later.run_id = j.run_id AND later.step = j.step
+                        AND later.event_seq > j.event_seq)
+),
+open_summary AS (
+    SELECT count(*) AS calls,
+           jsonb_agg(jsonb_build_object('step', step, 'tool', tool) ORDER BY n) AS described,
+           string_agg(format('%s (step %s)', tool, step), ', ' ORDER BY n) AS named
+    FROM open_calls
+),
 run AS (
     UPDATE runs r
     SET status = CASE WHEN r.attempts >= r.max_attempts THEN 'failed' ELSE 'queued' END,
-        failure = CASE WHEN r.attempts >= r.max_attempts THEN jsonb_build_object(
+        failure = CASE WHEN r.attempts >= r.max_attempts THEN jsonb_strip_nulls(jsonb_build_object(
                       'kind', 'attempts_exhausted',
                       'message', format('transient errors on attempt %s of %s: %s',
-                                        r.attempts, r.max_attempts, CAST(:reason AS text)),
-                      'attempts', r.attempts) END,
+                                        r.attempts, r.max_attempts, CAST(:reason AS text))
+                                 || coalesce('; outcome unknown of ' || open_summary.named, ''),
+                      'attempts', r.attempts,
+                      'uncertain_calls', open_summary.described)) END,
         finished_at = CASE WHEN r.attempts >= r.max_attempts THEN clock.now END,
         scheduled_for = CASE WHEN r.attempts >= r.max_attempts THEN r.scheduled_for
                              ELSE clock.now + make_interval(secs => least(
@@ -533,12 +552,35 @@ run AS (
                         END,
         lease_owner = NULL,
         lease_expires_at = NULL,
-        last_event_seq = r.last_event_seq + 1,
+        -- Dead-lettering: one event per uncertain call, then the run's own.
+        last_event_seq = r.last_event_seq + 1
+            + CASE WHEN r.attempts >= r.max_attempts THEN open_summary.calls ELSE 0 END,
         updated_at = clock.now
-    FROM clock
+    FROM clock, open_summary
     WHERE r.id = :run_id AND r.lease_epoch = :epoch AND r.status = 'running'
     RETURNING r.id, r.status, r.last_event_seq, r.lease_epoch, r.priority, r.attempts,
-              r.scheduled_for, r.failure
+              r.scheduled_for, r.failure,
+              CASE WHEN r.status = 'failed' THEN open_summary.calls ELSE 0 END AS open_calls
+),
+uncertain_event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq - run.open_calls - 1 + open_calls.n, 'tool.finished',
+           run.lease_epoch,
+           jsonb_build_object('step', open_calls.step, 'tool', open_calls.tool,
+                              'idempotency_class', open_calls.idempotency_class,
+                              'outcome_status', 'uncertain',
+                              'outcome', jsonb_build_object('message', CAST(:unknown AS text))),
+           clock.now
+    FROM run JOIN open_calls ON run.status = 'failed', clock
+),
+uncertain_journal AS (
+    INSERT INTO tool_journal (run_id, event_seq, epoch, step, entry, tool, idempotency_class,
+                              idempotency_key, outcome_status, outcome, created_at)
+    SELECT run.id, run.last_event_seq - run.open_calls - 1 + open_calls.n, run.lease_epoch,
+           open_calls.step, 'finished', open_calls.tool, open_calls.idempotency_class,
+           open_calls.idempotency_key, 'uncertain',
+           jsonb_build_object('message', CAST(:unknown AS text)), clock.now
+    FROM run JOIN open_calls ON run.status = 'failed', clock
 ),
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
