@@ -288,6 +288,39 @@ async def test_another_tenant_sees_nothing(api: Api) -> None:
     assert (await mine.get(f"/runs/{run}")).json()["status"] == "queued"
 
 
+async def test_a_key_without_a_scope_sees_only_its_own_principal(api: Api) -> None:
+    alice = await api.client("acme", "alice")
+    carol = await api.client("acme", "carol")
+    session = await new_session(alice)
+    run = (await turn(alice, session, {"input": 1})).json()["id"]
+    await api.queue.wait_for_user(await claim(api), "Which day?", step=1, state={})
+    sse = {"Accept": "text/event-stream"}
+    for request in [
+        carol.get(f"/sessions/{session}"),
+        carol.get(f"/sessions/{session}/runs"),
+        carol.post(f"/sessions/{session}/turns", json={"input": "Monday"}),
+        carol.get(f"/runs/{run}"),
+        carol.get(f"/runs/{run}", params={"wait": 1, "status": "waiting_for_user"}),
+        carol.get(f"/runs/{run}/events"),
+        carol.get(f"/runs/{run}/events", headers=sse),  # a stream would never end: bounded
+        carol.post(f"/runs/{run}/cancel"),
+    ]:
+        assert_problem(await asyncio.wait_for(request, 10), 404, "not-found")
+    # Nothing carol sent reached alice's run: still waiting, with only alice's first input.
+    assert (await alice.get(f"/runs/{run}")).json()["status"] == "waiting_for_user"
+    assert await api.queue.inputs(UUID(run)) == [1]
+    # Operators keep their tenant-wide view and actions; admins read any run.
+    ops = await api.client("acme", "ops", "operator")
+    assert (await ops.get(f"/sessions/{session}")).json()["state"] == "waiting_for_user"
+    assert [r["id"] for r in (await ops.get(f"/sessions/{session}/runs")).json()["runs"]] == [run]
+    assert (await ops.get(f"/runs/{run}/events")).status_code == 200
+    admin = await api.client("platform", "sre", "admin")
+    assert (await admin.get(f"/runs/{run}")).status_code == 200
+    assert (await ops.post(f"/runs/{run}/cancel")).json()["status"] == "cancelled"
+    # Alice's own key acts on her own session as before.
+    assert (await turn(alice, session, {"input": 2})).status_code == 202
+
+
 # --- reading runs ----------------------------------------------------------------------------
 async def test_etag_and_not_modified(api: Api) -> None:
     client = await api.client()

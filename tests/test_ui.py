@@ -31,7 +31,7 @@ async def signed_in(api: Api, key: str) -> httpx.AsyncClient:
 def enqueue(tenant: str = "acme", **fields: Any) -> NewRun:
     return NewRun(
         tenant_id=tenant,
-        principal="alice",
+        principal=fields.pop("principal", "alice"),
         agent="scripted",
         input=fields.pop("input", {"text": "hi"}),
         priority=fields.pop("priority", PriorityClass.INTERACTIVE.base),
@@ -159,6 +159,12 @@ async def test_tenant_scoping_follows_the_api(database_url: str, engine: AsyncEn
         assert landing.headers["location"] == "/ui/runs"
         assert (await reader.get("/ui/dead-letter")).status_code == 403
         assert (await reader.get("/ui/overview/fragment")).status_code == 403
+        # Within the tenant, a key without a scope sees its own principal's runs only.
+        carols = await api.queue.enqueue(enqueue("acme", principal="carol"))
+        assert str(carols.id) not in (await reader.get("/ui/runs")).text
+        assert (await reader.get(f"/ui/runs/{carols.id}")).status_code == 404
+        ops = await signed_in(api, await api.key("acme", "ops", "operator"))
+        assert str(carols.id) in (await ops.get("/ui/runs")).text
 
         admin = await signed_in(api, await api.key("platform", "root", "admin"))
         listing = (await admin.get("/ui/runs")).text

@@ -15,7 +15,7 @@ from uuid import UUID
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from app.api.auth import CallerDep, OperatorDep, visible_tenant
+from app.api.auth import CallerDep, OperatorDep, submitter_of, visible_principal, visible_tenant
 from app.api.models import (
     ClassDepth,
     EventPage,
@@ -41,7 +41,7 @@ from app.queue.core import Queue
 from app.queue.errors import RunNotFoundError
 from app.queue.models import Run
 from app.queue.sql import q
-from app.queue.submit import Submitter
+from app.security.api_keys import Caller
 
 router = APIRouter(tags=["runs"])
 runbook = APIRouter(tags=["runbook"])
@@ -59,9 +59,13 @@ def etag_of(document: dict[str, Any]) -> str:
     return f'"{digest}"'
 
 
-async def load_run(request: Request, run_id: UUID, tenant_id: str | None) -> Run:
+async def load_run(request: Request, run_id: UUID, caller: Caller) -> Run:
+    """The run, if the caller may see it: its tenant (admin keys: any), and its principal unless
+    the key has a scope; otherwise not found, as for a missing run."""
     queue: Queue = request.app.state.turnstile.queue
-    run = await queue.get_run(run_id, tenant_id=tenant_id)
+    run = await queue.get_run(
+        run_id, tenant_id=visible_tenant(caller), principal=visible_principal(caller)
+    )
     if run is None:
         raise RunNotFoundError(run_id)
     return run
@@ -174,7 +178,7 @@ async def failed_runs(
 async def resubmit(run_id: UUID, request: Request, caller: OperatorDep) -> Any:
     state = request.app.state.turnstile
     outcome = await state.submissions.resubmit(
-        Submitter(caller.tenant_id, caller.principal, caller.actor),
+        submitter_of(caller),
         run_id,
         # Actions stay within the key's own tenant, admin keys included: the admin scope
         # widens what a key can see, not what it can change.
@@ -194,7 +198,7 @@ async def resubmit(run_id: UUID, request: Request, caller: OperatorDep) -> Any:
 async def dismiss(run_id: UUID, request: Request, caller: OperatorDep) -> Any:
     state = request.app.state.turnstile
     run = await state.submissions.dismiss(
-        Submitter(caller.tenant_id, caller.principal, caller.actor),
+        submitter_of(caller),
         run_id,
         # Actions stay within the key's own tenant, admin keys included: the admin scope
         # widens what a key can see, not what it can change.
@@ -230,7 +234,7 @@ async def submit_run(
 ) -> Any:
     state = request.app.state.turnstile
     outcome = await state.submissions.submit_run(
-        Submitter(caller.tenant_id, caller.principal, caller.actor),
+        submitter_of(caller),
         spec_from(body, caller, state.agents),
         await idempotency_of(request, idempotency_key),
     )
@@ -263,15 +267,14 @@ async def get_run(
     if_none_match: Annotated[str | None, Header(alias="If-None-Match", max_length=200)] = None,
 ) -> Any:
     state = request.app.state.turnstile
-    tenant = visible_tenant(caller)
-    run = await load_run(request, run_id, tenant)
+    run = await load_run(request, run_id, caller)
     if wait > 0:
         known = status or run.status
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         with state.watch.watching(str(run_id)) as changed:
             # Watch first, then read: a change between the two is never missed.
-            run = await load_run(request, run_id, tenant)
+            run = await load_run(request, run_id, caller)
             while (
                 run.status == known
                 and run.status not in TERMINAL
@@ -282,7 +285,7 @@ async def get_run(
                     changed, state.shutdown, min(COARSE_RECHECK_SECONDS, remaining)
                 )
                 changed.clear()  # cleared before the read below, so a later change wakes us
-                run = await load_run(request, run_id, tenant)
+                run = await load_run(request, run_id, caller)
     document = run.to_document()
     etag = etag_of(document)
     if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
@@ -314,8 +317,7 @@ async def run_events(
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=30)] = None,
 ) -> Any:
     state = request.app.state.turnstile
-    tenant = visible_tenant(caller)
-    run = await load_run(request, run_id, tenant)
+    run = await load_run(request, run_id, caller)
     if accept is not None and "text/event-stream" in accept:
         start = after
         if last_event_id is not None:
@@ -333,7 +335,7 @@ async def run_events(
                 )
             start = int(last_event_id.strip())
         return StreamingResponse(
-            stream_events(request, run_id, tenant, start),
+            stream_events(request, run_id, caller, start),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -346,7 +348,7 @@ async def run_events(
 
 
 async def stream_events(
-    request: Request, run_id: UUID, tenant: str | None, after: int
+    request: Request, run_id: UUID, caller: Caller, after: int
 ) -> AsyncIterator[str]:
     state = request.app.state.turnstile
     loop = asyncio.get_running_loop()
@@ -370,7 +372,9 @@ async def stream_events(
                 last_sent = loop.time()
             if len(events) == 500:
                 continue
-            run = await state.queue.get_run(run_id, tenant_id=tenant)
+            run = await state.queue.get_run(
+                run_id, tenant_id=visible_tenant(caller), principal=visible_principal(caller)
+            )
             if run is None or (run.status in TERMINAL and after >= run.last_event_seq):
                 return
             if loop.time() - last_sent > KEEPALIVE_SECONDS:
@@ -392,7 +396,9 @@ async def cancel(run_id: UUID, request: Request, caller: CallerDep) -> Any:
         actor=caller.actor,
         reason="cancelled through the API",
         # Actions stay within the key's own tenant, admin keys included: the admin scope
-        # widens what a key can see, not what it can change.
+        # widens what a key can see, not what it can change. A key without a scope cancels
+        # only its own principal's runs.
         tenant_id=caller.tenant_id,
+        principal=visible_principal(caller),
     )
     return outcome.run.to_document()

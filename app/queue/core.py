@@ -434,20 +434,28 @@ class Queue:
         actor: str,
         reason: str = "",
         tenant_id: str | None = None,
+        principal: str | None = None,
         conn: AsyncConnection | None = None,
     ) -> CancelOutcome:
         """Cancel from any non-terminal status; a no-op on a cancelled run; refused on a
-        succeeded or failed one (RunFinishedError)."""
+        succeeded or failed one (RunFinishedError). `tenant_id` and `principal` limit which
+        runs the caller may cancel (None: any); another's run is not found."""
         rows = await self._rows(
             "cancel",
-            {"run_id": run_id, "actor": actor, "reason": reason, "tenant_id": tenant_id},
+            {
+                "run_id": run_id,
+                "actor": actor,
+                "reason": reason,
+                "tenant_id": tenant_id,
+                "principal": principal,
+            },
             conn,
         )
         if rows:
             cancelled = Run.from_row(rows[0])
             self.observer.transition("cancelled", cancelled.priority)
             return CancelOutcome(run=cancelled, changed=True)
-        current = await self.get_run(run_id, tenant_id=tenant_id, conn=conn)
+        current = await self.get_run(run_id, tenant_id=tenant_id, principal=principal, conn=conn)
         if current is None:
             raise RunNotFoundError(run_id)
         if current.status == "cancelled":
@@ -457,9 +465,17 @@ class Queue:
 
     # --- reads --------------------------------------------------------------------------------
     async def get_run(
-        self, run_id: UUID, *, tenant_id: str | None = None, conn: AsyncConnection | None = None
+        self,
+        run_id: UUID,
+        *,
+        tenant_id: str | None = None,
+        principal: str | None = None,
+        conn: AsyncConnection | None = None,
     ) -> Run | None:
-        rows = await self._rows("get_run", {"run_id": run_id, "tenant_id": tenant_id}, conn)
+        """The run, if `tenant_id` and `principal` (None: any) may see it."""
+        rows = await self._rows(
+            "get_run", {"run_id": run_id, "tenant_id": tenant_id, "principal": principal}, conn
+        )
         return Run.from_row(rows[0]) if rows else None
 
     async def events(self, run_id: UUID, *, after: int = 0, limit: int = 1000) -> list[Event]:

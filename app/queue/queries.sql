@@ -622,8 +622,8 @@ FROM run;
 -- name: cancel
 -- Cancellation from any non-terminal status, in one statement: cancelled, lease cleared, epoch
 -- bumped (so a worker executing the run is fenced at its next write or heartbeat) and
--- run.cancelled written. Zero rows: the run is missing, not visible to :tenant_id, or already
--- finished; the caller reads which.
+-- run.cancelled written. Zero rows: the run is missing, not visible to :tenant_id and
+-- :principal, or already finished; the caller reads which.
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
 run AS (
     UPDATE runs r
@@ -638,6 +638,7 @@ run AS (
     FROM clock
     WHERE r.id = :run_id
       AND (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = :tenant_id)
+      AND (CAST(:principal AS text) IS NULL OR r.principal = :principal)
       AND r.status IN ('queued', 'running', 'waiting_for_user')
     RETURNING r.*
 ),
@@ -654,8 +655,10 @@ FROM run;
 
 
 -- name: get_run
+-- :tenant_id and :principal limit what a key sees (None: no limit on that column).
 SELECT * FROM runs
-WHERE id = :run_id AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id);
+WHERE id = :run_id AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id)
+  AND (CAST(:principal AS text) IS NULL OR principal = :principal);
 
 
 -- name: latest_checkpoint
@@ -770,9 +773,11 @@ RETURNING id, tenant_id, principal, created_at;
 
 -- name: lock_session
 -- Every submission to a session takes its row first, so routing decisions on one session are
--- made one at a time.
+-- made one at a time. :principal (None for operator keys) keeps a plain key to its own
+-- principal's sessions in the same statement: another principal's session is not found.
 SELECT id FROM sessions
 WHERE id = :session_id AND tenant_id = :tenant_id
+  AND (CAST(:principal AS text) IS NULL OR principal = :principal)
 FOR UPDATE;
 
 
@@ -782,7 +787,8 @@ SELECT s.id, s.tenant_id, s.principal, s.created_at,
 FROM sessions s
 LEFT JOIN runs a
        ON a.session_id = s.id AND a.status IN ('queued', 'running', 'waiting_for_user')
-WHERE s.id = :session_id AND (CAST(:tenant_id AS text) IS NULL OR s.tenant_id = :tenant_id);
+WHERE s.id = :session_id AND (CAST(:tenant_id AS text) IS NULL OR s.tenant_id = :tenant_id)
+  AND (CAST(:principal AS text) IS NULL OR s.principal = :principal);
 
 
 -- name: active_run_of_session

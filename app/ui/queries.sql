@@ -3,6 +3,7 @@
 -- actions go through the queue core (app/queue/submit.py), like the HTTP API's.
 --
 -- Tenant scoping: every statement takes :tenant_id; NULL means the whole queue (admin keys).
+-- The runs list also takes :principal: a key without a scope lists its own principal's runs.
 
 
 -- name: ui_runs
@@ -11,6 +12,7 @@
 -- ix_runs_tenant_id_status_created_at, a session's from ix_runs_session_id_created_at.
 SELECT * FROM runs
 WHERE (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id)
+  AND (CAST(:principal AS text) IS NULL OR principal = :principal)
   AND (CAST(:status AS text) IS NULL OR status = :status)
   AND (CAST(:min_priority AS smallint) IS NULL
        OR priority BETWEEN CAST(:min_priority AS smallint) AND CAST(:max_priority AS smallint))

@@ -23,12 +23,11 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader
 
-from app.api.auth import visible_tenant
+from app.api.auth import submitter_of, visible_principal, visible_tenant
 from app.api.pages import fetch_runs_page
 from app.api.problems import ApiProblem
 from app.queue.errors import RunNotFailedError, RunNotFoundError, SessionBusyError
 from app.queue.sql import q
-from app.queue.submit import Submitter
 from app.security.api_keys import Caller
 from app.ui import session, views
 from app.ui.sql import ui_q
@@ -269,7 +268,11 @@ async def runs(request: Request, caller: UiCaller) -> HTMLResponse:
             found = await fetch_runs_page(
                 conn,
                 ui_q("ui_runs"),
-                {"tenant_id": visible_tenant(caller), **filters.params()},
+                {
+                    "tenant_id": visible_tenant(caller),
+                    "principal": visible_principal(caller),
+                    **filters.params(),
+                },
                 cursor=query.get("cursor") or None,
                 limit=PAGE_SIZE,
                 order_field="created_at",
@@ -289,15 +292,30 @@ async def runs(request: Request, caller: UiCaller) -> HTMLResponse:
         statuses=views.STATUSES,
         classes=views.CLASSES,
         next_link=next_link,
-        scope="whole queue" if visible_tenant(caller) is None else f"tenant {caller.tenant_id}",
+        scope=scope_label(caller),
     )
+
+
+def scope_label(caller: Caller) -> str:
+    """What the runs list shows, in the API's terms (see `visible_tenant`)."""
+    if visible_tenant(caller) is None:
+        return "whole queue"
+    if visible_principal(caller) is not None:
+        return f"tenant {caller.tenant_id}, principal {caller.principal}"
+    return f"tenant {caller.tenant_id}"
 
 
 @router.get("/runs/{run_id}")
 async def run_page(run_id: str, request: Request, caller: UiCaller) -> HTMLResponse:
     parsed = parse_run_id(run_id)
     state = request.app.state.turnstile
-    run = await state.queue.get_run(parsed, tenant_id=visible_tenant(caller)) if parsed else None
+    run = (
+        await state.queue.get_run(
+            parsed, tenant_id=visible_tenant(caller), principal=visible_principal(caller)
+        )
+        if parsed
+        else None
+    )
     if run is None:
         return error_page(request, caller, 404, f"No run {run_id!r} is visible to this key.")
     raw_after = request.query_params.get("after", "0")
@@ -385,7 +403,7 @@ async def operator_action(request: Request, caller: Caller, run_id: str, action:
     if parsed is None:
         return error_page(request, caller, 404, f"No run {run_id!r} is visible to this key.")
     state = request.app.state.turnstile
-    who = Submitter(caller.tenant_id, caller.principal, caller.actor)
+    who = submitter_of(caller)
     notice: dict[str, str] = {"run": str(parsed)}
     try:
         # Actions stay within the key's own tenant, admin keys included, as in the API.
