@@ -129,6 +129,12 @@ async def test_bad_input_is_a_clear_page_never_a_traceback(
             assert missing.status_code == 404
             assert "is visible to this key" in missing.text
         assert (await client.get("/ui/dead-letter?cursor=zzz")).status_code == 400
+        # Digits outside ASCII pass str.isdigit() but not int(): a page, never a 500.
+        run = await api.queue.enqueue(enqueue("acme"))
+        for after in ("²", "³", "①", "٣", "-1", "1e3", " 7", "9" * 30):
+            page = await client.get(f"/ui/runs/{run.id}", params={"after": after})
+            assert page.status_code == 200, after
+            assert "run.created" in page.text, after
         assert (await client.get("/ui/runs?" + "status=x" * 3000)).status_code in (400, 414)
 
 

@@ -11,6 +11,7 @@ autoescaping on; errors render as pages with a clear message, never a traceback.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -33,6 +34,7 @@ from app.ui import session, views
 from app.ui.sql import ui_q
 
 STATIC = Path(__file__).parent / "static"
+SEQUENCE = re.compile(r"[0-9]{1,18}")  # an event sequence number (bigint), ASCII digits only
 PAGE_SIZE = 50
 EVENTS_PER_PAGE = 1000
 WINDOW_MINUTES = 15
@@ -319,7 +321,8 @@ async def run_page(run_id: str, request: Request, caller: UiCaller) -> HTMLRespo
     if run is None:
         return error_page(request, caller, 404, f"No run {run_id!r} is visible to this key.")
     raw_after = request.query_params.get("after", "0")
-    after = int(raw_after) if raw_after.isdigit() and len(raw_after) < 19 else 0
+    # ASCII digits only: str.isdigit() also accepts '²' or '①', which int() refuses.
+    after = int(raw_after) if SEQUENCE.fullmatch(raw_after) else 0
     events = await state.queue.events(run.id, after=after, limit=EVENTS_PER_PAGE)
     async with state.engine.connect() as conn:
         inputs = {
