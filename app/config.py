@@ -95,6 +95,20 @@ class Settings(BaseSettings):
     # --- API ---------------------------------------------------------------------------------
     default_agent: str = Field(default="scripted", min_length=1)
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    trust_forwarded_headers: bool = Field(
+        default=False,
+        description="Behind a TLS-terminating proxy you control: honour its X-Forwarded-Proto "
+        "(https marks the dashboard's cookie Secure). Leave off when clients reach the service "
+        "directly, or anyone could claim https.",
+    )
+
+    # --- dashboard -----------------------------------------------------------------------------
+    ui_session_seconds: float = Field(
+        default=43_200.0,
+        gt=0,
+        le=30 * 86_400,
+        description="How long a dashboard sign-in lasts (12 h), however active.",
+    )
 
     # --- worker pool ------------------------------------------------------------------------
     slots: str = Field(

@@ -216,10 +216,13 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     )
     app.state.shutdown = shutdown
     from app.api import health, problems, runs, sessions
+    from app.api.forwarded import ForwardedProto
     from app.api.limits import BodyLimit
 
     problems.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    if settings.trust_forwarded_headers:
+        app.add_middleware(ForwardedProto)
     app.add_middleware(HttpMetrics, metrics=metrics)
     app.include_router(health.router)
     app.include_router(sessions.router)

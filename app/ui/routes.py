@@ -72,7 +72,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(session.SignInRequired)
     async def sign_in_first(request: Request, exc: session.SignInRequired) -> Response:
         if request.url.path.endswith("/fragment") or request.method != "GET":
-            return error_page(request, None, 401, "Sign in again: no valid API key.")
+            return error_page(request, None, 401, "Sign in again: the session ended or expired.")
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         return RedirectResponse(
             f"/ui/sign-in?{urlencode({'next': target})}", status_code=303, headers=SECURITY_HEADERS
@@ -87,13 +87,13 @@ def render(
     status_code: int = 200,
     **context: Any,
 ) -> HTMLResponse:
-    key = session.key_of(request)
+    token = session.token_of(request)
     return templates.TemplateResponse(
         request,
         name,
         {
             "caller": caller,
-            "csrf": session.csrf_token(key) if key and caller else "",
+            "csrf": session.csrf_token(token) if token and caller else "",
             "refresh_seconds": REFRESH_SECONDS,
             **context,
         },
@@ -152,12 +152,8 @@ async def sign_in(request: Request) -> Response:
         return form
     key = form.get("key", "").strip()
     target = form.get("next", "")
-    caller = (
-        await session.caller_for_key(request, key)
-        if key and len(key) <= session.MAX_KEY_LENGTH
-        else None
-    )
-    if caller is None:
+    opened = await session.start(request, key)
+    if opened is None:
         return render(
             request,
             None,
@@ -166,11 +162,12 @@ async def sign_in(request: Request) -> Response:
             next=local_target(target, ""),
             error="Unknown or revoked API key.",
         )
+    token, caller = opened
     default = "/ui" if caller.is_operator else "/ui/runs"
     response = RedirectResponse(
         local_target(target, default), status_code=303, headers=SECURITY_HEADERS
     )
-    session.remember(response, request, key)
+    session.remember(response, request, token)
     return response
 
 
@@ -181,6 +178,7 @@ async def sign_out(request: Request) -> Response:
         return form
     if not session.csrf_valid(request, form.get("csrf")):
         return error_page(request, None, 403, "Refused: the form's CSRF token is not valid.")
+    await session.end(request)
     response = RedirectResponse("/ui/sign-in", status_code=303, headers=SECURITY_HEADERS)
     session.forget(response, request)
     return response
