@@ -489,7 +489,8 @@ async def test_operator_actions_without_the_operator_scope_are_403(
     response = await user.request(method, target, json=body)
     assert_problem(response, 403, "forbidden", "operator")
     assert await row_counts(api.engine) == before
-    run = (await user.get(f"/runs/{failed}")).json()
+    # Read with the operator's key: bob's own key no longer sees another principal's run.
+    run = (await seeded.client.get(f"/runs/{failed}")).json()
     assert (run["status"], run["dismissed_at"]) == ("failed", None)
 
     # The scope is the only difference: the operator's identical request goes through.
