@@ -95,6 +95,18 @@ class Settings(BaseSettings):
     # --- API ---------------------------------------------------------------------------------
     default_agent: str = Field(default="scripted", min_length=1)
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    max_streams_per_key: int = Field(
+        default=100,
+        ge=1,
+        description="Concurrent event streams and long polls one API key may hold open in one "
+        "API process; more answer 429.",
+    )
+    max_streams_per_process: int = Field(
+        default=1_000,
+        ge=1,
+        description="Concurrent event streams and long polls one API process serves; more "
+        "answer 429.",
+    )
     trust_forwarded_headers: bool = Field(
         default=False,
         description="Behind a TLS-terminating proxy you control: honour its X-Forwarded-Proto "

@@ -98,6 +98,14 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
         "A request with this Idempotency-Key is in progress",
         "Retry after the `Retry-After` seconds; the first request's outcome will then be replayed.",
     ),
+    "too-many-streams": (
+        429,
+        "Too many open event streams and long polls",
+        "Event streams and long polls are capped per API key "
+        "(TURNSTILE_MAX_STREAMS_PER_KEY) and per API process "
+        "(TURNSTILE_MAX_STREAMS_PER_PROCESS). Close one, or retry after the `Retry-After` "
+        "seconds.",
+    ),
     "database-busy": (
         503,
         "The database is busy",

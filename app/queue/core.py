@@ -34,6 +34,7 @@ from app.queue.models import (
     Lease,
     NewRun,
     Run,
+    RunProgress,
     SweepReport,
     ToolCall,
     WriteOutcome,
@@ -481,6 +482,48 @@ class Queue:
     async def events(self, run_id: UUID, *, after: int = 0, limit: int = 1000) -> list[Event]:
         rows = await self._rows("run_events", {"run_id": run_id, "after": after, "limit": limit})
         return [Event(**dict(row)) for row in rows]
+
+    async def watch_events(
+        self,
+        run_id: UUID,
+        *,
+        after: int,
+        limit: int,
+        tenant_id: str | None = None,
+        principal: str | None = None,
+    ) -> tuple[RunProgress | None, list[Event]]:
+        """One round trip for an event stream: where the run stands and the events after
+        `after`; (None, []) when the run is gone or not visible to `tenant_id`/`principal`."""
+        rows = await self._rows(
+            "watch_events",
+            {
+                "run_id": run_id,
+                "after": after,
+                "limit": limit,
+                "tenant_id": tenant_id,
+                "principal": principal,
+            },
+        )
+        if not rows:
+            return None, []
+        first = rows[0]
+        progress = RunProgress(
+            status=first["status"],
+            last_event_seq=first["last_event_seq"],
+            scheduled_for=first["scheduled_for"],
+        )
+        events = [
+            Event(
+                seq=row["seq"],
+                type=row["type"],
+                epoch=row["epoch"],
+                data=row["data"],
+                created_at=row["created_at"],
+            )
+            for row in rows
+            if row["seq"] is not None
+        ]
+        return progress, events
 
     async def latest_checkpoint(self, run_id: UUID) -> Checkpoint | None:
         rows = await self._rows("latest_checkpoint", {"run_id": run_id})

@@ -707,6 +707,26 @@ ORDER BY seq
 LIMIT :limit;
 
 
+-- name: watch_events
+-- An event stream's recheck in one statement: where the run stands (status, last sequence
+-- number, when it is due) and the events after :after, if any, from one snapshot. One row
+-- with null event columns when nothing is new; zero rows when the run is gone or not visible
+-- to :tenant_id and :principal (None: no limit on that column).
+SELECT r.status, r.last_event_seq, r.scheduled_for,
+       e.seq, e.type, e.epoch, e.data, e.created_at
+FROM runs r
+LEFT JOIN LATERAL (
+    SELECT seq, type, epoch, data, created_at FROM run_events
+    WHERE run_id = r.id AND seq > :after AND r.last_event_seq > :after
+    ORDER BY seq
+    LIMIT :limit
+) e ON true
+WHERE r.id = :run_id
+  AND (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = :tenant_id)
+  AND (CAST(:principal AS text) IS NULL OR r.principal = :principal)
+ORDER BY e.seq;
+
+
 -- Workers: each pool registers itself, refreshes last_seen with its heartbeats, and marks
 -- itself stopped on a clean exit. Not part of any run's state; kept here with the rest.
 
