@@ -10,8 +10,9 @@ starts `turnstile serve --no-workers` on it in its own process (with the stream 
 fit), opens one stream per run on plain asyncio connections (a client library would cost more
 CPU than the server on a 2-core machine) and waits until every stream has delivered its
 `run.waiting` event. It then reads `xact_commit + xact_rollback` of that database from
-`pg_stat_database` before and after `--seconds`, once with the streams open and once, for the
-baseline, after closing them, and prints one JSON object with both rates.
+`pg_stat_database` before and after `--seconds`: with the service idle before any stream
+opened, with the streams open, and after closing them; the smaller idle figure is the
+baseline. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -147,6 +148,10 @@ async def main() -> None:
             env=env,
         )
         await wait_for_server(port, process)
+        before = await transactions(url)
+        await asyncio.sleep(args.seconds)  # the idle service, before any stream
+        idle_before = await transactions(url) - before
+
         opened = [asyncio.Event() for _ in runs]
         followers = [
             asyncio.create_task(follow(port, key, run_id, seen))
@@ -165,7 +170,8 @@ async def main() -> None:
         await asyncio.gather(*followers, return_exceptions=True)
         before = await transactions(url)
         await asyncio.sleep(args.seconds)
-        baseline = await transactions(url) - before
+        idle_after = await transactions(url) - before
+        baseline = min(idle_before, idle_after)
         print(
             json.dumps(
                 {
@@ -174,7 +180,8 @@ async def main() -> None:
                     "seconds_to_open_all": round(open_seconds, 1),
                     "transactions_with_streams": with_streams,
                     "transactions_per_second_with_streams": round(with_streams / args.seconds, 1),
-                    "transactions_baseline": baseline,
+                    "transactions_idle_before": idle_before,
+                    "transactions_idle_after": idle_after,
                     "transactions_per_second_baseline": round(baseline / args.seconds, 1),
                     "per_stream_per_second": round(
                         (with_streams - baseline) / args.seconds / args.streams, 4
