@@ -58,7 +58,11 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
         "The key lacks a scope for this action",
         "Runbook actions need the operator scope; queue-wide views need admin.",
     ),
-    "not-found": (404, "Not found", "No such resource is visible to this key's tenant."),
+    "not-found": (
+        404,
+        "Not found",
+        "No such resource is visible to this key (its tenant and, without a scope, its principal).",
+    ),
     "method-not-allowed": (405, "Method not allowed", "See the OpenAPI document."),
     "session-busy": (
         409,

@@ -4,9 +4,10 @@ script refreshes), the runs list, a run's page, and the dead letter with its act
 Thin like the API's handlers: reads are named statements (app/ui/queries.sql, and the queue's
 own `queue_depth`, `failed_runs` and `run_inputs`), actions are the queue core's
 `Submissions.resubmit` and `.dismiss` that the API's runbook routes call, so they record the
-same `operator.*` events. Tenant scoping is the API's: `visible_tenant` for reads (admin keys
-see the whole queue), the key's own tenant for actions. Pages are Jinja2 templates with
-autoescaping on; errors render as pages with a clear message, never a traceback.
+same `operator.*` events. Scoping is the API's: `visible_tenant` and `visible_principal` for
+reads (keys without a scope see their own principal's runs, admin keys the whole queue), the
+key's own tenant for actions. Pages are Jinja2 templates with autoescaping on; errors render
+as pages with a clear message, never a traceback.
 """
 
 from __future__ import annotations
