@@ -96,6 +96,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
         port=settings.port,
         log_level=settings.log_level,
         log_config=None,  # our handler, installed by configure_logging
+        # Forwarded headers are trusted only through TURNSTILE_TRUST_FORWARDED_HEADERS
+        # (app/api/forwarded.py), never by uvicorn's default trust of a loopback proxy.
+        proxy_headers=False,
         timeout_graceful_shutdown=max(1, int(settings.drain_grace_seconds) + 5),
     )
     server = _server(config, app.state.shutdown)

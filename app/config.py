@@ -101,6 +101,32 @@ class Settings(BaseSettings):
         description="Serve GET /metrics only to admin keys: its figures are queue-wide, across "
         "tenants. Off, anyone who can reach the port may scrape it.",
     )
+    max_streams_per_key: int = Field(
+        default=100,
+        ge=1,
+        description="Concurrent event streams and long polls one API key may hold open in one "
+        "API process; more answer 429.",
+    )
+    max_streams_per_process: int = Field(
+        default=1_000,
+        ge=1,
+        description="Concurrent event streams and long polls one API process serves; more "
+        "answer 429.",
+    )
+    trust_forwarded_headers: bool = Field(
+        default=False,
+        description="Behind a TLS-terminating proxy you control: honour its X-Forwarded-Proto "
+        "(https marks the dashboard's cookie Secure). Leave off when clients reach the service "
+        "directly, or anyone could claim https.",
+    )
+
+    # --- dashboard -----------------------------------------------------------------------------
+    ui_session_seconds: float = Field(
+        default=43_200.0,
+        gt=0,
+        le=30 * 86_400,
+        description="How long a dashboard sign-in lasts (12 h), however active.",
+    )
 
     # --- worker pool ------------------------------------------------------------------------
     slots: str = Field(

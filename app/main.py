@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.api.watch import RunWatch
+from app.api.watch import RunWatch, StreamLimits
 from app.config import Settings, get_settings
 from app.db.engine import create_engine
 from app.db.state import ResolvedDatabase, resolve_database
@@ -54,6 +54,7 @@ class AppState:
     submissions: Submissions
     agents: frozenset[str]
     metrics: Metrics
+    streams: StreamLimits
     watch: RunWatch = field(default_factory=RunWatch)
     # Set when the process is asked to stop, before uvicorn waits for open connections:
     # long polls and event streams watch it so they end promptly.
@@ -174,6 +175,10 @@ async def services(
             submissions=Submissions.from_settings(queue, settings),
             agents=registry.agent_names(),
             metrics=metrics,
+            streams=StreamLimits(
+                per_key=settings.max_streams_per_key,
+                per_process=settings.max_streams_per_process,
+            ),
         )
         notifier.on_runs(state.watch.notify)
         yield state
@@ -216,10 +221,13 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     )
     app.state.shutdown = shutdown
     from app.api import health, problems, runs, sessions
+    from app.api.forwarded import ForwardedProto
     from app.api.limits import BodyLimit
 
     problems.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    if settings.trust_forwarded_headers:
+        app.add_middleware(ForwardedProto)
     app.add_middleware(HttpMetrics, metrics=metrics)
     app.include_router(health.router)
     app.include_router(sessions.router)

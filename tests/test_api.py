@@ -5,13 +5,14 @@ tenancy, long poll, ETag, events and Server-Sent Events, cancel, and the operato
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 from uuid import UUID
 
 import httpx
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.queue.classes import PriorityClass
@@ -288,6 +289,39 @@ async def test_another_tenant_sees_nothing(api: Api) -> None:
     assert (await mine.get(f"/runs/{run}")).json()["status"] == "queued"
 
 
+async def test_a_key_without_a_scope_sees_only_its_own_principal(api: Api) -> None:
+    alice = await api.client("acme", "alice")
+    carol = await api.client("acme", "carol")
+    session = await new_session(alice)
+    run = (await turn(alice, session, {"input": 1})).json()["id"]
+    await api.queue.wait_for_user(await claim(api), "Which day?", step=1, state={})
+    sse = {"Accept": "text/event-stream"}
+    for request in [
+        carol.get(f"/sessions/{session}"),
+        carol.get(f"/sessions/{session}/runs"),
+        carol.post(f"/sessions/{session}/turns", json={"input": "Monday"}),
+        carol.get(f"/runs/{run}"),
+        carol.get(f"/runs/{run}", params={"wait": 1, "status": "waiting_for_user"}),
+        carol.get(f"/runs/{run}/events"),
+        carol.get(f"/runs/{run}/events", headers=sse),  # a stream would never end: bounded
+        carol.post(f"/runs/{run}/cancel"),
+    ]:
+        assert_problem(await asyncio.wait_for(request, 10), 404, "not-found")
+    # Nothing carol sent reached alice's run: still waiting, with only alice's first input.
+    assert (await alice.get(f"/runs/{run}")).json()["status"] == "waiting_for_user"
+    assert await api.queue.inputs(UUID(run)) == [1]
+    # Operators keep their tenant-wide view and actions; admins read any run.
+    ops = await api.client("acme", "ops", "operator")
+    assert (await ops.get(f"/sessions/{session}")).json()["state"] == "waiting_for_user"
+    assert [r["id"] for r in (await ops.get(f"/sessions/{session}/runs")).json()["runs"]] == [run]
+    assert (await ops.get(f"/runs/{run}/events")).status_code == 200
+    admin = await api.client("platform", "sre", "admin")
+    assert (await admin.get(f"/runs/{run}")).status_code == 200
+    assert (await ops.post(f"/runs/{run}/cancel")).json()["status"] == "cancelled"
+    # Alice's own key acts on her own session as before.
+    assert (await turn(alice, session, {"input": 2})).status_code == 202
+
+
 # --- reading runs ----------------------------------------------------------------------------
 async def test_etag_and_not_modified(api: Api) -> None:
     client = await api.client()
@@ -527,3 +561,136 @@ async def test_a_lock_timeout_is_a_503_with_retry_after(
             assert response.headers["retry-after"] == "1"
             await holder.rollback()
         assert (await turn(client, session, {"input": 1})).status_code == 202
+
+
+# --- the cost and the cap of streams and long polls --------------------------------------------
+class StatementCounter:
+    """Counts the statements the service under test sends to PostgreSQL (its own engine)."""
+
+    def __init__(self, api: Api) -> None:
+        assert api.app is not None
+        self.engine: AsyncEngine = api.app.state.turnstile.engine
+        self.count = 0
+        event.listen(self.engine.sync_engine, "before_cursor_execute", self._seen)
+
+    def _seen(self, *_: object) -> None:
+        self.count += 1
+
+    def close(self) -> None:
+        event.remove(self.engine.sync_engine, "before_cursor_execute", self._seen)
+
+
+async def waiting_run(api: Api, client: httpx.AsyncClient) -> str:
+    run = (await client.post("/runs", json={"input": 1})).json()["id"]
+    await api.queue.wait_for_user(await claim(api), "Which day?", step=1, state={})
+    return str(run)
+
+
+async def test_idle_streams_cost_the_database_almost_nothing(api: Api) -> None:
+    client = await api.client()
+    runs = [await waiting_run(api, client) for _ in range(40)]
+    opened: list[asyncio.Event] = [asyncio.Event() for _ in runs]
+
+    async def follow(run: str, seen: asyncio.Event) -> list[str]:
+        types: list[str] = []
+        headers = {"Accept": "text/event-stream"}
+        async with client.stream("GET", f"/runs/{run}/events", headers=headers) as stream:
+            async for line in stream.aiter_lines():
+                if line.startswith("event: "):
+                    types.append(line[7:])
+                    if line == "event: run.waiting":
+                        seen.set()
+        return types
+
+    followers = [asyncio.create_task(follow(r, s)) for r, s in zip(runs, opened, strict=True)]
+    await asyncio.wait_for(asyncio.gather(*(s.wait() for s in opened)), 20)
+    counter = StatementCounter(api)
+    try:
+        # A measurement window, not synchronisation: 40 idle streams used to recheck twice
+        # every 0.5 s (about 480 statements in 3 s); now they wait on notifications.
+        await asyncio.sleep(3)
+        idle_statements = counter.count
+    finally:
+        counter.close()
+    assert idle_statements < 10, idle_statements
+    # A notified change (here a cancel) still reaches an idle stream at once.
+    await client.post(f"/runs/{runs[0]}/cancel")
+    types = await asyncio.wait_for(followers[0], 10)
+    assert types[-1] == "run.cancelled"
+    for follower in followers[1:]:
+        follower.cancel()
+    await asyncio.gather(*followers[1:], return_exceptions=True)
+
+
+async def test_a_long_poll_on_a_queued_run_sees_its_claim_promptly(api: Api) -> None:
+    # Claims are not notified; a queued run that is due is rechecked every second.
+    client = await api.client()
+    run = (await client.post("/runs", json={"input": 1})).json()["id"]
+    poll = asyncio.create_task(client.get(f"/runs/{run}", params={"wait": 30, "status": "queued"}))
+    await eventually(lambda: api_streams_open(api), what="the long poll to be waiting")
+    await claim(api)
+    response = await asyncio.wait_for(poll, 5)
+    assert response.json()["status"] == "running"
+
+
+async def api_streams_open(api: Api) -> bool:
+    assert api.app is not None
+    return bool(api.app.state.turnstile.streams.open > 0)
+
+
+async def test_streams_and_long_polls_are_capped_per_key_and_per_process(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with running_api(
+        database_url, engine, max_streams_per_key=2, max_streams_per_process=3
+    ) as api:
+        alice = await api.client("acme", "alice")
+        bob = await api.client("acme", "bob")
+        alices = await waiting_run(api, alice)
+        bobs = await waiting_run(api, bob)
+        sse = {"Accept": "text/event-stream"}
+        async with contextlib.AsyncExitStack() as streams:
+            for _ in range(2):
+                opened = await streams.enter_async_context(
+                    alice.stream("GET", f"/runs/{alices}/events", headers=sse)
+                )
+                assert opened.status_code == 200
+            # Alice's key is at its cap: a third stream or a long poll is refused...
+            for request in [
+                alice.get(f"/runs/{alices}/events", headers=sse),  # would never end: bounded
+                alice.get(f"/runs/{alices}", params={"wait": 5}),
+            ]:
+                refused = await asyncio.wait_for(request, 10)
+                body = assert_problem(refused, 429, "too-many-streams")
+                assert int(refused.headers["retry-after"]) >= 1
+                assert "per key" in body["detail"]
+            # ...while plain reads are not streams and go through.
+            assert (await alice.get(f"/runs/{alices}")).status_code == 200
+            assert (await alice.get(f"/runs/{alices}/events")).status_code == 200
+            # Bob takes the process's last place; after that the process is full for everyone.
+            bobs_stream = await streams.enter_async_context(
+                bob.stream("GET", f"/runs/{bobs}/events", headers=sse)
+            )
+            assert bobs_stream.status_code == 200
+            full = assert_problem(
+                await bob.get(f"/runs/{bobs}", params={"wait": 5}), 429, "too-many-streams"
+            )
+            assert "process" in full["detail"]
+        # Closed streams give their places back.
+
+        async def poll_accepted() -> bool:
+            response = await alice.get(
+                f"/runs/{alices}", params={"wait": 0.01, "status": "waiting_for_user"}
+            )
+            return response.status_code == 200
+
+        await eventually(poll_accepted, what="the closed streams' places to be free")
+        assert api.app is not None
+        await eventually(
+            lambda: _no_open_streams(api), what="every stream and long poll to be closed"
+        )
+
+
+async def _no_open_streams(api: Api) -> bool:
+    assert api.app is not None
+    return bool(api.app.state.turnstile.streams.open == 0)

@@ -489,7 +489,8 @@ async def test_operator_actions_without_the_operator_scope_are_403(
     response = await user.request(method, target, json=body)
     assert_problem(response, 403, "forbidden", "operator")
     assert await row_counts(api.engine) == before
-    run = (await user.get(f"/runs/{failed}")).json()
+    # Read with the operator's key: bob's own key no longer sees another principal's run.
+    run = (await seeded.client.get(f"/runs/{failed}")).json()
     assert (run["status"], run["dismissed_at"]) == ("failed", None)
 
     # The scope is the only difference: the operator's identical request goes through.
@@ -576,6 +577,10 @@ def fuzz_operation(
         response = None
         try:
             response = case.call(base_url=base, headers=headers, timeout=15)
+            if response.status_code == 400 and response.text == UVICORN_REFUSAL:
+                # Negative header cases (e.g. `content-length: Infinity`) that the HTTP server
+                # refuses before any application code runs: not an answer of the API.
+                return
             case.validate_response(
                 response,
                 checks=CHECKS,
@@ -593,6 +598,9 @@ def fuzz_operation(
         # Nothing to make invalid (no parameters, no body): there are no negative cases.
         if mode is not schemathesis.GenerationMode.NEGATIVE:
             raise
+
+
+UVICORN_REFUSAL = "Invalid HTTP request received."
 
 
 def fuzz(

@@ -38,6 +38,7 @@ def test_multi_class_groups_order_by_priority_not_by_writing() -> None:
         ("interactive:0,async:1,maintenance:1", "at least one slot"),
         ("interactive,async:1,maintenance:1", "must look like"),
         ("interactive:x,async:1,maintenance:1", "must look like"),
+        ("interactive:²,async:1,maintenance:1", "must look like"),  # isdigit() but not int()
         ("interactive:1,,async:1,maintenance:1", "empty slot group"),
         ("interactive:1,interactive:2,async:1,maintenance:1", "given twice"),
     ],

@@ -4,16 +4,19 @@ traceback, escaping, tenant scoping, and the timeline's wording of events."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
 
 import httpx
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.queue.classes import PriorityClass
 from app.queue.models import Event, NewRun
+from app.security.api_keys import authenticate, revoke_key
 from app.ui import views
 from app.ui.session import COOKIE, csrf_token
 from tests.support.api import Api, running_api
@@ -31,7 +34,7 @@ async def signed_in(api: Api, key: str) -> httpx.AsyncClient:
 def enqueue(tenant: str = "acme", **fields: Any) -> NewRun:
     return NewRun(
         tenant_id=tenant,
-        principal="alice",
+        principal=fields.pop("principal", "alice"),
         agent="scripted",
         input=fields.pop("input", {"text": "hi"}),
         priority=fields.pop("priority", PriorityClass.INTERACTIVE.base),
@@ -69,7 +72,8 @@ async def test_sign_in_sets_a_browser_session_cookie(
             assert "default-src 'self'" in page.headers["content-security-policy"]
             assert "acme/ops" in page.text
 
-            signed_out = await client.post("/ui/sign-out", data={"csrf": csrf_token(key)})
+            token = client.cookies[COOKIE]
+            signed_out = await client.post("/ui/sign-out", data={"csrf": csrf_token(token)})
             assert signed_out.status_code == 303
             client.cookies.clear()
             again = await client.get("/ui/runs?status=failed")
@@ -79,27 +83,93 @@ async def test_sign_in_sets_a_browser_session_cookie(
             assert fragment.status_code == 401
 
 
+async def test_the_cookie_is_an_opaque_session_that_sign_out_and_revocation_end(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with running_api(database_url, engine) as api:
+        key = await api.key("acme", "ops", "operator")
+        caller = await authenticate(engine, key)
+        assert caller is not None
+        key_id = caller.key_id
+        client = await signed_in(api, key)
+        token = client.cookies[COOKIE]
+        assert key not in token  # the cookie holds no key
+        async with engine.connect() as conn:
+            stored = (await conn.execute(text("SELECT * FROM dashboard_sessions"))).mappings().all()
+        # Only a hash of the token is stored, with the key it belongs to and an expiry.
+        assert [row["token_hash"] for row in stored] == [hashlib.sha256(token.encode()).digest()]
+        assert all(token not in str(value) for value in stored[0].values())
+        assert stored[0]["key_id"] == key_id
+        assert stored[0]["expires_at"] > stored[0]["created_at"]
+
+        # A copy of the cookie, as a thief would keep it, stops working once its owner signs out.
+        copy = httpx.AsyncClient(base_url=api.base, cookies={COOKIE: token})
+        api.clients.append(copy)
+        assert (await copy.get("/ui/runs")).status_code == 200
+        signed_out = await client.post("/ui/sign-out", data={"csrf": csrf_token(token)})
+        assert signed_out.status_code == 303
+        assert (await copy.get("/ui/runs")).status_code == 303
+        assert (await copy.get("/ui/overview/fragment")).status_code == 401
+
+        # Revoking the key ends its sessions at once (no cache to wait for).
+        again = await signed_in(api, key)
+        assert (await again.get("/ui/runs")).status_code == 200
+        assert await revoke_key(engine, key_id)
+        assert (await again.get("/ui/runs")).status_code == 303
+        async with engine.connect() as conn:
+            left = await conn.scalar(text("SELECT count(*) FROM dashboard_sessions"))
+        assert left == 0
+
+        # An expired session is refused too.
+        other = await signed_in(api, await api.key("acme", "ops2", "operator"))
+        assert (await other.get("/ui/runs")).status_code == 200
+        async with engine.begin() as conn:
+            await conn.execute(
+                text("UPDATE dashboard_sessions SET expires_at = now() - interval '1 second'")
+            )
+        assert (await other.get("/ui/runs")).status_code == 303
+
+
+async def test_the_cookie_is_secure_behind_a_trusted_tls_proxy(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    forwarded = {"X-Forwarded-Proto": "https"}
+    for trusted in (True, False):
+        async with running_api(database_url, engine, trust_forwarded_headers=trusted) as api:
+            key = await api.key("acme", "ops", "operator")
+            async with httpx.AsyncClient(base_url=api.base) as client:
+                response = await client.post("/ui/sign-in", data={"key": key}, headers=forwarded)
+                assert response.status_code == 303
+                attributes = {
+                    part.strip().lower() for part in response.headers["set-cookie"].split(";")
+                }
+                assert ("secure" in attributes) is trusted
+
+
 async def test_actions_need_the_csrf_token_and_the_same_origin(
     database_url: str, engine: AsyncEngine
 ) -> None:
     async with running_api(database_url, engine) as api:
         key = await api.key("acme", "ops", "operator")
         client = await signed_in(api, key)
+        token = client.cookies[COOKIE]
         run_id = uuid4()
         missing = await client.post(f"/ui/runs/{run_id}/dismiss", data={"back": "/ui"})
         assert missing.status_code == 403
         assert "CSRF" in missing.text
         forged = await client.post(
             f"/ui/runs/{run_id}/dismiss",
-            data={"csrf": csrf_token(key)},
+            data={"csrf": csrf_token(token)},
             headers={"Origin": "https://evil.example"},
         )
         assert forged.status_code == 403
         assert "another site" in forged.text
-        not_a_form = await client.post(f"/ui/runs/{run_id}/dismiss", json={"csrf": csrf_token(key)})
+        not_a_form = await client.post(
+            f"/ui/runs/{run_id}/dismiss", json={"csrf": csrf_token(token)}
+        )
         assert not_a_form.status_code == 415
         # With the token: the core answers, as a notice on the page it redirects to.
-        ok = await client.post(f"/ui/runs/{run_id}/dismiss", data={"csrf": csrf_token(key)})
+        ok = await client.post(f"/ui/runs/{run_id}/dismiss", data={"csrf": csrf_token(token)})
         assert ok.status_code == 303
         assert "notice=not-found" in ok.headers["location"]
         page = await client.get(ok.headers["location"])
@@ -129,6 +199,12 @@ async def test_bad_input_is_a_clear_page_never_a_traceback(
             assert missing.status_code == 404
             assert "is visible to this key" in missing.text
         assert (await client.get("/ui/dead-letter?cursor=zzz")).status_code == 400
+        # Digits outside ASCII pass str.isdigit() but not int(): a page, never a 500.
+        run = await api.queue.enqueue(enqueue("acme"))
+        for after in ("²", "³", "①", "٣", "-1", "1e3", " 7", "9" * 30):
+            page = await client.get(f"/ui/runs/{run.id}", params={"after": after})
+            assert page.status_code == 200, after
+            assert "run.created" in page.text, after
         assert (await client.get("/ui/runs?" + "status=x" * 3000)).status_code in (400, 414)
 
 
@@ -159,6 +235,12 @@ async def test_tenant_scoping_follows_the_api(database_url: str, engine: AsyncEn
         assert landing.headers["location"] == "/ui/runs"
         assert (await reader.get("/ui/dead-letter")).status_code == 403
         assert (await reader.get("/ui/overview/fragment")).status_code == 403
+        # Within the tenant, a key without a scope sees its own principal's runs only.
+        carols = await api.queue.enqueue(enqueue("acme", principal="carol"))
+        assert str(carols.id) not in (await reader.get("/ui/runs")).text
+        assert (await reader.get(f"/ui/runs/{carols.id}")).status_code == 404
+        ops = await signed_in(api, await api.key("acme", "ops", "operator"))
+        assert str(carols.id) in (await ops.get("/ui/runs")).text
 
         admin = await signed_in(api, await api.key("platform", "root", "admin"))
         listing = (await admin.get("/ui/runs")).text

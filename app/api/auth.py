@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api.problems import ApiProblem
+from app.queue.submit import Submitter
 from app.security.api_keys import Caller, authenticate, hash_key
 
 KEY_CACHE_SECONDS = 5.0
@@ -57,3 +58,19 @@ def visible_tenant(caller: Caller) -> str | None:
     """The tenant a caller's reads are limited to; None for admin keys (the whole queue).
     Writes (cancel, resubmit, dismiss) always stay within the caller's own tenant."""
     return None if caller.is_admin else caller.tenant_id
+
+
+def visible_principal(caller: Caller) -> str | None:
+    """The principal a caller's reads and actions are limited to: its own for a key without a
+    scope; None (every principal of the tenant) for operator and admin keys."""
+    return None if caller.is_operator else caller.principal
+
+
+def submitter_of(caller: Caller) -> Submitter:
+    """Who the core records as submitting, and which sessions the caller may send turns to."""
+    return Submitter(
+        caller.tenant_id,
+        caller.principal,
+        caller.actor,
+        own_sessions_only=not caller.is_operator,
+    )

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+_DIGITS = re.compile(rb"[0-9]+")
 
 
 class BodyLimit:
@@ -18,7 +21,13 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+        # ASCII digits only (a strict pattern, like every number read by hand); more digits
+        # than any limit could have is too large without converting them.
+        if (
+            declared is not None
+            and _DIGITS.fullmatch(declared)
+            and (len(declared) > 18 or int(declared) > self.max_bytes)
+        ):
             await self._refuse(send)
             return
         seen = 0

@@ -58,7 +58,11 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
         "The key lacks a scope for this action",
         "Runbook actions need the operator scope; queue-wide views need admin.",
     ),
-    "not-found": (404, "Not found", "No such resource is visible to this key's tenant."),
+    "not-found": (
+        404,
+        "Not found",
+        "No such resource is visible to this key (its tenant and, without a scope, its principal).",
+    ),
     "method-not-allowed": (405, "Method not allowed", "See the OpenAPI document."),
     "session-busy": (
         409,
@@ -97,6 +101,14 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
         409,
         "A request with this Idempotency-Key is in progress",
         "Retry after the `Retry-After` seconds; the first request's outcome will then be replayed.",
+    ),
+    "too-many-streams": (
+        429,
+        "Too many open event streams and long polls",
+        "Event streams and long polls are capped per API key "
+        "(TURNSTILE_MAX_STREAMS_PER_KEY) and per API process "
+        "(TURNSTILE_MAX_STREAMS_PER_PROCESS). Close one, or retry after the `Retry-After` "
+        "seconds.",
     ),
     "database-busy": (
         503,

@@ -14,8 +14,9 @@ from uuid import UUID
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-from app.api.auth import CallerDep, OperatorDep, visible_tenant
+from app.api.auth import CallerDep, OperatorDep, submitter_of, visible_principal, visible_tenant
 from app.api.models import (
     ClassDepth,
     EventPage,
@@ -35,22 +36,27 @@ from app.api.sessions import (
     spec_from,
     submitted_response,
 )
-from app.api.watch import wait_for_change
+from app.api.watch import (
+    POLL_RECHECK_SECONDS,
+    STREAM_RECHECK_SECONDS,
+    StreamSlot,
+    recheck_seconds,
+    wait_for_change,
+)
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.errors import RunNotFoundError
 from app.queue.models import Run
 from app.queue.sql import q
-from app.queue.submit import Submitter
+from app.security.api_keys import Caller
 
 router = APIRouter(tags=["runs"])
 runbook = APIRouter(tags=["runbook"])
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 MAX_WAIT_SECONDS = 60.0
-COARSE_RECHECK_SECONDS = 1.0  # unnotified transitions (claims) are seen at this pace
-STREAM_RECHECK_SECONDS = 0.5
-KEEPALIVE_SECONDS = 15.0
+KEEPALIVE_SECONDS = 15.0  # proxies close connections that stay silent much longer
+STREAM_PAGE = 500
 MAX_SEQ = 2**63 - 1  # sequence numbers are bigint
 
 
@@ -59,9 +65,13 @@ def etag_of(document: dict[str, Any]) -> str:
     return f'"{digest}"'
 
 
-async def load_run(request: Request, run_id: UUID, tenant_id: str | None) -> Run:
+async def load_run(request: Request, run_id: UUID, caller: Caller) -> Run:
+    """The run, if the caller may see it: its tenant (admin keys: any), and its principal unless
+    the key has a scope; otherwise not found, as for a missing run."""
     queue: Queue = request.app.state.turnstile.queue
-    run = await queue.get_run(run_id, tenant_id=tenant_id)
+    run = await queue.get_run(
+        run_id, tenant_id=visible_tenant(caller), principal=visible_principal(caller)
+    )
     if run is None:
         raise RunNotFoundError(run_id)
     return run
@@ -186,7 +196,7 @@ async def resubmit(
 ) -> Any:
     state = request.app.state.turnstile
     outcome = await state.submissions.resubmit(
-        Submitter(caller.tenant_id, caller.principal, caller.actor),
+        submitter_of(caller),
         run_id,
         # Actions stay within the key's own tenant, admin keys included: the admin scope
         # widens what a key can see, not what it can change.
@@ -207,7 +217,7 @@ async def resubmit(
 async def dismiss(run_id: UUID, request: Request, caller: OperatorDep) -> Any:
     state = request.app.state.turnstile
     run = await state.submissions.dismiss(
-        Submitter(caller.tenant_id, caller.principal, caller.actor),
+        submitter_of(caller),
         run_id,
         # Actions stay within the key's own tenant, admin keys included: the admin scope
         # widens what a key can see, not what it can change.
@@ -243,7 +253,7 @@ async def submit_run(
 ) -> Any:
     state = request.app.state.turnstile
     outcome = await state.submissions.submit_run(
-        Submitter(caller.tenant_id, caller.principal, caller.actor),
+        submitter_of(caller),
         spec_from(body, caller, state.agents),
         await idempotency_of(request, idempotency_key),
     )
@@ -258,10 +268,11 @@ async def submit_run(
         "Sends an `ETag`; `If-None-Match` with it answers 304 when nothing changed. "
         "`wait=N` long-polls up to N seconds (at most 60) until the run's status differs from "
         "`status` (default: its status when the request arrived); a finished run answers at "
-        "once."
+        "once. Long polls and event streams are capped per key and per API process (429 "
+        "`too-many-streams` with `Retry-After`)."
     ),
     responses={
-        **responses("unauthorized", "not-found", "invalid-request"),
+        **responses("unauthorized", "not-found", "invalid-request", "too-many-streams"),
         304: {"description": "Not modified"},
     },
 )
@@ -276,26 +287,29 @@ async def get_run(
     if_none_match: Annotated[str | None, Header(alias="If-None-Match", max_length=200)] = None,
 ) -> Any:
     state = request.app.state.turnstile
-    tenant = visible_tenant(caller)
-    run = await load_run(request, run_id, tenant)
-    if wait > 0:
-        known = status or run.status
+    run = await load_run(request, run_id, caller)
+    known = status or run.status
+    if wait > 0 and run.status == known and run.status not in TERMINAL:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        with state.watch.watching(str(run_id)) as changed:
+        with (
+            state.streams.acquire(caller.key_id),
+            state.watch.watching(str(run_id)) as changed,
+        ):
             # Watch first, then read: a change between the two is never missed.
-            run = await load_run(request, run_id, tenant)
+            run = await load_run(request, run_id, caller)
             while (
                 run.status == known
                 and run.status not in TERMINAL
                 and not state.shutdown.is_set()
                 and (remaining := deadline - loop.time()) > 0
             ):
-                await wait_for_change(
-                    changed, state.shutdown, min(COARSE_RECHECK_SECONDS, remaining)
+                pause = recheck_seconds(
+                    run.status, run.scheduled_for, active_seconds=POLL_RECHECK_SECONDS
                 )
+                await wait_for_change(changed, state.shutdown, min(pause, remaining))
                 changed.clear()  # cleared before the read below, so a later change wakes us
-                run = await load_run(request, run_id, tenant)
+                run = await load_run(request, run_id, caller)
     document = run.to_document()
     etag = etag_of(document)
     if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
@@ -310,10 +324,11 @@ async def get_run(
     description=(
         "JSON: the events after `after`, up to `limit`. With `Accept: text/event-stream`, a "
         "stream of the events (`id` is the sequence number), resuming after `Last-Event-ID` or "
-        "`after`, that ends after the run's terminal event."
+        "`after`, that ends after the run's terminal event. Event streams and long polls are "
+        "capped per key and per API process (429 `too-many-streams` with `Retry-After`)."
     ),
     responses={
-        **responses("unauthorized", "not-found", "invalid-request"),
+        **responses("unauthorized", "not-found", "invalid-request", "too-many-streams"),
         200: {"content": {"text/event-stream": {}}},
     },
 )
@@ -327,8 +342,7 @@ async def run_events(
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=30)] = None,
 ) -> Any:
     state = request.app.state.turnstile
-    tenant = visible_tenant(caller)
-    run = await load_run(request, run_id, tenant)
+    run = await load_run(request, run_id, caller)
     if accept is not None and "text/event-stream" in accept:
         start = after
         if last_event_id is not None:
@@ -345,8 +359,10 @@ async def run_events(
                     ],
                 )
             start = int(last_event_id.strip())
-        return StreamingResponse(
-            stream_events(request, run_id, tenant, start),
+        slot = state.streams.acquire(caller.key_id)
+        return HeldStream(
+            slot,
+            stream_events(request, run_id, caller, start),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -358,38 +374,71 @@ async def run_events(
     )
 
 
+class HeldStream(StreamingResponse):
+    """A streaming response that gives its place back however it ends: finished, client gone,
+    server stopping, or never started (the place is taken before the response exists)."""
+
+    def __init__(self, slot: StreamSlot, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.slot = slot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.slot.release()
+
+
 async def stream_events(
-    request: Request, run_id: UUID, tenant: str | None, after: int
+    request: Request, run_id: UUID, caller: Caller, after: int
 ) -> AsyncIterator[str]:
+    """The run's events as Server-Sent Events. Each recheck is one statement (where the run
+    stands and what is new), run when a notification wakes the stream or its recheck is due
+    (`recheck_seconds`); keep-alive comments in between cost the database nothing."""
     state = request.app.state.turnstile
     loop = asyncio.get_running_loop()
     last_sent = loop.time()
+    next_check = loop.time()  # at once: the first page
     with state.watch.watching(str(run_id)) as changed:
         while not state.shutdown.is_set():
-            changed.clear()
-            events = await state.queue.events(run_id, after=after, limit=500)
-            for event in events:
-                data = json.dumps(
-                    {
-                        "seq": event.seq,
-                        "type": event.type,
-                        "epoch": event.epoch,
-                        "data": event.data,
-                        "created_at": event.created_at.isoformat(),
-                    }
+            if changed.is_set() or loop.time() >= next_check:
+                changed.clear()  # before the read, so a change during it wakes us again
+                progress, events = await state.queue.watch_events(
+                    run_id,
+                    after=after,
+                    limit=STREAM_PAGE,
+                    tenant_id=visible_tenant(caller),
+                    principal=visible_principal(caller),
                 )
-                yield f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n"
-                after = event.seq
-                last_sent = loop.time()
-            if len(events) == 500:
-                continue
-            run = await state.queue.get_run(run_id, tenant_id=tenant)
-            if run is None or (run.status in TERMINAL and after >= run.last_event_seq):
-                return
-            if loop.time() - last_sent > KEEPALIVE_SECONDS:
+                if progress is None:
+                    return  # deleted by retention meanwhile
+                for event in events:
+                    data = json.dumps(
+                        {
+                            "seq": event.seq,
+                            "type": event.type,
+                            "epoch": event.epoch,
+                            "data": event.data,
+                            "created_at": event.created_at.isoformat(),
+                        }
+                    )
+                    yield f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n"
+                    after = event.seq
+                    last_sent = loop.time()
+                if len(events) == STREAM_PAGE:
+                    continue  # more are waiting: next page at once
+                if progress.status in TERMINAL and after >= progress.last_event_seq:
+                    return
+                next_check = loop.time() + recheck_seconds(
+                    progress.status,
+                    progress.scheduled_for,
+                    active_seconds=STREAM_RECHECK_SECONDS,
+                )
+            if loop.time() - last_sent >= KEEPALIVE_SECONDS:
                 yield ": keep-alive\n\n"
                 last_sent = loop.time()
-            await wait_for_change(changed, state.shutdown, STREAM_RECHECK_SECONDS)
+            pause = min(next_check, last_sent + KEEPALIVE_SECONDS) - loop.time()
+            await wait_for_change(changed, state.shutdown, max(pause, 0.0))
 
 
 @router.post(
@@ -405,7 +454,9 @@ async def cancel(run_id: UUID, request: Request, caller: CallerDep) -> Any:
         actor=caller.actor,
         reason="cancelled through the API",
         # Actions stay within the key's own tenant, admin keys included: the admin scope
-        # widens what a key can see, not what it can change.
+        # widens what a key can see, not what it can change. A key without a scope cancels
+        # only its own principal's runs.
         tenant_id=caller.tenant_id,
+        principal=visible_principal(caller),
     )
     return outcome.run.to_document()

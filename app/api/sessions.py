@@ -11,7 +11,7 @@ from uuid import UUID
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from app.api.auth import CallerDep
+from app.api.auth import CallerDep, submitter_of, visible_principal
 from app.api.models import (
     RunDocument,
     RunPage,
@@ -23,7 +23,7 @@ from app.api.problems import ApiProblem, responses
 from app.queue.classes import PriorityClass
 from app.queue.errors import SessionNotFoundError
 from app.queue.sql import q
-from app.queue.submit import IdempotencyKey, RunSpec, Submitted, Submitter, request_hash
+from app.queue.submit import IdempotencyKey, RunSpec, Submitted, request_hash
 from app.security.api_keys import Caller
 
 router = APIRouter(tags=["sessions"])
@@ -63,6 +63,16 @@ async def idempotency_of(request: Request, key: str | None) -> IdempotencyKey | 
     return IdempotencyKey(
         key=key, request_hash=request_hash(request.method, request.url.path, body)
     )
+
+
+def visible_session(session_id: UUID, caller: Caller) -> dict[str, Any]:
+    """`get_session`'s parameters: the caller's own tenant, and its own principal's sessions
+    unless the key has a scope."""
+    return {
+        "session_id": session_id,
+        "tenant_id": caller.tenant_id,
+        "principal": visible_principal(caller),
+    }
 
 
 def submitted_response(outcome: Submitted) -> JSONResponse:
@@ -106,11 +116,7 @@ async def get_session(session_id: UUID, request: Request, caller: CallerDep) -> 
     state = request.app.state.turnstile
     async with state.engine.connect() as conn:
         row = (
-            (
-                await conn.execute(
-                    q("get_session"), {"session_id": session_id, "tenant_id": caller.tenant_id}
-                )
-            )
+            (await conn.execute(q("get_session"), visible_session(session_id, caller)))
             .mappings()
             .one_or_none()
         )
@@ -145,9 +151,7 @@ async def session_runs(
     state = request.app.state.turnstile
     async with state.engine.connect() as conn:
         exists = (
-            await conn.execute(
-                q("get_session"), {"session_id": session_id, "tenant_id": caller.tenant_id}
-            )
+            await conn.execute(q("get_session"), visible_session(session_id, caller))
         ).one_or_none()
         if exists is None:
             raise SessionNotFoundError(session_id)
@@ -199,7 +203,7 @@ async def submit_turn(
     state = request.app.state.turnstile
     spec = spec_from(body, caller, state.agents)
     outcome = await state.submissions.submit_turn(
-        Submitter(caller.tenant_id, caller.principal, caller.actor),
+        submitter_of(caller),
         session_id,
         spec,
         await idempotency_of(request, idempotency_key),

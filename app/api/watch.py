@@ -1,8 +1,20 @@
-"""Waking long polls and event streams when a run changes, without a tight database loop.
+"""Event streams and long polls: waking them when a run changes, deciding how often they look
+again, and capping how many are open.
 
-The LISTEN notifier reports run status changes that the queue notifies (waiting and terminal
-transitions, deliveries); `RunWatch` wakes whoever waits on those runs. Other changes (a claim,
-a tool call) are not notified, so waiters also look again at a coarse interval.
+Waking: the LISTEN notifier reports the run status changes the queue notifies (waiting and
+terminal transitions, deliveries, requeues); `RunWatch` wakes whoever waits on those runs.
+
+Rechecking: claims and a running run's own events (tool calls, checkpoints) are not notified
+(NOTIFY costs commit throughput), so a waiter also looks again on a timer, as rarely as that
+allows (`recheck_seconds`): often only while something can change unnotified, that is while the
+run is running or is queued and due (its claim is not notified); every `IDLE_RECHECK_SECONDS`
+otherwise (a run waiting for the user, or queued for later), where notifications do the work
+and the timer is only a safety net. An idle stream therefore costs the database about one
+statement per half minute.
+
+Capping: each open stream or long poll holds a place (`StreamLimits`), at most
+`max_streams_per_key` per API key and `max_streams_per_process` per API process; over either
+cap the request is refused at once with 429 `too-many-streams` and `Retry-After`.
 """
 
 from __future__ import annotations
@@ -10,8 +22,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from uuid import UUID
 
+from app.api.problems import ApiProblem
 from app.queue.models import RUN_ID_PREFIX
+
+STREAM_RECHECK_SECONDS = 0.5  # a running run's events reach its streams within this
+POLL_RECHECK_SECONDS = 1.0  # a long poll's unnotified status changes (claims) within this
+IDLE_RECHECK_SECONDS = 30.0  # a safety net only: these runs' next change is notified
+RETRY_AFTER_SECONDS = 5
+
+
+def recheck_seconds(status: str, scheduled_for: datetime | None, *, active_seconds: float) -> float:
+    """How long a waiter on a run in `status` may sleep before it reads the run again, when no
+    notification wakes it first."""
+    if status == "running":
+        return active_seconds
+    if status == "queued":
+        # Its claim is not notified: look often once it is due. The API process's clock only
+        # paces this read; the queue's decisions keep using the database's time.
+        due_in = (
+            0.0 if scheduled_for is None else (scheduled_for - datetime.now(UTC)).total_seconds()
+        )
+        if due_in <= 0:
+            return POLL_RECHECK_SECONDS
+        return min(IDLE_RECHECK_SECONDS, max(active_seconds, due_in))
+    return IDLE_RECHECK_SECONDS
 
 
 class RunWatch:
@@ -42,6 +79,66 @@ class RunWatch:
                 waiters.discard(event)
                 if not waiters:
                     del self._waiters[run_id]
+
+
+class StreamSlot:
+    """One open stream's or long poll's place; releasing it twice is harmless."""
+
+    def __init__(self, limits: StreamLimits, key_id: UUID) -> None:
+        self._limits = limits
+        self._key_id = key_id
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._limits._release(self._key_id)
+
+    def __enter__(self) -> StreamSlot:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+
+class StreamLimits:
+    """Counts open streams and long polls per key and in this process (the event loop is the
+    only thread that touches the counts, so they need no lock)."""
+
+    def __init__(self, *, per_key: int, per_process: int) -> None:
+        self.per_key = per_key
+        self.per_process = per_process
+        self.open = 0
+        self._by_key: dict[UUID, int] = {}
+
+    def acquire(self, key_id: UUID) -> StreamSlot:
+        """A place for one more stream or long poll of `key_id`, or 429 `too-many-streams`."""
+        held = self._by_key.get(key_id, 0)
+        if held >= self.per_key:
+            raise _too_many(f"this key already has {held} open (per key limit {self.per_key})")
+        if self.open >= self.per_process:
+            raise _too_many(
+                f"this API process already serves {self.open} (process limit {self.per_process})"
+            )
+        self._by_key[key_id] = held + 1
+        self.open += 1
+        return StreamSlot(self, key_id)
+
+    def _release(self, key_id: UUID) -> None:
+        self.open -= 1
+        left = self._by_key.get(key_id, 1) - 1
+        if left > 0:
+            self._by_key[key_id] = left
+        else:
+            self._by_key.pop(key_id, None)
+
+
+def _too_many(why: str) -> ApiProblem:
+    return ApiProblem(
+        "too-many-streams",
+        f"too many open event streams and long polls: {why}; close one or retry later",
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
 
 
 async def wait_for_change(event: asyncio.Event, shutdown: asyncio.Event, seconds: float) -> None:

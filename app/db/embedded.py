@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -59,7 +60,8 @@ def system_bin_dir() -> Path | None:
     candidates.extend(
         sorted(
             Path("/usr/lib/postgresql").glob("*/bin"),
-            key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+            # ASCII digits only: str.isdigit() also accepts '²', which int() refuses.
+            key=lambda p: int(p.parent.name) if re.fullmatch(r"[0-9]{1,6}", p.parent.name) else 0,
             reverse=True,
         )
     )

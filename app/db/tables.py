@@ -1,4 +1,4 @@
-"""Table definitions: the schema Turnstile's first migration creates, as SQLAlchemy Core tables.
+"""Table definitions: the schema Turnstile's migrations create, as SQLAlchemy Core tables.
 
 These definitions are the reference the migration test compares against (no drift allowed).
 Queue statements do not go through them: the queue's SQL lives in `app/queue/queries.sql`.
@@ -256,6 +256,22 @@ api_keys = Table(
     _ts("revoked_at"),
     UniqueConstraint("key_hash"),
     CheckConstraint("scopes <@ ARRAY['operator', 'admin']::text[]", name="scopes"),
+)
+
+dashboard_sessions = Table(
+    "dashboard_sessions",
+    metadata,
+    # SHA-256 of the session token in the dashboard's cookie: the token itself is never stored,
+    # so a read of this table opens no browser session.
+    Column("token_hash", LargeBinary, primary_key=True),
+    # Deleting a key deletes its sessions; revoking one deletes them too (app/security/api_keys).
+    Column(
+        "key_id", UUID(as_uuid=True), ForeignKey("api_keys.id", ondelete="CASCADE"), nullable=False
+    ),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("expires_at", nullable=False),
+    Index("ix_dashboard_sessions_key_id", "key_id"),
+    Index("ix_dashboard_sessions_expires_at", "expires_at"),
 )
 
 workers = Table(

@@ -36,6 +36,7 @@ from app.queue.models import (
     Lease,
     NewRun,
     Run,
+    RunProgress,
     SweepReport,
     ToolCall,
     WriteOutcome,
@@ -473,20 +474,28 @@ class Queue:
         actor: str,
         reason: str = "",
         tenant_id: str | None = None,
+        principal: str | None = None,
         conn: AsyncConnection | None = None,
     ) -> CancelOutcome:
         """Cancel from any non-terminal status; a no-op on a cancelled run; refused on a
-        succeeded or failed one (RunFinishedError)."""
+        succeeded or failed one (RunFinishedError). `tenant_id` and `principal` limit which
+        runs the caller may cancel (None: any); another's run is not found."""
         rows = await self._rows(
             "cancel",
-            {"run_id": run_id, "actor": actor, "reason": reason, "tenant_id": tenant_id},
+            {
+                "run_id": run_id,
+                "actor": actor,
+                "reason": reason,
+                "tenant_id": tenant_id,
+                "principal": principal,
+            },
             conn,
         )
         if rows:
             cancelled = Run.from_row(rows[0])
             self.observer.transition("cancelled", cancelled.priority)
             return CancelOutcome(run=cancelled, changed=True)
-        current = await self.get_run(run_id, tenant_id=tenant_id, conn=conn)
+        current = await self.get_run(run_id, tenant_id=tenant_id, principal=principal, conn=conn)
         if current is None:
             raise RunNotFoundError(run_id)
         if current.status == "cancelled":
@@ -496,14 +505,64 @@ class Queue:
 
     # --- reads --------------------------------------------------------------------------------
     async def get_run(
-        self, run_id: UUID, *, tenant_id: str | None = None, conn: AsyncConnection | None = None
+        self,
+        run_id: UUID,
+        *,
+        tenant_id: str | None = None,
+        principal: str | None = None,
+        conn: AsyncConnection | None = None,
     ) -> Run | None:
-        rows = await self._rows("get_run", {"run_id": run_id, "tenant_id": tenant_id}, conn)
+        """The run, if `tenant_id` and `principal` (None: any) may see it."""
+        rows = await self._rows(
+            "get_run", {"run_id": run_id, "tenant_id": tenant_id, "principal": principal}, conn
+        )
         return Run.from_row(rows[0]) if rows else None
 
     async def events(self, run_id: UUID, *, after: int = 0, limit: int = 1000) -> list[Event]:
         rows = await self._rows("run_events", {"run_id": run_id, "after": after, "limit": limit})
         return [Event(**dict(row)) for row in rows]
+
+    async def watch_events(
+        self,
+        run_id: UUID,
+        *,
+        after: int,
+        limit: int,
+        tenant_id: str | None = None,
+        principal: str | None = None,
+    ) -> tuple[RunProgress | None, list[Event]]:
+        """One round trip for an event stream: where the run stands and the events after
+        `after`; (None, []) when the run is gone or not visible to `tenant_id`/`principal`."""
+        rows = await self._rows(
+            "watch_events",
+            {
+                "run_id": run_id,
+                "after": after,
+                "limit": limit,
+                "tenant_id": tenant_id,
+                "principal": principal,
+            },
+        )
+        if not rows:
+            return None, []
+        first = rows[0]
+        progress = RunProgress(
+            status=first["status"],
+            last_event_seq=first["last_event_seq"],
+            scheduled_for=first["scheduled_for"],
+        )
+        events = [
+            Event(
+                seq=row["seq"],
+                type=row["type"],
+                epoch=row["epoch"],
+                data=row["data"],
+                created_at=row["created_at"],
+            )
+            for row in rows
+            if row["seq"] is not None
+        ]
+        return progress, events
 
     async def latest_checkpoint(self, run_id: UUID) -> Checkpoint | None:
         rows = await self._rows("latest_checkpoint", {"run_id": run_id})

@@ -184,6 +184,15 @@ class Event:
 
 
 @dataclass(frozen=True)
+class RunProgress:
+    """Where a run stands, as an event stream rechecks it."""
+
+    status: str
+    last_event_seq: int
+    scheduled_for: datetime | None
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     event_seq: int
     epoch: int

@@ -775,8 +775,8 @@ FROM run;
 -- name: cancel
 -- Cancellation from any non-terminal status, in one statement: cancelled, lease cleared, epoch
 -- bumped (so a worker executing the run is fenced at its next write or heartbeat) and
--- run.cancelled written. Zero rows: the run is missing, not visible to :tenant_id, or already
--- finished; the caller reads which.
+-- run.cancelled written. Zero rows: the run is missing, not visible to :tenant_id and
+-- :principal, or already finished; the caller reads which.
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
 run AS (
     UPDATE runs r
@@ -791,6 +791,7 @@ run AS (
     FROM clock
     WHERE r.id = :run_id
       AND (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = :tenant_id)
+      AND (CAST(:principal AS text) IS NULL OR r.principal = :principal)
       AND r.status IN ('queued', 'running', 'waiting_for_user')
     RETURNING r.*
 ),
@@ -807,8 +808,10 @@ FROM run;
 
 
 -- name: get_run
+-- :tenant_id and :principal limit what a key sees (None: no limit on that column).
 SELECT * FROM runs
-WHERE id = :run_id AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id);
+WHERE id = :run_id AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id)
+  AND (CAST(:principal AS text) IS NULL OR principal = :principal);
 
 
 -- name: latest_checkpoint
@@ -855,6 +858,26 @@ SELECT seq, type, epoch, data, created_at FROM run_events
 WHERE run_id = :run_id AND seq > :after
 ORDER BY seq
 LIMIT :limit;
+
+
+-- name: watch_events
+-- An event stream's recheck in one statement: where the run stands (status, last sequence
+-- number, when it is due) and the events after :after, if any, from one snapshot. One row
+-- with null event columns when nothing is new; zero rows when the run is gone or not visible
+-- to :tenant_id and :principal (None: no limit on that column).
+SELECT r.status, r.last_event_seq, r.scheduled_for,
+       e.seq, e.type, e.epoch, e.data, e.created_at
+FROM runs r
+LEFT JOIN LATERAL (
+    SELECT seq, type, epoch, data, created_at FROM run_events
+    WHERE run_id = r.id AND seq > :after AND r.last_event_seq > :after
+    ORDER BY seq
+    LIMIT :limit
+) e ON true
+WHERE r.id = :run_id
+  AND (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = :tenant_id)
+  AND (CAST(:principal AS text) IS NULL OR r.principal = :principal)
+ORDER BY e.seq;
 
 
 -- Workers: each pool registers itself, refreshes last_seen with its heartbeats, and marks
@@ -923,9 +946,11 @@ RETURNING id, tenant_id, principal, created_at;
 
 -- name: lock_session
 -- Every submission to a session takes its row first, so routing decisions on one session are
--- made one at a time.
+-- made one at a time. :principal (None for operator keys) keeps a plain key to its own
+-- principal's sessions in the same statement: another principal's session is not found.
 SELECT id FROM sessions
 WHERE id = :session_id AND tenant_id = :tenant_id
+  AND (CAST(:principal AS text) IS NULL OR principal = :principal)
 FOR UPDATE;
 
 
@@ -935,7 +960,8 @@ SELECT s.id, s.tenant_id, s.principal, s.created_at,
 FROM sessions s
 LEFT JOIN runs a
        ON a.session_id = s.id AND a.status IN ('queued', 'running', 'waiting_for_user')
-WHERE s.id = :session_id AND (CAST(:tenant_id AS text) IS NULL OR s.tenant_id = :tenant_id);
+WHERE s.id = :session_id AND (CAST(:tenant_id AS text) IS NULL OR s.tenant_id = :tenant_id)
+  AND (CAST(:principal AS text) IS NULL OR s.principal = :principal);
 
 
 -- name: active_run_of_session

@@ -46,11 +46,13 @@ ACCEPTED = 202
 
 @dataclass(frozen=True)
 class Submitter:
-    """Who submits: every run records its tenant and principal."""
+    """Who submits: every run records its tenant and principal. `own_sessions_only` (a key
+    without a scope) limits turns to sessions of this principal; operator keys clear it."""
 
     tenant_id: str
     principal: str
     actor: str = ""
+    own_sessions_only: bool = True
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,12 @@ class Submissions:
                 return replay
             locked = await conn.execute(
                 q("lock_session"),
-                {"session_id": session_id, "tenant_id": who.tenant_id, "now": None},
+                {
+                    "session_id": session_id,
+                    "tenant_id": who.tenant_id,
+                    "principal": who.principal if who.own_sessions_only else None,
+                    "now": None,
+                },
             )
             if locked.one_or_none() is None:
                 raise SessionNotFoundError(session_id)
@@ -193,7 +200,12 @@ class Submissions:
             if seen.session_id is not None:
                 await conn.execute(
                     q("lock_session"),
-                    {"session_id": seen.session_id, "tenant_id": seen.tenant_id, "now": None},
+                    {
+                        "session_id": seen.session_id,
+                        "tenant_id": seen.tenant_id,
+                        "principal": None,
+                        "now": None,
+                    },
                 )
             locked = (
                 (

@@ -156,7 +156,7 @@ async def list_keys(engine: AsyncEngine, tenant_id: str | None = None) -> list[K
 
 
 async def revoke_key(engine: AsyncEngine, key_id: UUID) -> bool:
-    """Revoke a key; False when no such unrevoked key exists."""
+    """Revoke a key and end its dashboard sessions; False when no such unrevoked key exists."""
     async with engine.begin() as conn:
         result = await conn.execute(
             text(
@@ -164,6 +164,10 @@ async def revoke_key(engine: AsyncEngine, key_id: UUID) -> bool:
                 "RETURNING id"
             ),
             {"id": key_id},
+        )
+        # Session lookups also require an unrevoked key; deleting the rows keeps nothing behind.
+        await conn.execute(
+            text("DELETE FROM dashboard_sessions WHERE key_id = :id"), {"id": key_id}
         )
         return result.one_or_none() is not None
 

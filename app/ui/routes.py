@@ -4,13 +4,15 @@ script refreshes), the runs list, a run's page, and the dead letter with its act
 Thin like the API's handlers: reads are named statements (app/ui/queries.sql, and the queue's
 own `queue_depth`, `failed_runs` and `run_inputs`), actions are the queue core's
 `Submissions.resubmit` and `.dismiss` that the API's runbook routes call, so they record the
-same `operator.*` events. Tenant scoping is the API's: `visible_tenant` for reads (admin keys
-see the whole queue), the key's own tenant for actions. Pages are Jinja2 templates with
-autoescaping on; errors render as pages with a clear message, never a traceback.
+same `operator.*` events. Scoping is the API's: `visible_tenant` and `visible_principal` for
+reads (keys without a scope see their own principal's runs, admin keys the whole queue), the
+key's own tenant for actions. Pages are Jinja2 templates with autoescaping on; errors render
+as pages with a clear message, never a traceback.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,17 +25,17 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader
 
-from app.api.auth import visible_tenant
+from app.api.auth import submitter_of, visible_principal, visible_tenant
 from app.api.pages import fetch_runs_page
 from app.api.problems import ApiProblem
 from app.queue.errors import RunNotFailedError, RunNotFoundError, SessionBusyError
 from app.queue.sql import q
-from app.queue.submit import Submitter
 from app.security.api_keys import Caller
 from app.ui import session, views
 from app.ui.sql import ui_q
 
 STATIC = Path(__file__).parent / "static"
+SEQUENCE = re.compile(r"[0-9]{1,18}")  # an event sequence number (bigint), ASCII digits only
 PAGE_SIZE = 50
 EVENTS_PER_PAGE = 1000
 WINDOW_MINUTES = 15
@@ -71,7 +73,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(session.SignInRequired)
     async def sign_in_first(request: Request, exc: session.SignInRequired) -> Response:
         if request.url.path.endswith("/fragment") or request.method != "GET":
-            return error_page(request, None, 401, "Sign in again: no valid API key.")
+            return error_page(request, None, 401, "Sign in again: the session ended or expired.")
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         return RedirectResponse(
             f"/ui/sign-in?{urlencode({'next': target})}", status_code=303, headers=SECURITY_HEADERS
@@ -86,13 +88,13 @@ def render(
     status_code: int = 200,
     **context: Any,
 ) -> HTMLResponse:
-    key = session.key_of(request)
+    token = session.token_of(request)
     return templates.TemplateResponse(
         request,
         name,
         {
             "caller": caller,
-            "csrf": session.csrf_token(key) if key and caller else "",
+            "csrf": session.csrf_token(token) if token and caller else "",
             "refresh_seconds": REFRESH_SECONDS,
             **context,
         },
@@ -151,12 +153,8 @@ async def sign_in(request: Request) -> Response:
         return form
     key = form.get("key", "").strip()
     target = form.get("next", "")
-    caller = (
-        await session.caller_for_key(request, key)
-        if key and len(key) <= session.MAX_KEY_LENGTH
-        else None
-    )
-    if caller is None:
+    opened = await session.start(request, key)
+    if opened is None:
         return render(
             request,
             None,
@@ -165,11 +163,12 @@ async def sign_in(request: Request) -> Response:
             next=local_target(target, ""),
             error="Unknown or revoked API key.",
         )
+    token, caller = opened
     default = "/ui" if caller.is_operator else "/ui/runs"
     response = RedirectResponse(
         local_target(target, default), status_code=303, headers=SECURITY_HEADERS
     )
-    session.remember(response, request, key)
+    session.remember(response, request, token)
     return response
 
 
@@ -180,6 +179,7 @@ async def sign_out(request: Request) -> Response:
         return form
     if not session.csrf_valid(request, form.get("csrf")):
         return error_page(request, None, 403, "Refused: the form's CSRF token is not valid.")
+    await session.end(request)
     response = RedirectResponse("/ui/sign-in", status_code=303, headers=SECURITY_HEADERS)
     session.forget(response, request)
     return response
@@ -269,7 +269,11 @@ async def runs(request: Request, caller: UiCaller) -> HTMLResponse:
             found = await fetch_runs_page(
                 conn,
                 ui_q("ui_runs"),
-                {"tenant_id": visible_tenant(caller), **filters.params()},
+                {
+                    "tenant_id": visible_tenant(caller),
+                    "principal": visible_principal(caller),
+                    **filters.params(),
+                },
                 cursor=query.get("cursor") or None,
                 limit=PAGE_SIZE,
                 order_field="created_at",
@@ -289,19 +293,35 @@ async def runs(request: Request, caller: UiCaller) -> HTMLResponse:
         statuses=views.STATUSES,
         classes=views.CLASSES,
         next_link=next_link,
-        scope="whole queue" if visible_tenant(caller) is None else f"tenant {caller.tenant_id}",
+        scope=scope_label(caller),
     )
+
+
+def scope_label(caller: Caller) -> str:
+    """What the runs list shows, in the API's terms (see `visible_tenant`)."""
+    if visible_tenant(caller) is None:
+        return "whole queue"
+    if visible_principal(caller) is not None:
+        return f"tenant {caller.tenant_id}, principal {caller.principal}"
+    return f"tenant {caller.tenant_id}"
 
 
 @router.get("/runs/{run_id}")
 async def run_page(run_id: str, request: Request, caller: UiCaller) -> HTMLResponse:
     parsed = parse_run_id(run_id)
     state = request.app.state.turnstile
-    run = await state.queue.get_run(parsed, tenant_id=visible_tenant(caller)) if parsed else None
+    run = (
+        await state.queue.get_run(
+            parsed, tenant_id=visible_tenant(caller), principal=visible_principal(caller)
+        )
+        if parsed
+        else None
+    )
     if run is None:
         return error_page(request, caller, 404, f"No run {run_id!r} is visible to this key.")
     raw_after = request.query_params.get("after", "0")
-    after = int(raw_after) if raw_after.isdigit() and len(raw_after) < 19 else 0
+    # ASCII digits only: str.isdigit() also accepts '²' or '①', which int() refuses.
+    after = int(raw_after) if SEQUENCE.fullmatch(raw_after) else 0
     events = await state.queue.events(run.id, after=after, limit=EVENTS_PER_PAGE)
     async with state.engine.connect() as conn:
         inputs = {
@@ -396,7 +416,7 @@ async def operator_action(request: Request, caller: Caller, run_id: str, action:
     if parsed is None:
         return error_page(request, caller, 404, f"No run {run_id!r} is visible to this key.")
     state = request.app.state.turnstile
-    who = Submitter(caller.tenant_id, caller.principal, caller.actor)
+    who = submitter_of(caller)
     notice: dict[str, str] = {"run": str(parsed)}
     try:
         # Actions stay within the key's own tenant, admin keys included, as in the API.

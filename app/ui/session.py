@@ -1,73 +1,128 @@
-"""Dashboard sign-in: an API key kept in a browser-session cookie, checked like a bearer key.
+"""Dashboard sign-in: an opaque, revocable session kept in PostgreSQL, named by a cookie.
 
-- The cookie holds the key itself: `HttpOnly` (page scripts never see it), `SameSite=Strict`
-  (no other site's page can make the browser send it), `Secure` behind HTTPS, path `/ui`, and
-  no `Max-Age` or `Expires`, so the browser forgets it when the browser session ends. Keeping
-  the key rather than a server-side session means every API replica accepts the cookie with no
-  shared secret or session table, and revoking the key signs the browser out within the key
-  cache's few seconds.
-- Every request authenticates the cookie's key through the API's own `current_caller` (the
-  same lookup, cache and revocation rules as `Authorization: Bearer`).
-- POST actions carry a CSRF token derived from the key (an HMAC under the key itself): a
-  forging page knows neither, and the token needs no server state either. POSTs whose
-  `Origin` names another origin are refused as well.
+- Signing in with an API key opens a session: a random token goes into the cookie, and only
+  its SHA-256 hash into `dashboard_sessions`, with the key it belongs to and an expiry
+  (`TURNSTILE_UI_SESSION_SECONDS`, 12 h by default). The key itself never leaves the sign-in
+  request, so a copied cookie is worth no more than the session it names.
+- Every dashboard request looks the session up (one statement, no cache): it must be unexpired
+  and its key unrevoked. Signing out deletes the row, so a copy of the cookie stops working at
+  once on every replica; revoking the key deletes its sessions too.
+- The cookie is `HttpOnly` (page scripts never see it), `SameSite=Strict` (no other site's page
+  can make the browser send it), path `/ui`, with no `Max-Age` or `Expires` (the browser forgets
+  it when its session ends; the server's expiry holds either way), and `Secure` when the
+  request came over HTTPS, including through a TLS proxy trusted by
+  `TURNSTILE_TRUST_FORWARDED_HEADERS` (app/api/forwarded.py).
+- POST actions carry a CSRF token derived from the session token (an HMAC under the token): a
+  forging page cannot read the cookie, so it cannot compute the token, and the token needs no
+  state of its own. POSTs whose `Origin` names another origin are refused as well.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 from urllib.parse import urlsplit
 
 from fastapi import Request
 from fastapi.responses import Response
-from fastapi.security import HTTPAuthorizationCredentials
+from sqlalchemy import RowMapping
 
-from app.api.auth import current_caller
-from app.api.problems import ApiProblem
-from app.security.api_keys import Caller
+from app.security.api_keys import Caller, hash_key
+from app.ui.sql import ui_q
 
 COOKIE = "turnstile_ui"
 COOKIE_PATH = "/ui"
 MAX_KEY_LENGTH = 200
+MAX_TOKEN_LENGTH = 100  # tokens are 43 characters; anything much longer is not one of ours
 
 
 class SignInRequired(Exception):
-    """No valid key in the cookie: the page answers with a redirect to the sign-in form."""
+    """No valid session in the cookie: the page answers with a redirect to the sign-in form."""
 
 
-def key_of(request: Request) -> str | None:
-    key = request.cookies.get(COOKIE)
+def token_of(request: Request) -> str | None:
+    token = request.cookies.get(COOKIE)
+    if not token or len(token) > MAX_TOKEN_LENGTH:
+        return None
+    return token
+
+
+def _token_hash(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def _caller(row: RowMapping) -> Caller:
+    return Caller(
+        key_id=row["id"],
+        tenant_id=row["tenant_id"],
+        principal=row["principal"],
+        scopes=frozenset(row["scopes"]),
+    )
+
+
+async def start(request: Request, key: str) -> tuple[str, Caller] | None:
+    """Open a session for an unrevoked key: its token (for the cookie) and caller; None for an
+    unknown or revoked key."""
     if not key or len(key) > MAX_KEY_LENGTH:
         return None
-    return key
-
-
-async def caller_for_key(request: Request, key: str) -> Caller | None:
-    """The caller a key belongs to (the API's own check and cache), or None."""
-    try:
-        return await current_caller(
-            request, HTTPAuthorizationCredentials(scheme="Bearer", credentials=key)
+    state = request.app.state.turnstile
+    token = secrets.token_urlsafe(32)
+    async with state.engine.begin() as conn:
+        row = (
+            (
+                await conn.execute(
+                    ui_q("ui_session_start"),
+                    {
+                        "token_hash": _token_hash(token),
+                        "key_hash": hash_key(key),
+                        "lifetime_seconds": state.settings.ui_session_seconds,
+                        "now": None,
+                    },
+                )
+            )
+            .mappings()
+            .one_or_none()
         )
-    except ApiProblem:
-        return None
+    return (token, _caller(row)) if row is not None else None
+
+
+async def end(request: Request) -> None:
+    """Delete the request's session, if it has one: every copy of its cookie stops working."""
+    token = token_of(request)
+    if token is None:
+        return
+    async with request.app.state.turnstile.engine.begin() as conn:
+        await conn.execute(ui_q("ui_session_end"), {"token_hash": _token_hash(token)})
 
 
 async def signed_in(request: Request) -> Caller:
-    key = key_of(request)
-    caller = await caller_for_key(request, key) if key else None
-    if caller is None:
+    """The caller of the request's session; SignInRequired when there is no valid one."""
+    token = token_of(request)
+    if token is None:
         raise SignInRequired()
-    return caller
+    async with request.app.state.turnstile.engine.connect() as conn:
+        row = (
+            (
+                await conn.execute(
+                    ui_q("ui_session_caller"), {"token_hash": _token_hash(token), "now": None}
+                )
+            )
+            .mappings()
+            .one_or_none()
+        )
+    if row is None:
+        raise SignInRequired()
+    return _caller(row)
 
 
-def csrf_token(key: str) -> str:
-    return hmac.new(key.encode(), b"turnstile-ui-csrf", hashlib.sha256).hexdigest()
+def csrf_token(token: str) -> str:
+    return hmac.new(token.encode(), b"turnstile-ui-csrf", hashlib.sha256).hexdigest()
 
 
-def csrf_valid(request: Request, token: str | None) -> bool:
-    key = key_of(request)
-    return bool(key and token and hmac.compare_digest(csrf_token(key), token))
+def csrf_valid(request: Request, csrf: str | None) -> bool:
+    token = token_of(request)
+    return bool(token and csrf and hmac.compare_digest(csrf_token(token), csrf))
 
 
 def same_origin(request: Request) -> bool:
@@ -79,13 +134,14 @@ def same_origin(request: Request) -> bool:
     return parts.netloc == request.headers.get("host", "") and parts.scheme == request.url.scheme
 
 
-def remember(response: Response, request: Request, key: str) -> None:
+def remember(response: Response, request: Request, token: str) -> None:
     response.set_cookie(
         COOKIE,
-        key,
+        token,
         path=COOKIE_PATH,
         httponly=True,
         samesite="strict",
+        # The scheme is https behind a trusted TLS proxy too (app/api/forwarded.py).
         secure=request.url.scheme == "https",
     )
 

@@ -10,6 +10,7 @@ under sustained load of that higher class, which is what reserved capacity exist
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from app.queue.classes import PriorityClass
@@ -44,7 +45,8 @@ def parse_slots(spec: str) -> tuple[SlotGroup, ...]:
         if not raw:
             raise SlotLayoutError(f"empty slot group in {spec!r}")
         names, sep, count = raw.partition(":")
-        if not sep or not count.strip().isdigit():
+        # ASCII digits only: str.isdigit() also accepts '²', which int() refuses.
+        if not sep or not re.fullmatch(r"[0-9]{1,6}", count.strip()):
             raise SlotLayoutError(f"slot group {raw!r} must look like 'class[+class]:count'")
         size = int(count)
         if size < 1:

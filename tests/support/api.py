@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import httpx
+from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
@@ -23,6 +24,7 @@ class Api:
     base: str
     engine: AsyncEngine
     queue: Queue
+    app: FastAPI | None = None  # the app under test, for tests that look inside its process
     clients: list[httpx.AsyncClient] = field(default_factory=list)
 
     async def key(self, tenant: str = "acme", principal: str = "alice", *scopes: str) -> str:
@@ -57,7 +59,7 @@ async def running_api(
         executor,
     )
     async with running_server(app) as base:
-        api = Api(base=base, engine=engine, queue=Queue(engine))
+        api = Api(base=base, engine=engine, queue=Queue(engine), app=app)
         try:
             yield api
         finally:

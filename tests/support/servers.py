@@ -27,6 +27,7 @@ async def running_server(app: FastAPI) -> AsyncIterator[str]:
         port=port,
         lifespan="on",
         log_level="warning",
+        proxy_headers=False,  # as `turnstile serve`: only the app's setting trusts a proxy
         timeout_graceful_shutdown=5,
     )
     server = uvicorn.Server(config)
