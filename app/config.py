@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from app.worker.layout import SlotGroup
 
 
+RUN_WRITE_CONNECTIONS = 10
+"""At most this many pooled connections serve the runs' own writes (see `Settings.pool_size`)."""
+
+
 class Settings(BaseSettings):
     """Validated service settings; see the README's configuration table for each default."""
 
@@ -167,11 +171,15 @@ class Settings(BaseSettings):
 
     @property
     def pool_size(self) -> int:
-        """Connections per process: one per slot, one per group's claim loop, and a few for
-        heartbeats, registration, the sweeper and the API's requests."""
+        """Connections per process, sized for the statements in flight, not for the slots: a
+        run awaiting a model or a tool holds no connection, and a run's writes are short. Per
+        slot group a claim loop and a completion batch; for the runs' own writes (tool
+        journal, checkpoints, waits, failures) up to ten at once, fewer with fewer slots; and
+        two for the heartbeat, the registry, maintenance and the API's requests. A 2,000-slot
+        worker needs 18 (plus the engine's overflow), not 2,000."""
         if self.db_pool_size is not None:
             return self.db_pool_size
-        return self.total_slots + len(self.slot_groups) + 5
+        return min(self.total_slots, RUN_WRITE_CONNECTIONS) + 2 * len(self.slot_groups) + 2
 
     @model_validator(mode="after")
     def _check_cross_field(self) -> Settings:

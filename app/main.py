@@ -14,7 +14,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -35,6 +34,7 @@ from app.queue.core import Queue, QueueConfig
 from app.queue.submit import Submissions
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
 from app.runtime.openai_agent import OpenAIAgent
+from app.runtime.outbound import ClientShards
 from app.runtime.plugins import load_plugins
 from app.worker.executor import Executor
 from app.worker.notifier import Notifier
@@ -88,7 +88,8 @@ async def services(
         [h for h in settings.http_allowed_hosts.split(",") if h.strip()],
         settings.http_timeout_seconds,
     )
-    http_client = httpx.AsyncClient()  # shared: connections to a model endpoint are reused
+    # Shared, and sized so every slot can have its model call in flight at once.
+    http_client = ClientShards(max(settings.total_slots, 1))
     if settings.openai_base_url:
         registry.agents["openai"] = OpenAIAgent(
             base_url=settings.openai_base_url,

@@ -7,6 +7,7 @@ from pydantic import ValidationError
 
 from app.config import Settings
 from app.queue.classes import PriorityClass
+from app.runtime.outbound import ClientShards
 from app.worker.layout import SlotLayoutError, parse_slots
 
 INTERACTIVE, ASYNC, MAINTENANCE = PriorityClass
@@ -54,8 +55,21 @@ def test_settings_refuse_a_starving_layout(monkeypatch: pytest.MonkeyPatch) -> N
         Settings()
 
 
-def test_pool_size_follows_the_slots() -> None:
+def test_pool_size_follows_the_statements_in_flight_not_the_slots() -> None:
     settings = Settings(slots="interactive:4,async:4,maintenance:1")
     assert settings.total_slots == 9
-    assert settings.pool_size == 9 + 3 + 5
+    assert settings.pool_size == 9 + 2 * 3 + 2
+    # Thousands of runs awaiting a model hold no connection: the pool stays small.
+    big = Settings(slots="interactive:1,async:2000,maintenance:1")
+    assert big.pool_size == 10 + 2 * 3 + 2
     assert Settings(db_pool_size=7).pool_size == 7
+
+
+async def test_model_clients_give_every_slot_a_connection_in_bounded_shards() -> None:
+    shards = ClientShards(2000)
+    try:
+        assert len(shards.clients) == 32
+        assert shards.capacity >= 2000
+        assert len({id(shards.next()) for _ in range(64)}) == 32  # handed out in turn
+    finally:
+        await shards.aclose()

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from app.runtime.agents import AgentError, Ask, CallTool, Decision, Finish
+from app.runtime.outbound import ClientShards
 from app.runtime.state import RunState
 from app.runtime.tools import Tool
 
@@ -56,7 +57,7 @@ class OpenAIAgent:
         backoff_seconds: float = 0.5,
         max_retry_after_seconds: float = 30.0,
         system_prompt: str | None = None,
-        client: httpx.AsyncClient | None = None,
+        client: httpx.AsyncClient | ClientShards | None = None,
     ) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
@@ -67,7 +68,7 @@ class OpenAIAgent:
         self.backoff = backoff_seconds
         self.max_retry_after = max_retry_after_seconds
         self.system_prompt = system_prompt
-        # One client for the process: connections to the endpoint are reused across runs.
+        # Clients shared by the process: connections to the endpoint are reused across runs.
         self._client = client
 
     # --- the decision -------------------------------------------------------------------------
@@ -314,7 +315,10 @@ class OpenAIAgent:
     async def _complete(self, messages: list[dict[str, JSON]]) -> dict[str, JSON]:
         body = {"model": self.model, "messages": messages, "tools": self._tool_schema()}
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        client = self._client or httpx.AsyncClient()
+        if isinstance(self._client, ClientShards):
+            client = self._client.next()
+        else:
+            client = self._client or httpx.AsyncClient()
         attempt = 0
         try:
             while True:
