@@ -367,7 +367,7 @@ def _run_command(args: argparse.Namespace) -> None:
     the platform's view (every tenant unless --tenant narrows it)."""
     from app.queue.core import Queue
     from app.queue.errors import TurnstileError
-    from app.queue.sql import q
+    from app.queue.reads import Reads
     from app.queue.submit import Submissions, Submitter
 
     settings = _settings()
@@ -375,55 +375,40 @@ def _run_command(args: argparse.Namespace) -> None:
     async def run() -> object:
         engine = await _engine_for(settings)
         queue = Queue(engine)
+        reads = Reads(queue)
         actor = Submitter("cli", "cli", actor=f"cli:{os.environ.get('USER', 'operator')}")
         tenant = getattr(args, "tenant", None)
         try:
             if args.command == "queue":
-                async with engine.connect() as conn:
-                    rows = (
-                        (await conn.execute(q("queue_depth"), {"tenant_id": tenant, "now": None}))
-                        .mappings()
-                        .all()
-                    )
+                depth = await reads.depth(tenant_id=tenant)
+                # Every class and status, zeros included: an empty queue is a table of zeros.
                 return [
                     {
-                        "class": ["interactive", "async", "maintenance"][int(r["class_index"])],
-                        "status": r["status"],
-                        "runs": int(r["runs"]),
+                        "class": klass.value,
+                        "status": status,
+                        "runs": getattr(entry, status),
                         "oldest_eligible_age_seconds": (
-                            round(float(r["oldest_eligible_age"]), 3)
-                            if r["oldest_eligible_age"] is not None
-                            else None
+                            entry.oldest_eligible_age_seconds if status == "queued" else None
                         ),
                     }
-                    for r in rows
+                    for klass, entry in depth.items()
+                    for status in ("queued", "running", "waiting_for_user")
                 ]
             if args.runs_command == "stuck":
-                async with engine.connect() as conn:
-                    rows = (
-                        (
-                            await conn.execute(
-                                q("stuck_runs"),
-                                {
-                                    "tenant_id": tenant,
-                                    "queued_seconds": args.queued_seconds,
-                                    "waiting_seconds": args.waiting_seconds,
-                                    "limit": args.limit,
-                                    "now": None,
-                                },
-                            )
-                        )
-                        .mappings()
-                        .all()
-                    )
+                stuck = await reads.stuck(
+                    tenant_id=tenant,
+                    queued_seconds=args.queued_seconds,
+                    waiting_seconds=args.waiting_seconds,
+                    limit=args.limit,
+                )
                 return [
                     {
-                        "reason": r["reason"],
-                        "id": str(r["id"]),
-                        "status": r["status"],
-                        "tenant": r["tenant_id"],
+                        "reason": item.reason,
+                        "id": str(item.run.id),
+                        "status": item.run.status,
+                        "tenant": item.run.tenant_id,
                     }
-                    for r in rows
+                    for item in stuck
                 ]
             run_id = _uuid(args.run_id)
             if args.runs_command == "show":

@@ -31,6 +31,7 @@ from app.maintenance.services import (
 )
 from app.observability.metrics import HttpMetrics, Metrics
 from app.queue.core import Queue, QueueConfig
+from app.queue.reads import Reads
 from app.queue.submit import Submissions
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
 from app.runtime.openai_agent import OpenAIAgent
@@ -52,6 +53,7 @@ class AppState:
     notifier: Notifier
     pool: WorkerPool | None
     submissions: Submissions
+    reads: Reads
     agents: frozenset[str]
     metrics: Metrics
     streams: StreamLimits
@@ -174,6 +176,7 @@ async def services(
             notifier=notifier,
             pool=pool,
             submissions=Submissions.from_settings(queue, settings),
+            reads=Reads(queue),
             agents=registry.agent_names(),
             metrics=metrics,
             streams=StreamLimits(

@@ -1,91 +1,12 @@
-"""Keyset pages of runs, shared by the API and the dashboard: the opaque cursor (the last run's
-ordering time and id) and the one fetch that reads a page plus one row, the extra row only
-saying whether a next page exists."""
+"""The API's form of a keyset page of runs (the pages themselves: app/queue/pages.py)."""
 
 from __future__ import annotations
 
-import base64
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
-from uuid import UUID
-
-from sqlalchemy import TextClause
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from app.api.models import RunPage, run_document
-from app.api.problems import ApiProblem
-from app.queue.models import Run
-
-# The keyset statements name their "before" parameter after the column they are ordered by.
-BEFORE_PARAMETER = {"created_at": "before_created", "finished_at": "before_finished"}
-
-
-def encode_cursor(created_at: datetime, run_id: UUID) -> str:
-    raw = f"{created_at.isoformat()}|{run_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        when, _, run_id = base64.urlsafe_b64decode(padded).decode().partition("|")
-        moment = datetime.fromisoformat(when)
-        if moment.tzinfo is None:
-            raise ValueError("naive time in cursor")
-        return moment.astimezone(UTC), UUID(run_id)
-    except (ValueError, UnicodeDecodeError, OverflowError):
-        raise ApiProblem(
-            "invalid-request",
-            "cursor: not a cursor this API returned",
-            errors=[{"loc": ["query", "cursor"], "msg": "invalid cursor", "type": "cursor"}],
-        ) from None
-
-
-@dataclass(frozen=True)
-class RunsPage:
-    runs: list[Run]
-    next_cursor: str | None  # None on the last page
-
-
-async def fetch_runs_page(
-    conn: AsyncConnection,
-    statement: TextClause,
-    params: dict[str, Any],
-    *,
-    cursor: str | None,
-    limit: int,
-    order_field: str,
-) -> RunsPage:
-    """Up to `limit` runs of a keyset statement ordered by (`order_field`, id) descending, after
-    `cursor`; the next cursor is the last run's (`order_field`, id)."""
-    before = decode_cursor(cursor) if cursor else (None, None)
-    rows = (
-        (
-            await conn.execute(
-                statement,
-                {
-                    **params,
-                    BEFORE_PARAMETER[order_field]: before[0],
-                    "before_id": before[1],
-                    "limit": limit + 1,
-                },
-            )
-        )
-        .mappings()
-        .all()
-    )
-    runs = [Run.from_row(row) for row in rows[:limit]]
-    next_cursor = None
-    if len(rows) > limit:
-        when = getattr(runs[-1], order_field)
-        if when is not None:
-            next_cursor = encode_cursor(when, runs[-1].id)
-    return RunsPage(runs, next_cursor)
+from app.queue.pages import RunsPage
 
 
 def run_page_document(page: RunsPage) -> RunPage:
-    """The API's form of a page."""
     return RunPage(
         runs=[run_document(run.to_document()) for run in page.runs], next_cursor=page.next_cursor
     )

@@ -22,6 +22,7 @@ from app.queue.errors import (
     AnswerConflictError,
     IdempotencyKeyInFlightError,
     IdempotencyKeyReusedError,
+    InvalidCursorError,
     RunFinishedError,
     RunNotFailedError,
     RunNotFoundError,
@@ -223,6 +224,13 @@ def _core_problem(exc: TurnstileError, request: Request) -> JSONResponse:
             str(exc),
             instance=path,
             headers={"Retry-After": str(exc.retry_after)},
+        )
+    if isinstance(exc, InvalidCursorError):
+        return problem_response(
+            "invalid-request",
+            str(exc),
+            instance=path,
+            errors=[{"loc": ["query", "cursor"], "msg": "invalid cursor", "type": "cursor"}],
         )
     log.error("unmapped core error", exc_info=exc)
     return problem_response("internal-error", instance=path)

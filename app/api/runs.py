@@ -5,6 +5,7 @@ resubmit, dismiss)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import re
@@ -28,7 +29,7 @@ from app.api.models import (
     StuckRuns,
     run_document,
 )
-from app.api.pages import fetch_runs_page, run_page_document
+from app.api.pages import run_page_document
 from app.api.problems import ApiProblem, responses
 from app.api.sessions import (
     IdempotencyHeader,
@@ -43,11 +44,9 @@ from app.api.watch import (
     recheck_seconds,
     wait_for_change,
 )
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.errors import RunNotFoundError
 from app.queue.models import Run
-from app.queue.sql import q
 from app.security.api_keys import Caller
 
 router = APIRouter(tags=["runs"])
@@ -87,20 +86,13 @@ async def load_run(request: Request, run_id: UUID, caller: Caller) -> Run:
 )
 async def queue_stats(request: Request, caller: OperatorDep) -> Any:
     tenant = visible_tenant(caller)
-    state = request.app.state.turnstile
-    async with state.engine.connect() as conn:
-        rows = (
-            (await conn.execute(q("queue_depth"), {"tenant_id": tenant, "now": None}))
-            .mappings()
-            .all()
-        )
-    classes = {klass.value: ClassDepth() for klass in PriorityClass}
-    for row in rows:
-        depth = classes[list(PriorityClass)[int(row["class_index"])].value]
-        setattr(depth, row["status"], int(row["runs"]))
-        if row["oldest_eligible_age"] is not None:
-            depth.oldest_eligible_age_seconds = round(float(row["oldest_eligible_age"]), 3)
-    return QueueStats(scope="all" if tenant is None else f"tenant:{tenant}", classes=classes)
+    depth = await request.app.state.turnstile.reads.depth(tenant_id=tenant)
+    return QueueStats(
+        scope="all" if tenant is None else f"tenant:{tenant}",
+        classes={
+            klass.value: ClassDepth(**dataclasses.asdict(entry)) for klass, entry in depth.items()
+        },
+    )
 
 
 @runbook.get(
@@ -116,28 +108,15 @@ async def stuck_runs(
     waiting_seconds: Annotated[float, Query(ge=0, le=10**8)] = 86_400,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> Any:
-    state = request.app.state.turnstile
-    async with state.engine.connect() as conn:
-        rows = (
-            (
-                await conn.execute(
-                    q("stuck_runs"),
-                    {
-                        "tenant_id": visible_tenant(caller),
-                        "queued_seconds": queued_seconds,
-                        "waiting_seconds": waiting_seconds,
-                        "limit": limit,
-                        "now": None,
-                    },
-                )
-            )
-            .mappings()
-            .all()
-        )
+    stuck = await request.app.state.turnstile.reads.stuck(
+        tenant_id=visible_tenant(caller),
+        queued_seconds=queued_seconds,
+        waiting_seconds=waiting_seconds,
+        limit=limit,
+    )
     return StuckRuns(
         runs=[
-            StuckRun(reason=row["reason"], run=run_document(Run.from_row(row).to_document()))
-            for row in rows
+            StuckRun(reason=item.reason, run=run_document(item.run.to_document())) for item in stuck
         ]
     )
 
@@ -154,16 +133,9 @@ async def failed_runs(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Any:
-    state = request.app.state.turnstile
-    async with state.engine.connect() as conn:
-        page = await fetch_runs_page(
-            conn,
-            q("failed_runs"),
-            {"tenant_id": visible_tenant(caller)},
-            cursor=cursor,
-            limit=limit,
-            order_field="finished_at",
-        )
+    page = await request.app.state.turnstile.reads.failed_page(
+        tenant_id=visible_tenant(caller), cursor=cursor, limit=limit
+    )
     return run_page_document(page)
 
 

@@ -18,11 +18,11 @@ from app.api.models import (
     SessionDocument,
     TurnRequest,
 )
-from app.api.pages import fetch_runs_page, run_page_document
+from app.api.pages import run_page_document
 from app.api.problems import ApiProblem, responses
 from app.queue.classes import PriorityClass
 from app.queue.errors import SessionNotFoundError
-from app.queue.sql import q
+from app.queue.reads import Reads, SessionView
 from app.queue.submit import IdempotencyKey, RunSpec, Submitted, request_hash
 from app.security.api_keys import Caller
 
@@ -65,14 +65,16 @@ async def idempotency_of(request: Request, key: str | None) -> IdempotencyKey | 
     )
 
 
-def visible_session(session_id: UUID, caller: Caller) -> dict[str, Any]:
-    """`get_session`'s parameters: the caller's own tenant, and its own principal's sessions
-    unless the key has a scope."""
-    return {
-        "session_id": session_id,
-        "tenant_id": caller.tenant_id,
-        "principal": visible_principal(caller),
-    }
+async def visible_session(request: Request, session_id: UUID, caller: Caller) -> SessionView:
+    """The session if the caller may see it: its own tenant, and its own principal's sessions
+    unless the key has a scope; SessionNotFoundError otherwise."""
+    reads: Reads = request.app.state.turnstile.reads
+    session = await reads.session(
+        session_id, tenant_id=caller.tenant_id, principal=visible_principal(caller)
+    )
+    if session is None:
+        raise SessionNotFoundError(session_id)
+    return session
 
 
 def submitted_response(outcome: Submitted) -> JSONResponse:
@@ -90,20 +92,11 @@ def submitted_response(outcome: Submitted) -> JSONResponse:
     responses=responses("unauthorized"),
 )
 async def create_session(request: Request, caller: CallerDep, response: Response) -> Any:
-    state = request.app.state.turnstile
-    async with state.engine.begin() as conn:
-        row = (
-            (
-                await conn.execute(
-                    q("create_session"),
-                    {"tenant_id": caller.tenant_id, "principal": caller.principal, "now": None},
-                )
-            )
-            .mappings()
-            .one()
-        )
-    response.headers["Location"] = f"/sessions/{row['id']}"
-    return SessionDocument(id=row["id"], created_at=row["created_at"], state="idle")
+    session = await request.app.state.turnstile.reads.create_session(
+        tenant_id=caller.tenant_id, principal=caller.principal
+    )
+    response.headers["Location"] = f"/sessions/{session.id}"
+    return SessionDocument(id=session.id, created_at=session.created_at, state="idle")
 
 
 @router.get(
@@ -113,25 +106,14 @@ async def create_session(request: Request, caller: CallerDep, response: Response
     responses=responses("unauthorized", "not-found", "invalid-request"),
 )
 async def get_session(session_id: UUID, request: Request, caller: CallerDep) -> Any:
-    state = request.app.state.turnstile
-    async with state.engine.connect() as conn:
-        row = (
-            (await conn.execute(q("get_session"), visible_session(session_id, caller)))
-            .mappings()
-            .one_or_none()
-        )
-    if row is None:
-        raise SessionNotFoundError(session_id)
-    active = row["active_status"]
+    session = await visible_session(request, session_id, caller)
     return SessionDocument(
-        id=row["id"],
-        created_at=row["created_at"],
-        state="idle"
-        if active is None
-        else ("waiting_for_user" if active == "waiting_for_user" else "busy"),
-        active_run_id=row["active_run_id"],
-        active_run_status=active,
-        question=row["active_question"],
+        id=session.id,
+        created_at=session.created_at,
+        state=session.state,
+        active_run_id=session.active_run_id,
+        active_run_status=session.active_status,
+        question=session.active_question,
     )
 
 
@@ -148,21 +130,10 @@ async def session_runs(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Any:
-    state = request.app.state.turnstile
-    async with state.engine.connect() as conn:
-        exists = (
-            await conn.execute(q("get_session"), visible_session(session_id, caller))
-        ).one_or_none()
-        if exists is None:
-            raise SessionNotFoundError(session_id)
-        page = await fetch_runs_page(
-            conn,
-            q("session_runs"),
-            {"session_id": session_id},
-            cursor=cursor,
-            limit=limit,
-            order_field="created_at",
-        )
+    await visible_session(request, session_id, caller)
+    page = await request.app.state.turnstile.reads.session_runs_page(
+        session_id, cursor=cursor, limit=limit
+    )
     return run_page_document(page)
 
 

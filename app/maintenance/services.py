@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.observability.metrics import Metrics
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
+from app.queue.housekeeping import Housekeeping
 from app.queue.models import SweepReport
-from app.queue.sql import q
+from app.queue.reads import STUCK_REASONS, Reads
 
 log = logging.getLogger("turnstile.maintenance")
 
@@ -38,6 +38,7 @@ class MaintenanceService:
         if interval < 0:
             raise ValueError(f"{self.name} interval must be >= 0")
         self.queue = queue
+        self.housekeeping = Housekeeping(queue)
         self.holder = holder
         self.interval = interval
         # Long enough to survive a slow tick or two, short enough to fail over promptly.
@@ -49,24 +50,17 @@ class MaintenanceService:
     async def run_once(self) -> Any:
         raise NotImplementedError
 
-    async def _execute(self, name: str, params: dict[str, Any]) -> list[Any]:
-        async with self.queue.engine.begin() as conn:
-            result = await conn.execute(q(name), {"now": self.queue.clock(), **params})
-            return list(result.all()) if result.returns_rows else [result.rowcount]
-
     async def acquire(self) -> bool:
-        rows = await self._execute(
-            "maintenance_acquire",
-            {"name": self.name, "holder": self.holder, "ttl_seconds": self.lease_seconds},
+        return await self.housekeeping.acquire(
+            self.name, self.holder, ttl_seconds=self.lease_seconds
         )
-        return bool(rows)
 
     async def tick(self) -> bool:
         """One round: run if this instance holds the lease. True when it ran."""
         if not await self.acquire():
             return False
         await self.run_once()
-        await self._execute("maintenance_succeeded", {"name": self.name, "holder": self.holder})
+        await self.housekeeping.succeeded(self.name, self.holder)
         self.ticks += 1
         if self.on_success is not None:
             self.on_success(self.name)
@@ -88,7 +82,7 @@ class MaintenanceService:
             return
         self._stopping.set()
         with contextlib.suppress(Exception):
-            await self._execute("maintenance_release", {"name": self.name, "holder": self.holder})
+            await self.housekeeping.release(self.name, self.holder)
 
 
 @dataclass(frozen=True)
@@ -116,8 +110,8 @@ class IdempotencyPruner(MaintenanceService):
     async def run_once(self) -> Pruned:
         deleted = 0
         while True:
-            (count,) = await self._execute("prune_idempotency_keys", {"limit": self.batch})
-            deleted += int(count)
+            count = await self.housekeeping.prune_idempotency_keys(limit=self.batch)
+            deleted += count
             if count < self.batch:
                 return Pruned(deleted)
 
@@ -145,11 +139,10 @@ class RunRetention(MaintenanceService):
     async def run_once(self) -> Pruned:
         deleted = 0
         while True:
-            (count,) = await self._execute(
-                "prune_finished_runs",
-                {"retention_seconds": self.retention_seconds, "limit": self.batch},
+            count = await self.housekeeping.prune_finished_runs(
+                retention_seconds=self.retention_seconds, limit=self.batch
             )
-            deleted += int(count)
+            deleted += count
             if count < self.batch:
                 return Pruned(deleted)
 
@@ -177,35 +170,29 @@ class QueueMetrics(MaintenanceService):
         self.waiting_seconds = waiting_seconds
 
     async def run_once(self) -> None:
-        depth = await self._execute("queue_depth", {"tenant_id": None})
-        stuck = await self._execute(
-            "stuck_runs",
-            {
-                "tenant_id": None,
-                "queued_seconds": self.queued_seconds,
-                "waiting_seconds": self.waiting_seconds,
-                "limit": 10_000,
-            },
+        reads = Reads(self.queue)
+        depth = await reads.depth(tenant_id=None)
+        stuck = await reads.stuck(
+            tenant_id=None,
+            queued_seconds=self.queued_seconds,
+            waiting_seconds=self.waiting_seconds,
+            limit=10_000,
         )
-        names = [klass.value for klass in PriorityClass]
         self.metrics.queue_depth.clear()
         self.metrics.oldest_age.clear()
         self.metrics.stuck.clear()
-        for klass in names:
+        for klass, entry in depth.items():
             for status in ("queued", "running", "waiting_for_user"):
-                self.metrics.queue_depth.labels(klass, status).set(0)
-        for row in depth:
-            klass = names[int(row.class_index)]
-            self.metrics.queue_depth.labels(klass, row.status).set(int(row.runs))
-            if row.oldest_eligible_age is not None:
-                self.metrics.oldest_age.labels(klass).set(float(row.oldest_eligible_age))
-        counts = {"lease_expired": 0, "queued_too_long": 0, "waiting_too_long": 0}
-        for row in stuck:
-            counts[row.reason] += 1
+                self.metrics.queue_depth.labels(klass.value, status).set(getattr(entry, status))
+            if entry.oldest_eligible_age_seconds is not None:
+                self.metrics.oldest_age.labels(klass.value).set(entry.oldest_eligible_age_seconds)
+        counts = dict.fromkeys(STUCK_REASONS, 0)
+        for item in stuck:
+            counts[item.reason] += 1
         for reason, count in counts.items():
             self.metrics.stuck.labels(reason).set(count)
-        (usage,) = await self._execute("notification_queue_usage", {})
-        self.metrics.notification_queue_usage.set(float(usage.usage))
+        usage = await self.housekeeping.notification_queue_usage()
+        self.metrics.notification_queue_usage.set(usage)
 
 
 class LeasedSweeper(MaintenanceService):

@@ -86,3 +86,10 @@ class RunNotFailedError(TurnstileError):
         super().__init__(f"run {run_id} is {status}, not failed")
         self.run_id = run_id
         self.status = status
+
+
+class InvalidCursorError(TurnstileError):
+    """A page cursor that this service did not hand out (or that was tampered with)."""
+
+    def __init__(self) -> None:
+        super().__init__("cursor: not a cursor this API returned")

@@ -1,58 +1,20 @@
-"""Loads the named statements of `queries.sql` once, at first use.
-
-A statement starts at a `-- name: x` line and runs to the next one; a `-- fenced` line among its
-leading comments marks it as a worker write under a lease. `{{now}}` expands to the injectable
-clock, `coalesce(CAST(:now AS timestamptz), now())`.
-"""
+"""The queue's named statements: `queries.sql` (runs, their transitions, sessions, idempotency,
+workers and maintenance) and `dashboard.sql` (the operator dashboard's read models), in the
+format of app/db/statements.py. Only app/queue executes them."""
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from functools import cache
-from importlib import resources
+from sqlalchemy import TextClause
 
-from sqlalchemy import TextClause, text
+from app.db.statements import Statement, load_statements, parse
 
-NOW = "coalesce(CAST(:now AS timestamptz), now())"
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+FILES = ("queries.sql", "dashboard.sql")
 
-
-@dataclass(frozen=True)
-class Statement:
-    name: str
-    sql: str
-    fenced: bool
-    clause: TextClause
-
-
-def parse(source: str) -> dict[str, Statement]:
-    statements: dict[str, Statement] = {}
-    parts = _NAME.split(source)
-    # parts: [preamble, name1, body1, name2, body2, ...]
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in statements:
-            raise ValueError(f"statement {name!r} is defined twice")
-        leading = [line.strip() for line in body.strip().splitlines()]
-        fenced = False
-        for line in leading:
-            if not line.startswith("--"):
-                break
-            fenced = fenced or line == "-- fenced"
-        sql = body.strip().replace("{{now}}", NOW).rstrip(";")
-        statements[name] = Statement(name=name, sql=sql, fenced=fenced, clause=text(sql))
-    return statements
-
-
-@cache
-def load_statements(package: str) -> dict[str, Statement]:
-    """The named statements of `package`'s queries.sql, parsed once."""
-    source = resources.files(package).joinpath("queries.sql").read_text(encoding="utf-8")
-    return parse(source)
+__all__ = ["FILES", "Statement", "parse", "q", "statements"]
 
 
 def statements() -> dict[str, Statement]:
-    return load_statements("app.queue")
+    return load_statements("app.queue", FILES)
 
 
 def q(name: str) -> TextClause:

@@ -1,8 +1,8 @@
 """The operator dashboard's routes under `/ui`: sign-in, the overview (and the fragment its
 script refreshes), the runs list, a run's page, and the dead letter with its actions.
 
-Thin like the API's handlers: reads are named statements (app/ui/queries.sql, and the queue's
-own `queue_depth`, `failed_runs` and `run_inputs`), actions are the queue core's
+Thin like the API's handlers: reads are the queue's read models (`Reads`, app/queue/reads.py;
+the dashboard's own statements are app/queue/dashboard.sql), actions are the queue core's
 `Submissions.resubmit` and `.dismiss` that the API's runbook routes call, so they record the
 same `operator.*` events. Scoping is the API's: `visible_tenant` and `visible_principal` for
 reads (keys without a scope see their own principal's runs, admin keys the whole queue), the
@@ -26,13 +26,15 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader
 
 from app.api.auth import submitter_of, visible_principal, visible_tenant
-from app.api.pages import fetch_runs_page
-from app.api.problems import ApiProblem
-from app.queue.errors import RunNotFailedError, RunNotFoundError, SessionBusyError
-from app.queue.sql import q
+from app.queue.errors import (
+    InvalidCursorError,
+    RunNotFailedError,
+    RunNotFoundError,
+    SessionBusyError,
+)
+from app.queue.reads import Reads
 from app.security.api_keys import Caller
 from app.ui import session, views
-from app.ui.sql import ui_q
 
 STATIC = Path(__file__).parent / "static"
 SEQUENCE = re.compile(r"[0-9]{1,18}")  # an event sequence number (bigint), ASCII digits only
@@ -189,40 +191,19 @@ async def sign_out(request: Request) -> Response:
 async def overview_context(request: Request, caller: Caller) -> dict[str, Any]:
     state = request.app.state.turnstile
     tenant = visible_tenant(caller)
-    scoped = {"tenant_id": tenant, "now": None}
-    async with state.engine.connect() as conn:
-        depth = (await conn.execute(q("queue_depth"), scoped)).mappings().all()
-        throughput = (
-            (await conn.execute(ui_q("ui_throughput"), {**scoped, "minutes": WINDOW_MINUTES}))
-            .mappings()
-            .all()
-        )
-        recoveries = {
-            str(row["type"]): int(row["events"])
-            for row in (
-                await conn.execute(ui_q("ui_recoveries"), {**scoped, "minutes": WINDOW_MINUTES})
-            ).mappings()
-        }
-        dead_letter = (
-            await conn.execute(ui_q("ui_dead_letter_count"), {"tenant_id": tenant})
-        ).scalar_one()
-        slots = (
-            (
-                await conn.execute(
-                    ui_q("ui_slot_groups"),
-                    # A process not seen for a lease period has stopped beating: not live.
-                    {"stale_seconds": state.settings.lease_seconds, "now": None},
-                )
-            )
-            .mappings()
-            .all()
-        )
+    reads: Reads = state.reads
+    seen = await reads.overview(
+        tenant_id=tenant,
+        window_minutes=WINDOW_MINUTES,
+        # A process not seen for a lease period has stopped beating: not live.
+        stale_seconds=state.settings.lease_seconds,
+    )
     return {
         "scope": "whole queue" if tenant is None else f"tenant {tenant}",
-        "classes": views.class_rows(depth, throughput),
-        "recoveries": recoveries,
-        "dead_letter": int(dead_letter),
-        "slots": [dict(row) for row in slots],
+        "classes": views.class_rows(seen.depth, seen.throughput),
+        "recoveries": seen.recoveries,
+        "dead_letter": seen.dead_letter,
+        "slots": seen.slot_groups,
         "window_minutes": WINDOW_MINUTES,
         "generated": views.when(datetime.now(UTC)),
     }
@@ -264,21 +245,16 @@ async def runs(request: Request, caller: UiCaller) -> HTMLResponse:
             next_link=None,
         )
     state = request.app.state.turnstile
+    reads: Reads = state.reads
     try:
-        async with state.engine.connect() as conn:
-            found = await fetch_runs_page(
-                conn,
-                ui_q("ui_runs"),
-                {
-                    "tenant_id": visible_tenant(caller),
-                    "principal": visible_principal(caller),
-                    **filters.params(),
-                },
-                cursor=query.get("cursor") or None,
-                limit=PAGE_SIZE,
-                order_field="created_at",
-            )
-    except ApiProblem:
+        found = await reads.runs_page(
+            tenant_id=visible_tenant(caller),
+            principal=visible_principal(caller),
+            filters=filters.params(),
+            cursor=query.get("cursor") or None,
+            limit=PAGE_SIZE,
+        )
+    except InvalidCursorError:
         return error_page(request, caller, 400, "cursor: not a link this dashboard made.")
     page = found.runs
     next_link = None
@@ -323,21 +299,13 @@ async def run_page(run_id: str, request: Request, caller: UiCaller) -> HTMLRespo
     # ASCII digits only: str.isdigit() also accepts '²' or '①', which int() refuses.
     after = int(raw_after) if SEQUENCE.fullmatch(raw_after) else 0
     events = await state.queue.events(run.id, after=after, limit=EVENTS_PER_PAGE)
-    async with state.engine.connect() as conn:
-        inputs = {
-            int(row["event_seq"]): dict(row)
-            for row in (await conn.execute(q("run_inputs"), {"run_id": run.id})).mappings()
-        }
-        hosts: dict[str, str] = {}
-        if caller.is_operator:
-            # Worker ids are opaque; the operator's runbook needs the machine behind them.
-            owners = views.worker_owners(events) | ({run.lease_owner} if run.lease_owner else set())
-            hosts = {
-                row["id"]: f"{row['host']}, pid {row['pid']}"
-                for row in (
-                    await conn.execute(ui_q("ui_worker_hosts"), {"ids": sorted(owners)})
-                ).mappings()
-            }
+    reads: Reads = state.reads
+    inputs = await reads.inputs_by_event(run.id)
+    hosts: dict[str, str] = {}
+    if caller.is_operator:
+        # Worker ids are opaque; the operator's runbook needs the machine behind them.
+        owners = views.worker_owners(events) | ({run.lease_owner} if run.lease_owner else set())
+        hosts = await reads.worker_hosts(owners)
     more = events[-1].seq if events and events[-1].seq < run.last_event_seq else None
     return render(
         request,
@@ -358,18 +326,14 @@ async def dead_letter(request: Request, caller: UiCaller) -> HTMLResponse:
     if not caller.is_operator:
         return error_page(request, caller, 403, "The dead letter needs the operator scope.")
     cursor = request.query_params.get("cursor")
-    state = request.app.state.turnstile
+    reads: Reads = request.app.state.turnstile.reads
     try:
-        async with state.engine.connect() as conn:
-            found = await fetch_runs_page(
-                conn,
-                q("failed_runs"),
-                {"tenant_id": visible_tenant(caller)},
-                cursor=cursor[:200] if cursor else None,
-                limit=PAGE_SIZE,
-                order_field="finished_at",
-            )
-    except ApiProblem:
+        found = await reads.failed_page(
+            tenant_id=visible_tenant(caller),
+            cursor=cursor[:200] if cursor else None,
+            limit=PAGE_SIZE,
+        )
+    except InvalidCursorError:
         return error_page(request, caller, 400, "cursor: not a link this dashboard made.")
     page = found.runs
     next_link = None

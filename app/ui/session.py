@@ -26,10 +26,9 @@ from urllib.parse import urlsplit
 
 from fastapi import Request
 from fastapi.responses import Response
-from sqlalchemy import RowMapping
 
-from app.security.api_keys import Caller, hash_key
-from app.ui.sql import ui_q
+from app.security.api_keys import Caller
+from app.security.dashboard_sessions import end_session, session_caller, start_session
 
 COOKIE = "turnstile_ui"
 COOKIE_PATH = "/ui"
@@ -48,19 +47,6 @@ def token_of(request: Request) -> str | None:
     return token
 
 
-def _token_hash(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
-
-
-def _caller(row: RowMapping) -> Caller:
-    return Caller(
-        key_id=row["id"],
-        tenant_id=row["tenant_id"],
-        principal=row["principal"],
-        scopes=frozenset(row["scopes"]),
-    )
-
-
 async def start(request: Request, key: str) -> tuple[str, Caller] | None:
     """Open a session for an unrevoked key: its token (for the cookie) and caller; None for an
     unknown or revoked key."""
@@ -68,52 +54,28 @@ async def start(request: Request, key: str) -> tuple[str, Caller] | None:
         return None
     state = request.app.state.turnstile
     token = secrets.token_urlsafe(32)
-    async with state.engine.begin() as conn:
-        row = (
-            (
-                await conn.execute(
-                    ui_q("ui_session_start"),
-                    {
-                        "token_hash": _token_hash(token),
-                        "key_hash": hash_key(key),
-                        "lifetime_seconds": state.settings.ui_session_seconds,
-                        "now": None,
-                    },
-                )
-            )
-            .mappings()
-            .one_or_none()
-        )
-    return (token, _caller(row)) if row is not None else None
+    caller = await start_session(
+        state.engine, key=key, token=token, lifetime_seconds=state.settings.ui_session_seconds
+    )
+    return (token, caller) if caller is not None else None
 
 
 async def end(request: Request) -> None:
     """Delete the request's session, if it has one: every copy of its cookie stops working."""
     token = token_of(request)
-    if token is None:
-        return
-    async with request.app.state.turnstile.engine.begin() as conn:
-        await conn.execute(ui_q("ui_session_end"), {"token_hash": _token_hash(token)})
+    if token is not None:
+        await end_session(request.app.state.turnstile.engine, token)
 
 
 async def signed_in(request: Request) -> Caller:
     """The caller of the request's session; SignInRequired when there is no valid one."""
     token = token_of(request)
-    if token is None:
+    caller = (
+        None if token is None else await session_caller(request.app.state.turnstile.engine, token)
+    )
+    if caller is None:
         raise SignInRequired()
-    async with request.app.state.turnstile.engine.connect() as conn:
-        row = (
-            (
-                await conn.execute(
-                    ui_q("ui_session_caller"), {"token_hash": _token_hash(token), "now": None}
-                )
-            )
-            .mappings()
-            .one_or_none()
-        )
-    if row is None:
-        raise SignInRequired()
-    return _caller(row)
+    return caller
 
 
 def csrf_token(token: str) -> str:

@@ -14,6 +14,7 @@ from uuid import UUID
 from app.db.tables import RUN_STATUSES
 from app.queue.classes import BAND_WIDTH, PriorityClass
 from app.queue.models import Event
+from app.queue.reads import ClassDepth
 
 CLASSES = [klass.value for klass in PriorityClass]
 STATUSES = RUN_STATUSES
@@ -198,15 +199,18 @@ class ClassRow:
 
 
 def class_rows(
-    depth: Iterable[Mapping[str, Any]], throughput: Iterable[Mapping[str, Any]]
+    depth: Mapping[PriorityClass, ClassDepth], throughput: Iterable[Mapping[str, Any]]
 ) -> list[ClassRow]:
-    """Rows of `queue_depth` and `ui_throughput`, one table row per class."""
+    """The queue's depth per class and the rows of `ui_throughput`, one table row per class."""
     rows = {klass: ClassRow(klass) for klass in CLASSES}
-    for row in depth:
-        target = rows[CLASSES[int(row["class_index"])]]
-        target.depth[str(row["status"])] = int(row["runs"])
-        if row["oldest_eligible_age"] is not None:
-            target.oldest_age_seconds = float(row["oldest_eligible_age"])
+    for klass, entry in depth.items():
+        target = rows[klass.value]
+        target.depth = {
+            "queued": entry.queued,
+            "running": entry.running,
+            "waiting_for_user": entry.waiting_for_user,
+        }
+        target.oldest_age_seconds = entry.oldest_eligible_age_seconds
     for row in throughput:
         target = rows[CLASSES[int(row["class_index"])]]
         target.started = {k: int(row[f"started_{k}"]) for k in ("1m", "5m", "window")}

@@ -33,8 +33,8 @@ from uuid import UUID
 from app.observability.logs import run_context
 from app.queue.classes import priorities_of
 from app.queue.core import Queue
+from app.queue.housekeeping import WorkerRegistry
 from app.queue.models import ClaimedRun, Fenced
-from app.queue.sql import q
 from app.worker.completions import CompletionBatcher
 from app.worker.executor import ExecutionContext, Executor, StopExecution
 from app.worker.layout import SlotGroup
@@ -89,6 +89,7 @@ class WorkerPool:
         worker_id: str | None = None,
     ) -> None:
         self.queue = queue
+        self.registry = WorkerRegistry(queue)
         self.executor = executor
         self.groups = [
             _Group(
@@ -366,32 +367,16 @@ class WorkerPool:
         return json.dumps([{**g.spec.describe(), "busy": len(g.running)} for g in self.groups])
 
     async def _register(self) -> None:
-        async with self.queue.engine.begin() as conn:
-            await conn.execute(
-                q("register_worker"),
-                {
-                    "id": self.worker_id,
-                    "host": socket.gethostname(),
-                    "pid": os.getpid(),
-                    "role": self.role,
-                    "slot_groups": self._slot_groups_json(),
-                    "now": self.queue.clock(),
-                },
-            )
+        await self.registry.register(
+            self.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            role=self.role,
+            slot_groups=self._slot_groups_json(),
+        )
 
     async def _touch(self) -> None:
-        async with self.queue.engine.begin() as conn:
-            await conn.execute(
-                q("touch_worker"),
-                {
-                    "id": self.worker_id,
-                    "slot_groups": self._slot_groups_json(),
-                    "now": self.queue.clock(),
-                },
-            )
+        await self.registry.touch(self.worker_id, slot_groups=self._slot_groups_json())
 
     async def _deregister(self) -> None:
-        async with self.queue.engine.begin() as conn:
-            await conn.execute(
-                q("deregister_worker"), {"id": self.worker_id, "now": self.queue.clock()}
-            )
+        await self.registry.deregister(self.worker_id)

@@ -1,7 +1,6 @@
--- The dashboard's reads (app/ui): named statements loaded by app/ui/sql.py with the queue's own
--- parser, so `{{now}}` is the same injectable clock. None of them writes to the queue: the
--- dashboard's actions go through the queue core (app/queue/submit.py), like the HTTP API's;
--- the only rows the dashboard writes are its own sessions (at the end of this file).
+-- The operator dashboard's read models (app/ui reads them through app/queue/reads.py, never
+-- directly). None of them writes: the dashboard's actions go through the queue core
+-- (app/queue/submit.py), like the HTTP API's; its sign-in sessions belong to app/security.
 --
 -- Tenant scoping: every statement takes :tenant_id; NULL means the whole queue (admin keys).
 -- The runs list also takes :principal: a key without a scope lists its own principal's runs.
@@ -94,38 +93,3 @@ ORDER BY 1;
 -- Where the workers named in a run's lease and events run. Worker ids are opaque (tenants see
 -- them); only operator and admin keys are shown the host and pid behind them.
 SELECT id, host, pid FROM workers WHERE id = ANY(CAST(:ids AS text[]));
-
-
--- Dashboard sessions (app/ui/session.py): the cookie holds a random token; only its SHA-256
--- is stored. These are the dashboard's only writes besides the queue core's actions.
-
--- name: ui_session_start
--- Sign-in in one statement: the key must exist and be unrevoked, or nothing is inserted.
--- Expired sessions (anyone's) are deleted on the way: sign-ins are rare, the index is on
--- expires_at, and the table then never outgrows the sessions that are still open.
-WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
-pruned AS (
-    DELETE FROM dashboard_sessions d USING clock WHERE d.expires_at <= clock.now
-),
-opened AS (
-    INSERT INTO dashboard_sessions (token_hash, key_id, created_at, expires_at)
-    SELECT :token_hash, k.id, clock.now, clock.now + make_interval(secs => :lifetime_seconds)
-    FROM api_keys k, clock
-    WHERE k.key_hash = :key_hash AND k.revoked_at IS NULL
-    RETURNING key_id
-)
-SELECT k.id, k.tenant_id, k.principal, k.scopes
-FROM opened JOIN api_keys k ON k.id = opened.key_id;
-
-
--- name: ui_session_caller
--- Every dashboard request: the session's key, if the session is unexpired and the key
--- unrevoked. No cache: signing out or revoking takes effect on the next request, everywhere.
-SELECT k.id, k.tenant_id, k.principal, k.scopes
-FROM dashboard_sessions d
-JOIN api_keys k ON k.id = d.key_id
-WHERE d.token_hash = :token_hash AND d.expires_at > {{now}} AND k.revoked_at IS NULL;
-
-
--- name: ui_session_end
-DELETE FROM dashboard_sessions WHERE token_hash = :token_hash;

@@ -1,0 +1,66 @@
+"""Named SQL statements, the format every table owner keeps its SQL in.
+
+A statement starts at a `-- name: x` line and runs to the next one; a `-- fenced` line among
+its leading comments marks it as a worker write under a lease. `{{now}}` expands to the
+injectable clock, `coalesce(CAST(:now AS timestamptz), now())`. An owning package loads its own
+files (`load_statements`), parsed once; names must be unique across them. Only the owners
+(app/queue, app/security) load statements: the edges call their typed services
+(tests/test_architecture.py enforces it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from sqlalchemy import TextClause, text
+
+NOW = "coalesce(CAST(:now AS timestamptz), now())"
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Statement:
+    name: str
+    sql: str
+    fenced: bool
+    clause: TextClause
+    source: str  # the file it came from
+
+
+def parse(source: str, origin: str = "<string>") -> dict[str, Statement]:
+    statements: dict[str, Statement] = {}
+    parts = _NAME.split(source)
+    # parts: [preamble, name1, body1, name2, body2, ...]
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in statements:
+            raise ValueError(f"statement {name!r} is defined twice in {origin}")
+        leading = [line.strip() for line in body.strip().splitlines()]
+        fenced = False
+        for line in leading:
+            if not line.startswith("--"):
+                break
+            fenced = fenced or line == "-- fenced"
+        sql = body.strip().replace("{{now}}", NOW).rstrip(";")
+        statements[name] = Statement(
+            name=name, sql=sql, fenced=fenced, clause=text(sql), source=origin
+        )
+    return statements
+
+
+@cache
+def load_statements(package: str, files: tuple[str, ...]) -> dict[str, Statement]:
+    """The named statements of `package`'s `files`, parsed once; a name defined in two files
+    is refused."""
+    merged: dict[str, Statement] = {}
+    for filename in files:
+        source = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
+        for name, statement in parse(source, f"{package}/{filename}").items():
+            if name in merged:
+                raise ValueError(
+                    f"statement {name!r} is defined in {merged[name].source} and {statement.source}"
+                )
+            merged[name] = statement
+    return merged

@@ -1,0 +1,280 @@
+"""The queue's read models for the edges: the runbook (depth per class, stuck runs, the dead
+letter), sessions, and the operator dashboard. The API, the dashboard and the CLI call these;
+they never run a statement themselves, and each result is decoded here, once.
+
+Tenant scoping: `tenant_id=None` is the whole queue (admin keys, the CLI); `principal=None`
+every principal of the tenant (scoped keys). Time is the database's unless the queue's clock
+says otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from app.queue.classes import PriorityClass
+from app.queue.core import Queue
+from app.queue.models import JSON, Run
+from app.queue.pages import RunsPage, fetch_runs_page
+from app.queue.sql import q
+
+STUCK_REASONS = ("lease_expired", "queued_too_long", "waiting_too_long")
+
+
+@dataclass
+class ClassDepth:
+    """Non-terminal runs of one class by status, and how long its longest-eligible queued run
+    has waited (None when nothing is eligible)."""
+
+    queued: int = 0
+    running: int = 0
+    waiting_for_user: int = 0
+    oldest_eligible_age_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class StuckRun:
+    reason: str  # one of STUCK_REASONS
+    run: Run
+
+
+@dataclass(frozen=True)
+class SessionView:
+    id: UUID
+    tenant_id: str
+    principal: str
+    created_at: datetime
+    active_run_id: UUID | None
+    active_status: str | None
+    active_question: JSON
+
+    @property
+    def state(self) -> str:
+        """idle, busy (a queued or running run), or waiting_for_user."""
+        if self.active_status is None:
+            return "idle"
+        return "waiting_for_user" if self.active_status == "waiting_for_user" else "busy"
+
+
+@dataclass(frozen=True)
+class Overview:
+    """The dashboard's overview: depth and throughput per class, recoveries, the dead letter,
+    and the live slot groups (rows as the statements return them, for the templates)."""
+
+    depth: dict[PriorityClass, ClassDepth]
+    throughput: list[dict[str, Any]]
+    recoveries: dict[str, int]
+    dead_letter: int
+    slot_groups: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Reads:
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+
+    def _params(self, **params: Any) -> dict[str, Any]:
+        return {"now": self.queue.clock(), **params}
+
+    # --- the runbook --------------------------------------------------------------------------
+    async def depth(self, *, tenant_id: str | None) -> dict[PriorityClass, ClassDepth]:
+        """Every class, with zeros where nothing is queued, running or waiting."""
+        async with self.queue.engine.connect() as conn:
+            rows = (
+                (await conn.execute(q("queue_depth"), self._params(tenant_id=tenant_id)))
+                .mappings()
+                .all()
+            )
+        return _depth(rows)
+
+    async def stuck(
+        self,
+        *,
+        tenant_id: str | None,
+        queued_seconds: float,
+        waiting_seconds: float,
+        limit: int,
+    ) -> list[StuckRun]:
+        async with self.queue.engine.connect() as conn:
+            rows = (
+                (
+                    await conn.execute(
+                        q("stuck_runs"),
+                        self._params(
+                            tenant_id=tenant_id,
+                            queued_seconds=queued_seconds,
+                            waiting_seconds=waiting_seconds,
+                            limit=limit,
+                        ),
+                    )
+                )
+                .mappings()
+                .all()
+            )
+        return [StuckRun(reason=str(row["reason"]), run=Run.from_row(row)) for row in rows]
+
+    async def failed_page(
+        self, *, tenant_id: str | None, cursor: str | None, limit: int
+    ) -> RunsPage:
+        """The dead letter: failed runs not dismissed yet, newest first."""
+        async with self.queue.engine.connect() as conn:
+            return await fetch_runs_page(
+                conn,
+                q("failed_runs"),
+                {"tenant_id": tenant_id},
+                cursor=cursor,
+                limit=limit,
+                order_field="finished_at",
+            )
+
+    # --- sessions -----------------------------------------------------------------------------
+    async def create_session(self, *, tenant_id: str, principal: str) -> SessionView:
+        async with self.queue.engine.begin() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        q("create_session"),
+                        self._params(tenant_id=tenant_id, principal=principal),
+                    )
+                )
+                .mappings()
+                .one()
+            )
+        return SessionView(
+            id=row["id"],
+            tenant_id=row["tenant_id"],
+            principal=row["principal"],
+            created_at=row["created_at"],
+            active_run_id=None,
+            active_status=None,
+            active_question=None,
+        )
+
+    async def session(
+        self, session_id: UUID, *, tenant_id: str | None, principal: str | None
+    ) -> SessionView | None:
+        async with self.queue.engine.connect() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        q("get_session"),
+                        {"session_id": session_id, "tenant_id": tenant_id, "principal": principal},
+                    )
+                )
+                .mappings()
+                .one_or_none()
+            )
+        if row is None:
+            return None
+        return SessionView(
+            id=row["id"],
+            tenant_id=row["tenant_id"],
+            principal=row["principal"],
+            created_at=row["created_at"],
+            active_run_id=row["active_run_id"],
+            active_status=row["active_status"],
+            active_question=row["active_question"],
+        )
+
+    async def session_runs_page(
+        self, session_id: UUID, *, cursor: str | None, limit: int
+    ) -> RunsPage:
+        """A session's runs, newest first (the caller checked the session is visible)."""
+        async with self.queue.engine.connect() as conn:
+            return await fetch_runs_page(
+                conn,
+                q("session_runs"),
+                {"session_id": session_id},
+                cursor=cursor,
+                limit=limit,
+                order_field="created_at",
+            )
+
+    # --- the dashboard ------------------------------------------------------------------------
+    async def runs_page(
+        self,
+        *,
+        tenant_id: str | None,
+        principal: str | None,
+        filters: dict[str, Any],
+        cursor: str | None,
+        limit: int,
+    ) -> RunsPage:
+        """The dashboard's runs list: `filters` are ui_runs's status, class band, session and
+        creation-time parameters."""
+        async with self.queue.engine.connect() as conn:
+            return await fetch_runs_page(
+                conn,
+                q("ui_runs"),
+                {"tenant_id": tenant_id, "principal": principal, **filters},
+                cursor=cursor,
+                limit=limit,
+                order_field="created_at",
+            )
+
+    async def overview(
+        self, *, tenant_id: str | None, window_minutes: int, stale_seconds: float
+    ) -> Overview:
+        scoped = self._params(tenant_id=tenant_id)
+        async with self.queue.engine.connect() as conn:
+            depth = (await conn.execute(q("queue_depth"), scoped)).mappings().all()
+            throughput = (
+                (await conn.execute(q("ui_throughput"), {**scoped, "minutes": window_minutes}))
+                .mappings()
+                .all()
+            )
+            recoveries = {
+                str(row["type"]): int(row["events"])
+                for row in (
+                    await conn.execute(q("ui_recoveries"), {**scoped, "minutes": window_minutes})
+                ).mappings()
+            }
+            dead_letter = (
+                await conn.execute(q("ui_dead_letter_count"), {"tenant_id": tenant_id})
+            ).scalar_one()
+            slots = (
+                (
+                    await conn.execute(
+                        q("ui_slot_groups"),
+                        # A process not seen for a lease period has stopped beating: not live.
+                        self._params(stale_seconds=stale_seconds),
+                    )
+                )
+                .mappings()
+                .all()
+            )
+        return Overview(
+            depth=_depth(depth),
+            throughput=[dict(row) for row in throughput],
+            recoveries=recoveries,
+            dead_letter=int(dead_letter),
+            slot_groups=[dict(row) for row in slots],
+        )
+
+    async def inputs_by_event(self, run_id: UUID) -> dict[int, dict[str, Any]]:
+        """A run's delivered inputs by the sequence number of the event that delivered each."""
+        async with self.queue.engine.connect() as conn:
+            rows = (await conn.execute(q("run_inputs"), {"run_id": run_id})).mappings().all()
+        return {int(row["event_seq"]): dict(row) for row in rows}
+
+    async def worker_hosts(self, worker_ids: set[str]) -> dict[str, str]:
+        """Where the named workers run ("host, pid N"): for operator and admin views only."""
+        if not worker_ids:
+            return {}
+        async with self.queue.engine.connect() as conn:
+            rows = (
+                await conn.execute(q("ui_worker_hosts"), {"ids": sorted(worker_ids)})
+            ).mappings()
+            return {row["id"]: f"{row['host']}, pid {row['pid']}" for row in rows}
+
+
+def _depth(rows: Any) -> dict[PriorityClass, ClassDepth]:
+    classes = list(PriorityClass)
+    depth = {klass: ClassDepth() for klass in classes}
+    for row in rows:
+        entry = depth[classes[int(row["class_index"])]]
+        setattr(entry, str(row["status"]), int(row["runs"]))
+        if row["oldest_eligible_age"] is not None:
+            entry.oldest_eligible_age_seconds = round(float(row["oldest_eligible_age"]), 3)
+    return depth

@@ -1,0 +1,87 @@
+"""Dashboard sign-in sessions, owned with the API keys they belong to (`dashboard_sessions`).
+
+A session is opened for an unrevoked key, named by a random token of which only the SHA-256 is
+stored, and expires; looking one up also requires its key to be unrevoked, and revoking a key
+deletes its sessions (`api_keys.revoke_key`). The cookie, the CSRF token and the HTTP side live
+in app/ui/session.py; this module is the table's only reader and writer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+
+from sqlalchemy import RowMapping, TextClause
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.statements import load_statements
+from app.security.api_keys import Caller, hash_key
+
+
+def _q(name: str) -> TextClause:
+    return load_statements("app.security", ("queries.sql",))[name].clause
+
+
+def token_hash(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def _caller(row: RowMapping) -> Caller:
+    return Caller(
+        key_id=row["id"],
+        tenant_id=row["tenant_id"],
+        principal=row["principal"],
+        scopes=frozenset(row["scopes"]),
+    )
+
+
+async def start_session(
+    engine: AsyncEngine,
+    *,
+    key: str,
+    token: str,
+    lifetime_seconds: float,
+    now: datetime | None = None,
+) -> Caller | None:
+    """Open a session named by `token` for the unrevoked key `key`; None for an unknown or
+    revoked key (nothing is written then)."""
+    async with engine.begin() as conn:
+        row = (
+            (
+                await conn.execute(
+                    _q("session_start"),
+                    {
+                        "token_hash": token_hash(token),
+                        "key_hash": hash_key(key),
+                        "lifetime_seconds": lifetime_seconds,
+                        "now": now,
+                    },
+                )
+            )
+            .mappings()
+            .one_or_none()
+        )
+    return _caller(row) if row is not None else None
+
+
+async def session_caller(
+    engine: AsyncEngine, token: str, *, now: datetime | None = None
+) -> Caller | None:
+    """The caller of an unexpired session whose key is unrevoked; None otherwise."""
+    async with engine.connect() as conn:
+        row = (
+            (
+                await conn.execute(
+                    _q("session_caller"), {"token_hash": token_hash(token), "now": now}
+                )
+            )
+            .mappings()
+            .one_or_none()
+        )
+    return _caller(row) if row is not None else None
+
+
+async def end_session(engine: AsyncEngine, token: str) -> None:
+    """Delete the session: every copy of its cookie stops working."""
+    async with engine.begin() as conn:
+        await conn.execute(_q("session_end"), {"token_hash": token_hash(token)})

@@ -1,0 +1,34 @@
+-- The security package's statements: dashboard sign-in sessions (app/security/dashboard_sessions.py).
+-- A session's cookie holds a random token; only its SHA-256 is stored, with the key it
+-- belongs to. API keys themselves are read and written by app/security/api_keys.py.
+
+-- name: session_start
+-- Sign-in in one statement: the key must exist and be unrevoked, or nothing is inserted.
+-- Expired sessions (anyone's) are deleted on the way: sign-ins are rare, the index is on
+-- expires_at, and the table then never outgrows the sessions that are still open.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+pruned AS (
+    DELETE FROM dashboard_sessions d USING clock WHERE d.expires_at <= clock.now
+),
+opened AS (
+    INSERT INTO dashboard_sessions (token_hash, key_id, created_at, expires_at)
+    SELECT :token_hash, k.id, clock.now, clock.now + make_interval(secs => :lifetime_seconds)
+    FROM api_keys k, clock
+    WHERE k.key_hash = :key_hash AND k.revoked_at IS NULL
+    RETURNING key_id
+)
+SELECT k.id, k.tenant_id, k.principal, k.scopes
+FROM opened JOIN api_keys k ON k.id = opened.key_id;
+
+
+-- name: session_caller
+-- Every dashboard request: the session's key, if the session is unexpired and the key
+-- unrevoked. No cache: signing out or revoking takes effect on the next request, everywhere.
+SELECT k.id, k.tenant_id, k.principal, k.scopes
+FROM dashboard_sessions d
+JOIN api_keys k ON k.id = d.key_id
+WHERE d.token_hash = :token_hash AND d.expires_at > {{now}} AND k.revoked_at IS NULL;
+
+
+-- name: session_end
+DELETE FROM dashboard_sessions WHERE token_hash = :token_hash;

@@ -1,0 +1,80 @@
+"""The import contract: which package may import which (docs/architecture.md).
+
+- The queue core (app/queue) imports none of the edges or the layers above it: api, ui,
+  runtime, worker, maintenance, cli.
+- The runtime imports no api; the api imports no worker.
+- Only the tables' owners load named statements: app/queue its own (app.queue.sql), app/security
+  its own (app.db.statements). api, ui, cli, worker, runtime and maintenance import no
+  statement loader: they call the owners' typed services.
+
+Every `import` counts, at module level or inside a function. A failure names the module, the
+line and the import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = ROOT / "app"
+LOADERS = ("app.queue.sql", "app.db.statements")
+EDGES = ("app.api", "app.ui", "app.cli", "app.worker", "app.runtime", "app.maintenance")
+
+# (importing package, forbidden prefixes)
+RULES: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "app.queue",
+        ("app.api", "app.ui", "app.runtime", "app.worker", "app.maintenance", "app.cli"),
+    ),
+    ("app.runtime", ("app.api",)),
+    ("app.api", ("app.worker",)),
+    *[(edge, LOADERS) for edge in EDGES],
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+            # `from app.queue import sql` imports the module app.queue.sql.
+            found.extend((node.lineno, f"{node.module}.{alias.name}") for alias in node.names)
+    return found
+
+
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+MODULES = sorted(APP.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+def test_imports_follow_the_contract(path: Path) -> None:
+    importer = module_name(path)
+    broken = [
+        f"{path.relative_to(ROOT)}:{line}: {importer} imports {imported} "
+        f"({package} may not import {forbidden})"
+        for package, banned in RULES
+        if within(importer, package)
+        for line, imported in imports_of(path)
+        for forbidden in banned
+        if within(imported, forbidden)
+    ]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_contract_sees_every_package() -> None:
+    packages = {module_name(p).split(".")[1] for p in MODULES if module_name(p) != "app"}
+    assert {"api", "ui", "queue", "runtime", "worker", "maintenance", "security"} <= packages
