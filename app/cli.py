@@ -62,7 +62,7 @@ def _migrated_settings(settings: Settings) -> Settings:
 def _migrated(settings: Settings) -> tuple[Settings, EmbeddedDatabase | None]:
     """`_migrated_settings`, also saying whether the database is the embedded one."""
     from app.db.migrate import head_revision, upgrade
-    from app.db.state import resolve_database
+    from app.db.resolve import resolve_database
 
     database = resolve_database(settings)
     upgrade(database.url, pgbouncer=settings.pgbouncer)
@@ -144,7 +144,7 @@ def _check_plugins(settings: Settings) -> None:
 
 async def _engine_for(settings: Settings) -> AsyncEngine:
     from app.db.engine import create_engine
-    from app.db.state import resolve_database
+    from app.db.resolve import resolve_database
 
     database = await asyncio.to_thread(resolve_database, settings)
     return create_engine(settings, database.url, pool_size=2)
@@ -289,7 +289,7 @@ def cmd_worker(args: argparse.Namespace) -> None:
 
 async def _run_worker(settings: Settings, metrics_port: int | None, metrics_host: str) -> None:
     from app.db.migrate import head_revision
-    from app.db.state import schema_revision
+    from app.db.resolve import schema_revision
     from app.main import services
 
     stop = asyncio.Event()

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.api.watch import RunWatch, StreamLimits
 from app.config import Settings, get_settings
 from app.db.engine import create_engine
-from app.db.state import ResolvedDatabase, resolve_database
+from app.db.resolve import ResolvedDatabase, resolve_database
 from app.maintenance.services import (
     IdempotencyPruner,
     LeasedSweeper,
@@ -37,7 +37,7 @@ from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registr
 from app.runtime.openai_agent import OpenAIAgent
 from app.runtime.outbound import ClientShards
 from app.runtime.plugins import load_plugins
-from app.worker.executor import Executor
+from app.worker.execution import Executor
 from app.worker.notifier import Notifier
 from app.worker.pool import WorkerPool
 

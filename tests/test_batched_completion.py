@@ -17,7 +17,7 @@ from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.models import Fenced, Lease, NewRun, ToolCall, Written
 from app.worker.completions import CompletionBatcher
-from app.worker.executor import ExecutionContext, StopExecution
+from app.worker.execution import ExecutionContext, StopExecution
 from tests.support.clock import ManualClock
 from tests.support.invariants import check_all_runs
 

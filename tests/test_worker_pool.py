@@ -20,7 +20,7 @@ from app.main import create_app
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue, QueueConfig
 from app.queue.models import NewRun, Run
-from app.worker.executor import CompletingExecutor, ExecutionContext, Executor
+from app.worker.execution import CompletingExecutor, ExecutionContext, Executor
 from app.worker.layout import parse_slots
 from app.worker.notifier import Notifier
 from app.worker.pool import WorkerPool

@@ -13,7 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.api.auth import bearer, current_caller
 from app.api.problems import ApiProblem, responses
 from app.db.migrate import head_revision
-from app.db.state import schema_revision
+from app.db.resolve import schema_revision
 
 router = APIRouter(tags=["health"])
 

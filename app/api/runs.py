@@ -18,7 +18,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.api.auth import CallerDep, OperatorDep, submitter_of, visible_principal, visible_tenant
-from app.api.models import (
+from app.api.problems import ApiProblem, responses
+from app.api.schemas import (
     ClassDepth,
     EventPage,
     QueueStats,
@@ -28,9 +29,8 @@ from app.api.models import (
     StuckRun,
     StuckRuns,
     run_document,
+    run_page_document,
 )
-from app.api.pages import run_page_document
-from app.api.problems import ApiProblem, responses
 from app.api.sessions import (
     IdempotencyHeader,
     idempotency_of,

@@ -12,14 +12,14 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api.auth import CallerDep, submitter_of, visible_principal
-from app.api.models import (
+from app.api.problems import ApiProblem, responses
+from app.api.schemas import (
     RunDocument,
     RunPage,
     SessionDocument,
     TurnRequest,
+    run_page_document,
 )
-from app.api.pages import run_page_document
-from app.api.problems import ApiProblem, responses
 from app.queue.classes import PriorityClass
 from app.queue.errors import SessionNotFoundError
 from app.queue.reads import Reads, SessionView

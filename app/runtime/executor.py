@@ -33,7 +33,7 @@ from app.runtime.tools import (
     TransientToolError,
     derive_idempotency_key,
 )
-from app.worker.executor import ExecutionContext, StopExecution
+from app.worker.execution import ExecutionContext, StopExecution
 
 log = logging.getLogger("turnstile.runtime")
 JSON = Any

@@ -36,7 +36,7 @@ from app.queue.core import Queue
 from app.queue.housekeeping import WorkerRegistry
 from app.queue.models import ClaimedRun, Fenced
 from app.worker.completions import CompletionBatcher
-from app.worker.executor import ExecutionContext, Executor, StopExecution
+from app.worker.execution import ExecutionContext, Executor, StopExecution
 from app.worker.layout import SlotGroup
 from app.worker.notifier import Notifier
 

@@ -15,7 +15,7 @@ from app.config import Settings
 from app.main import create_app
 from app.queue.core import Queue
 from app.security.api_keys import create_key
-from app.worker.executor import Executor
+from app.worker.execution import Executor
 from tests.support.servers import running_server
 
 

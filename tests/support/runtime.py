@@ -10,7 +10,7 @@ from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.models import Run
 from app.runtime.executor import RuntimeExecutor, SimulatedCrash
-from app.worker.executor import ExecutionContext, StopExecution
+from app.worker.execution import ExecutionContext, StopExecution
 from tests.support.clock import ManualClock
 
 

@@ -9,6 +9,8 @@ from uuid import UUID
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
+from app.queue.pages import RunsPage
+
 ClassName = Literal["interactive", "async", "maintenance"]
 RunStatus = Literal["queued", "running", "waiting_for_user", "succeeded", "failed", "cancelled"]
 
@@ -152,3 +154,10 @@ class StuckRuns(BaseModel):
 
 def run_document(document: dict[str, Any]) -> RunDocument:
     return RunDocument.model_validate(document)
+
+
+def run_page_document(page: RunsPage) -> RunPage:
+    """The API's form of a keyset page of runs (app/queue/pages.py)."""
+    return RunPage(
+        runs=[run_document(run.to_document()) for run in page.runs], next_cursor=page.next_cursor
+    )
