@@ -289,6 +289,23 @@ async def test_another_tenant_sees_nothing(api: Api) -> None:
     assert (await mine.get(f"/runs/{run}")).json()["status"] == "queued"
 
 
+async def test_an_operators_turn_in_a_users_session_stays_the_users_run(api: Api) -> None:
+    """An operator may post a turn to any session of its tenant; the run is the session
+    owner's (she can read and cancel it, and is not locked out of her own session)."""
+    alice = await api.client("acme", "alice")
+    ops = await api.client("acme", "ops", "operator")
+    session = await new_session(alice)
+    response = await turn(ops, session, {"input": "on alice's behalf"})
+    assert response.status_code == 202
+    run = response.json()["id"]
+    assert (await alice.get(f"/runs/{run}")).status_code == 200
+    found = await api.queue.get_run(UUID(run))
+    assert found is not None
+    assert found.principal == "alice"
+    assert (await alice.post(f"/runs/{run}/cancel")).json()["status"] == "cancelled"
+    assert (await turn(alice, session, {"input": "mine"})).status_code == 202
+
+
 async def test_a_key_without_a_scope_sees_only_its_own_principal(api: Api) -> None:
     alice = await api.client("acme", "alice")
     carol = await api.client("acme", "carol")

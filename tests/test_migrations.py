@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import uuid
+from datetime import UTC, datetime
 
 import asyncpg
 from alembic.autogenerate import compare_metadata
@@ -122,3 +124,34 @@ async def test_check_constraints_in_catalog(engine: AsyncEngine) -> None:
     assert "'cancelled'::text" in checks["ck_runs_status"]
     assert checks["ck_runs_lease_only_when_running"].startswith("CHECK (((status = 'running'")
     assert "'uncertain'::text" in checks["ck_tool_journal_outcome_status"]
+
+
+async def test_upgrading_a_database_with_repeated_resubmissions(empty_database: str) -> None:
+    """Before migration 0002 one failed run could be resubmitted twice: the upgrade keeps the
+    link on the earliest resubmission (the later one keeps it in its run.created event) and
+    builds the unique index instead of failing."""
+    await asyncio.to_thread(upgrade, empty_database, "0001")
+    conn = await asyncpg.connect(plain_url(empty_database))
+    try:
+        insert = (
+            "INSERT INTO runs (id, tenant_id, principal, status, agent, input, created_at, "
+            "resubmitted_from, failure, finished_at) VALUES ($1, 't', 'p', $2, 'scripted', "
+            "'{}', now() + make_interval(secs => $3), $4, $5, $6)"
+        )
+        failed, first, second = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+        await conn.execute(insert, failed, "failed", 0, None, '{"kind": "x"}', datetime.now(UTC))
+        await conn.execute(insert, first, "succeeded", 1, failed, None, datetime.now(UTC))
+        await conn.execute(insert, second, "queued", 2, failed, None, None)
+    finally:
+        await conn.close()
+    await asyncio.to_thread(upgrade, empty_database)
+    conn = await asyncpg.connect(plain_url(empty_database))
+    try:
+        rows = await conn.fetch("SELECT id, resubmitted_from FROM runs ORDER BY created_at")
+    finally:
+        await conn.close()
+    assert [(r["id"], r["resubmitted_from"]) for r in rows] == [
+        (failed, None),
+        (first, failed),
+        (second, None),
+    ]

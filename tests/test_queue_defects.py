@@ -83,10 +83,15 @@ async def test_a_thousand_runs_expiring_together_are_all_requeued(
     assert await check_all_runs(queue.engine) == 1000
 
 
-async def test_the_largest_completion_batch_commits_with_one_bounded_notification(
-    queue: Queue, database_url: str
+@pytest.mark.parametrize(
+    ("size", "named", "more"), [(MAX_BATCH, MAX_BATCH, False), (600, 500, True)]
+)
+async def test_a_completion_batch_commits_with_one_bounded_notification(
+    queue: Queue, database_url: str, size: int, named: int, more: bool
 ) -> None:
-    leases = await _bulk(queue, MAX_BATCH)
+    """The largest batch the pool forms names every run it completed (listeners wake only the
+    streams of those runs); a larger one names 500 and says there were more."""
+    leases = await _bulk(queue, size)
     listener = await asyncpg.connect(plain_url(database_url))
     heard: list[str] = []
     await listener.add_listener("turnstile", lambda *args: heard.append(args[3]))
@@ -96,11 +101,13 @@ async def test_the_largest_completion_batch_commits_with_one_bounded_notificatio
     finally:
         await listener.close()
     assert all(isinstance(o, Written) for o in outcomes)
-    assert await _statuses(queue.engine) == {"succeeded": MAX_BATCH}
+    assert await _statuses(queue.engine) == {"succeeded": size}
+    assert len(heard) == 1
+    assert len(heard[0].encode()) < 8000
     payload = json.loads(heard[0])
-    assert len(heard[0]) < 8000
-    assert payload["more"] is True  # more than it names: listeners look at everything
-    assert len(payload["runs"]) == 100
+    assert payload["more"] is more
+    assert len(payload["runs"]) == named
+    assert set(payload["runs"]) <= {str(lease.run_id)[:8] for lease in leases}
 
 
 # An aggregate inside a notification is bounded only as the distinct priorities of the rows
@@ -108,7 +115,7 @@ async def test_the_largest_completion_batch_commits_with_one_bounded_notificatio
 _BOUNDED_AGGREGATE = re.compile(
     r"jsonb_agg\(DISTINCT priority\)"
     r"|\(SELECT jsonb_agg\(left\(named\.id::text, 8\)\)\s+FROM \(SELECT id FROM \w+"
-    r"(?: WHERE [^()]*)? LIMIT 100\)"
+    r"(?: WHERE [^()]*)? LIMIT 500\)"
 )
 _AGGREGATE = re.compile(r"\b\w*_agg\(")
 
@@ -369,3 +376,35 @@ async def test_an_early_release_that_requeues_leaves_open_calls_to_recovery(
     assert (run.status, run.failure) == ("queued", None)
     assert [e.entry for e in await queue.journal(lease.run_id)] == ["started"]
     assert await check_all_runs(queue.engine) == 1
+
+
+async def test_a_permanent_failure_mid_unsafe_call_records_its_outcome_as_unknown(
+    queue: Queue,
+) -> None:
+    """The run's time limit ran out inside an unsafe call: the failure says the call's outcome
+    is unknown, and the journal records it so, before run.failed."""
+    (lease,) = await _bulk(queue, 1)
+    payment = ToolCall(step=1, tool="pay", idempotency_class="unsafe", args={})
+    assert isinstance(await queue.tool_started(lease, payment), Written)
+    failure = {"kind": "timeout", "message": "execution time limit reached in a tool"}
+    assert isinstance(await queue.fail(lease, failure), Written)
+    run = await queue.get_run(lease.run_id)
+    assert run is not None
+    assert run.failure is not None
+    assert run.failure["kind"] == "timeout"
+    assert run.failure["uncertain_calls"] == [{"step": 1, "tool": "pay"}]
+    assert run.failure["message"].endswith("outcome unknown of pay (step 1)")
+    types = [e.type for e in await queue.events(lease.run_id)]
+    assert types[-2:] == ["tool.finished", "run.failed"]
+    assert await check_all_runs(queue.engine) == 1
+
+
+async def test_a_permanent_failure_without_open_calls_keeps_its_failure_as_given(
+    queue: Queue,
+) -> None:
+    (lease,) = await _bulk(queue, 1)
+    failure = {"kind": "tool_error", "message": "bad arguments"}
+    assert isinstance(await queue.fail(lease, failure), Written)
+    run = await queue.get_run(lease.run_id)
+    assert run is not None
+    assert run.failure == failure

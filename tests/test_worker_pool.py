@@ -353,24 +353,44 @@ class EndsThenLingers:
     """Ends its hold (the completion commits), then keeps the task busy (or fails) before it
     returns: the window in which a drain or an error used to write a spurious run.fenced."""
 
-    def __init__(self, *, then_fail: bool = False) -> None:
+    def __init__(self, *, then_fail: bool = False, through_finish: bool = False) -> None:
         self.then_fail = then_fail
+        self.through_finish = through_finish
         self.ended: list[UUID] = []
 
     async def execute(self, ctx: ExecutionContext) -> None:
-        ctx.finishing = True
-        await ctx.checked(await ctx.queue.complete(ctx.lease, {"done": True}), "complete")
+        if self.through_finish:
+            # As the runtime ends a hold: the context knows its ending write committed.
+            await ctx.finish("complete", ctx.queue.complete(ctx.lease, {"done": True}))
+        else:
+            # An executor that only marks itself finishing: the outcome is unknown to the pool.
+            ctx.finishing = True
+            await ctx.checked(await ctx.queue.complete(ctx.lease, {"done": True}), "complete")
         self.ended.append(ctx.lease.run_id)
         if self.then_fail:
             raise RuntimeError("a bug after the run ended")
         await asyncio.Event().wait()
 
 
+@pytest.mark.parametrize("through_finish", [True, False], ids=["finish", "finishing"])
 @pytest.mark.parametrize("then_fail", [False, True], ids=["drain", "error"])
 async def test_no_run_fenced_after_the_run_ended_its_own_hold(
-    make_pool: Callable[..., Any], fast_queue: Queue, engine: AsyncEngine, then_fail: bool
+    make_pool: Callable[..., Any],
+    fast_queue: Queue,
+    engine: AsyncEngine,
+    then_fail: bool,
+    through_finish: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    executor = EndsThenLingers(then_fail=then_fail)
+    releases: list[Any] = []
+    release = fast_queue.release
+
+    async def counted_release(*args: Any, **kwargs: Any) -> Any:
+        releases.append(args)
+        return await release(*args, **kwargs)
+
+    monkeypatch.setattr(fast_queue, "release", counted_release)
+    executor = EndsThenLingers(then_fail=then_fail, through_finish=through_finish)
     pool: WorkerPool = await make_pool(executor)
     run = await fast_queue.enqueue(new_run(ASYNC))
 
@@ -382,6 +402,8 @@ async def test_no_run_fenced_after_the_run_ended_its_own_hold(
     types = [e.type for e in await fast_queue.events(run.id)]
     assert types == ["run.created", "run.claimed", "run.succeeded"]
     assert await check_all_runs(engine) == 1
+    if through_finish:
+        assert releases == []  # a committed ending leaves nothing to give back
 
 
 async def test_two_executions_of_one_run_in_one_process_are_two_holds(

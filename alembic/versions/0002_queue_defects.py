@@ -6,7 +6,10 @@ resubmission per failed run.
   skips it (as it would a `finished` entry) nor reports it `uncertain`: the next attempt plans
   the call again.
 - `runs.resubmitted_from` becomes unique: two operators (or one retrying) resubmitting the same
-  failed run get the same new run, never two.
+  failed run get the same new run, never two. A database where one failed run was resubmitted
+  more than once (allowed before) keeps the link on the earliest resubmission; the later ones
+  lose the column's value, and keep it in their own `run.created` event, so no provenance is
+  lost and the index can be built.
 
 Revision ID: 0002
 Revises: 0001
@@ -29,6 +32,19 @@ def upgrade() -> None:
     op.drop_constraint("entry", "tool_journal", type_="check")
     op.create_check_constraint(
         "entry", "tool_journal", "entry IN ('started', 'finished', 'not_sent')"
+    )
+    op.execute(
+        """
+        UPDATE runs SET resubmitted_from = NULL
+        WHERE id IN (
+            SELECT id FROM (
+                SELECT id, row_number() OVER (PARTITION BY resubmitted_from
+                                              ORDER BY created_at, id) AS n
+                FROM runs WHERE resubmitted_from IS NOT NULL
+            ) AS ranked
+            WHERE n > 1
+        )
+        """
     )
     op.create_index(
         "uq_runs_resubmitted_from",

@@ -52,33 +52,34 @@ def recheck_seconds(status: str, scheduled_for: datetime | None, *, active_secon
 
 
 class RunWatch:
+    """Waiters keyed by the id prefix notifications name runs by (queries.sql), so a
+    notification wakes the waiters of the runs it names in time proportional to those names,
+    not to every open stream."""
+
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Event]] = {}
 
     def notify(self, runs: set[str] | None) -> None:
         """Called by the notifier with the id prefixes a notification names; None means
         "anything may have changed" (after a reconnect, or a notification naming too many)."""
-        targets = (
-            self._waiters.keys()
-            if runs is None
-            else [run_id for run_id in self._waiters if run_id[:RUN_ID_PREFIX] in runs]
-        )
-        for run_id in list(targets):
-            for event in self._waiters.get(run_id, ()):
+        prefixes = list(self._waiters) if runs is None else runs & self._waiters.keys()
+        for prefix in prefixes:
+            for event in self._waiters.get(prefix, ()):
                 event.set()
 
     @contextlib.contextmanager
     def watching(self, run_id: str) -> Iterator[asyncio.Event]:
         event = asyncio.Event()
-        self._waiters.setdefault(run_id, set()).add(event)
+        prefix = run_id[:RUN_ID_PREFIX]
+        self._waiters.setdefault(prefix, set()).add(event)
         try:
             yield event
         finally:
-            waiters = self._waiters.get(run_id)
+            waiters = self._waiters.get(prefix)
             if waiters is not None:
                 waiters.discard(event)
                 if not waiters:
-                    del self._waiters[run_id]
+                    del self._waiters[prefix]
 
 
 class StreamSlot:

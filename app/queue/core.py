@@ -389,7 +389,10 @@ class Queue:
     async def fail(self, lease: Lease, failure: JSON) -> WriteOutcome:
         """Fail permanently: never requeued, whatever attempts remain."""
         return await self._fenced(
-            "fail", lease, {"failure": dump_json(failure)}, transition="failed"
+            "fail",
+            lease,
+            {"failure": dump_json(failure), "unknown": UNKNOWN_OUTCOME},
+            transition="failed",
         )
 
     async def release(self, lease: Lease, *, graceful: bool, reason: str = "") -> WriteOutcome:
@@ -424,26 +427,44 @@ class Queue:
 
     # --- maintenance and operator transitions -------------------------------------------------
     async def sweep(self, *, limit: int = 500) -> SweepReport:
-        """Requeue (with backoff) or dead-letter every run whose lease has expired."""
+        """Requeue (with backoff) or dead-letter every run whose lease has expired, a batch of
+        `limit` per transaction: `lock_expired` takes the rows, then `sweep_expired` moves them
+        with a snapshot taken after the lock."""
         requeued = failed = 0
         while True:
-            rows = await self._rows(
-                "sweep_expired",
-                {
-                    "limit": limit,
-                    "backoff_base": self.config.backoff_base_seconds,
-                    "backoff_max": self.config.backoff_max_seconds,
-                    "unknown": UNKNOWN_OUTCOME,
-                },
-            )
-            batch_requeued, batch_failed = int(rows[0]["requeued"]), int(rows[0]["failed"])
-            for key, count in (rows[0]["by_priority"] or {}).items():
+            async with self.engine.begin() as conn:
+                now = self.clock()
+                ids = (
+                    (await conn.execute(q("lock_expired"), {"limit": limit, "now": now}))
+                    .scalars()
+                    .all()
+                )
+                if not ids:
+                    return SweepReport(requeued=requeued, failed=failed)
+                row = (
+                    (
+                        await conn.execute(
+                            q("sweep_expired"),
+                            {
+                                "ids": list(ids),
+                                "backoff_base": self.config.backoff_base_seconds,
+                                "backoff_max": self.config.backoff_max_seconds,
+                                "unknown": UNKNOWN_OUTCOME,
+                                "now": now,
+                            },
+                        )
+                    )
+                    .mappings()
+                    .one()
+                )
+            batch_requeued, batch_failed = int(row["requeued"]), int(row["failed"])
+            for key, count in (row["by_priority"] or {}).items():
                 status, _, priority = str(key).partition(":")
                 name = "requeued" if status == "queued" else "failed"
                 self.observer.transition(name, int(priority), int(count))
             requeued += batch_requeued
             failed += batch_failed
-            if batch_requeued + batch_failed < limit:
+            if len(ids) < limit:
                 return SweepReport(requeued=requeued, failed=failed)
 
     async def deliver_input(

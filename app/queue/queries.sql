@@ -21,10 +21,12 @@
 -- * A payload is bounded whatever the number of rows, because PostgreSQL refuses one of 8,000
 --   bytes or more and rolls the whole statement back with it: a notification must never fail
 --   a transition. "work" holds distinct priorities (at most 30, the CHECK range); "runs" names
---   at most 100 runs, each by the first 8 characters of its id (listeners match prefixes; a
+--   at most 500 runs, each by the first 8 characters of its id (listeners match prefixes; a
 --   rare false match only costs a re-read); "more": true means "more runs changed than named:
---   re-read everything you watch". Largest payload: about 1.2 kB. tests/test_queue_sql.py
---   refuses any aggregate in a notification that is not bounded this way.
+--   re-read everything you watch". 500 covers the largest completion batch (256) and a sweep
+--   batch (500), so "more" stays a guard rather than the rule under load, where it would wake
+--   every stream. Largest payload: about 6.2 kB (12 bytes a name), under the 8,000-byte limit.
+--   tests/test_queue_defects.py refuses any aggregate in a notification not bounded this way.
 -- * Every multi-row fenced statement takes its run rows in id order (a `locked` CTE, `ORDER BY
 --   id FOR UPDATE`) before it updates them: `UPDATE ... FROM unnest(...)` locks rows in the
 --   join's order, and two batches of one process in opposite orders deadlocked each other.
@@ -198,8 +200,12 @@ WITH held AS (
 ),
 locked AS MATERIALIZED (
     -- Rows in id order first (see the header): complete_many of the same process takes them
-    -- in the same order, so the two can no longer deadlock.
-    SELECT id FROM runs WHERE id = ANY(CAST(:run_ids AS uuid[])) ORDER BY id FOR UPDATE
+    -- in the same order, so the two can no longer deadlock. Only rows still held under the
+    -- given epochs: a run another worker holds now is not this statement's to lock.
+    SELECT r.id FROM runs r
+    JOIN held ON r.id = held.run_id AND r.lease_epoch = held.epoch AND r.status = 'running'
+    ORDER BY r.id
+    FOR UPDATE OF r
 )
 UPDATE runs r
 SET lease_expires_at = {{now}} + make_interval(secs => :lease_seconds)
@@ -417,8 +423,12 @@ held AS (
                          CAST(:results AS jsonb[])) AS h(run_id, epoch, result)
 ),
 locked AS MATERIALIZED (
-    -- Rows in id order first, as heartbeat_many takes them (see the header).
-    SELECT id FROM runs WHERE id = ANY(CAST(:run_ids AS uuid[])) ORDER BY id FOR UPDATE
+    -- Rows in id order first, as heartbeat_many takes them (see the header); only rows still
+    -- held under the given epochs.
+    SELECT r.id FROM runs r
+    JOIN held ON r.id = held.run_id AND r.lease_epoch = held.epoch AND r.status = 'running'
+    ORDER BY r.id
+    FOR UPDATE OF r
 ),
 run AS (
     UPDATE runs r
@@ -449,27 +459,70 @@ SELECT coalesce(array_agg(run.id), '{}') AS ids,
        coalesce(array_agg(run.priority), '{}') AS priorities,
        CASE WHEN count(*) > 0 THEN pg_notify('turnstile', jsonb_build_object(
            'runs', (SELECT jsonb_agg(left(named.id::text, 8))
-                    FROM (SELECT id FROM run LIMIT 100) AS named),
-           'more', count(*) > 100)::text) END AS notified
+                    FROM (SELECT id FROM run LIMIT 500) AS named),
+           'more', count(*) > 500)::text) END AS notified
 FROM run;
 
 -- name: fail
 -- fenced
 -- A permanent failure (ADR-0004 decision 5): failed at once, never requeued, whatever the
--- attempts left. runs.failure is the dead letter.
+-- attempts left. runs.failure is the dead letter. Unsafe calls the run left open (a time limit
+-- reached inside one) are recorded 'uncertain' first and named in the failure, as when the
+-- sweeper dead-letters a run (see sweep_expired).
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+open_calls AS MATERIALIZED (
+    SELECT j.step, j.tool, j.idempotency_class, j.idempotency_key,
+           row_number() OVER (ORDER BY j.event_seq) AS n
+    FROM tool_journal j
+    WHERE j.run_id = :run_id AND j.entry = 'started' AND j.idempotency_class = 'unsafe'
+      AND NOT EXISTS (SELECT 1 FROM tool_journal later
+                      WHERE later.run_id = j.run_id AND later.step = j.step
+                        AND later.event_seq > j.event_seq)
+),
+open_summary AS (
+    SELECT count(*) AS calls,
+           jsonb_agg(jsonb_build_object('step', step, 'tool', tool) ORDER BY n) AS described,
+           string_agg(format('%s (step %s)', tool, step), ', ' ORDER BY n) AS named
+    FROM open_calls
+),
 run AS (
     UPDATE runs r
     SET status = 'failed',
-        failure = CAST(:failure AS jsonb),
+        failure = CASE WHEN open_summary.calls = 0 THEN CAST(:failure AS jsonb)
+                       ELSE CAST(:failure AS jsonb) || jsonb_build_object(
+                           'message', coalesce(CAST(:failure AS jsonb) ->> 'message', '')
+                                      || '; outcome unknown of ' || open_summary.named,
+                           'uncertain_calls', open_summary.described) END,
         lease_owner = NULL,
         lease_expires_at = NULL,
         finished_at = clock.now,
-        last_event_seq = r.last_event_seq + 1,
+        -- One event per uncertain call, then the run's own.
+        last_event_seq = r.last_event_seq + 1 + open_summary.calls,
         updated_at = clock.now
-    FROM clock
+    FROM clock, open_summary
     WHERE r.id = :run_id AND r.lease_epoch = :epoch AND r.status = 'running'
-    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.failure, r.priority
+    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.failure, r.priority,
+              open_summary.calls AS open_calls
+),
+uncertain_event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq - run.open_calls - 1 + open_calls.n, 'tool.finished',
+           run.lease_epoch,
+           jsonb_build_object('step', open_calls.step, 'tool', open_calls.tool,
+                              'idempotency_class', open_calls.idempotency_class,
+                              'outcome_status', 'uncertain',
+                              'outcome', jsonb_build_object('message', CAST(:unknown AS text))),
+           clock.now
+    FROM run, open_calls, clock
+),
+uncertain_journal AS (
+    INSERT INTO tool_journal (run_id, event_seq, epoch, step, entry, tool, idempotency_class,
+                              idempotency_key, outcome_status, outcome, created_at)
+    SELECT run.id, run.last_event_seq - run.open_calls - 1 + open_calls.n, run.lease_epoch,
+           open_calls.step, 'finished', open_calls.tool, open_calls.idempotency_class,
+           open_calls.idempotency_key, 'uncertain',
+           jsonb_build_object('message', CAST(:unknown AS text)), clock.now
+    FROM run, open_calls, clock
 ),
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
@@ -625,23 +678,34 @@ event AS (
 SELECT run.last_event_seq AS seq, run.priority FROM run;
 
 
+-- name: lock_expired
+-- The sweeper's first step: up to :limit running runs whose lease deadline passed, oldest
+-- deadline first, locked for this transaction. SKIP LOCKED lets two sweepers, or a sweeper and
+-- a worker writing its last heartbeat, pass each other.
+SELECT id FROM runs
+WHERE status = 'running' AND lease_expires_at < {{now}}
+ORDER BY lease_expires_at
+LIMIT :limit
+FOR UPDATE SKIP LOCKED;
+
+
 -- name: sweep_expired
 -- The sweeper: running runs whose lease deadline passed are requeued with exponential backoff
 -- in scheduled_for, or failed once attempts reached max_attempts (the dead letter). The epoch
 -- is not bumped here: the status change alone fences the old holder (its fence requires
--- 'running'), and the next claim bumps the epoch. SKIP LOCKED lets two sweepers, or a sweeper
--- and a worker writing its last heartbeat, pass each other.
+-- 'running'), and the next claim bumps the epoch.
 -- A run dead-lettered in the middle of an unsafe tool call (journal 'started' with no later
 -- entry for its step) gets, before its run.failed, a journal outcome 'uncertain' with its own
 -- tool.finished event for each such call, and its failure names them: nobody will recover it,
 -- so this is the last chance to say that its effect is unknown.
+-- It runs in the transaction of lock_expired, after it: the runs are already locked, so no
+-- worker can commit a write for them any more, and this statement's fresh snapshot sees every
+-- journal entry committed before the lock (one statement would read the journal as of its
+-- start, and could call a call that finished meanwhile open).
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
 expired AS MATERIALIZED (
     SELECT id, attempts >= max_attempts AS last_attempt FROM runs
-    WHERE status = 'running' AND lease_expires_at < {{now}}
-    ORDER BY lease_expires_at
-    LIMIT :limit
-    FOR UPDATE SKIP LOCKED
+    WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'running'
 ),
 open_calls AS MATERIALIZED (
     SELECT j.run_id, j.step, j.tool, j.idempotency_class, j.idempotency_key,
@@ -730,9 +794,9 @@ SELECT count(*) FILTER (WHERE status = 'queued') AS requeued,
            'work', coalesce(jsonb_agg(DISTINCT priority) FILTER (WHERE status = 'queued'),
                             '[]'::jsonb),
            'runs', coalesce((SELECT jsonb_agg(left(named.id::text, 8))
-                             FROM (SELECT id FROM swept WHERE status = 'failed' LIMIT 100)
+                             FROM (SELECT id FROM swept WHERE status = 'failed' LIMIT 500)
                                  AS named), '[]'::jsonb),
-           'more', count(*) FILTER (WHERE status = 'failed') > 100)::text) END AS notified
+           'more', count(*) FILTER (WHERE status = 'failed') > 500)::text) END AS notified
 FROM swept;
 
 
@@ -948,7 +1012,9 @@ RETURNING id, tenant_id, principal, created_at;
 -- Every submission to a session takes its row first, so routing decisions on one session are
 -- made one at a time. :principal (None for operator keys) keeps a plain key to its own
 -- principal's sessions in the same statement: another principal's session is not found.
-SELECT id FROM sessions
+-- Its principal comes back: a run created in a session is the session owner's, whoever posted
+-- the turn (an operator's turn must not hide the run from the session's own user).
+SELECT id, principal FROM sessions
 WHERE id = :session_id AND tenant_id = :tenant_id
   AND (CAST(:principal AS text) IS NULL OR principal = :principal)
 FOR UPDATE;

@@ -137,8 +137,11 @@ class Submissions:
                     "now": None,
                 },
             )
-            if locked.one_or_none() is None:
+            session = locked.one_or_none()
+            if session is None:
                 raise SessionNotFoundError(session_id)
+            # The run belongs to the session's owner; the key that posted it is its actor.
+            owner = Submitter(who.tenant_id, str(session.principal), who.actor)
             # Routing reads the active run, then acts on it. The session lock keeps every other
             # submission out, but a cancel takes the run row alone: one that commits between
             # the read and a delivery leaves the delivery nothing to update. Then the session
@@ -151,7 +154,9 @@ class Submissions:
                     .one_or_none()
                 )
                 if active is None:
-                    run = await self._create(conn, who, spec, session_id, PriorityClass.INTERACTIVE)
+                    run = await self._create(
+                        conn, owner, spec, session_id, PriorityClass.INTERACTIVE
+                    )
                     routed = "created"
                 elif active["status"] == "waiting_for_user":
                     waiting = Run.from_row(active)

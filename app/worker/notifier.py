@@ -7,7 +7,7 @@ once, since notifications sent while nobody listened are lost; polling stays the
 
 Payloads are JSON written by `queries.sql`, bounded whatever the number of rows:
 `{"work": [priority, ...]}` when runs became claimable, `{"runs": ["<run id prefix>", ...]}`
-(the first 8 characters of at most 100 ids) when runs changed status, and `"more": true` when
+(the first 8 characters of at most 500 ids) when runs changed status, and `"more": true` when
 more runs changed than the payload names, which subscribers take as "anything may have changed".
 """
 
