@@ -368,6 +368,7 @@ def _run_command(args: argparse.Namespace) -> None:
     from app.queue.core import Queue
     from app.queue.errors import TurnstileError
     from app.queue.reads import Reads
+    from app.queue.statuses import ACTIVE
     from app.queue.submit import Submissions, Submitter
 
     settings = _settings()
@@ -392,7 +393,7 @@ def _run_command(args: argparse.Namespace) -> None:
                         ),
                     }
                     for klass, entry in depth.items()
-                    for status in ("queued", "running", "waiting_for_user")
+                    for status in ACTIVE
                 ]
             if args.runs_command == "stuck":
                 stuck = await reads.stuck(

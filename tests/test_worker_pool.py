@@ -20,10 +20,11 @@ from app.main import create_app
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue, QueueConfig
 from app.queue.models import NewRun, Run
-from app.worker.execution import CompletingExecutor, ExecutionContext, Executor
+from app.worker.execution import ExecutionContext, Executor
 from app.worker.layout import parse_slots
 from app.worker.notifier import Notifier
 from app.worker.pool import WorkerPool
+from tests.support.executors import CompletingExecutor
 from tests.support.invariants import check_all_runs
 from tests.support.servers import running_server
 from tests.support.waiting import eventually

@@ -47,12 +47,12 @@ from app.api.watch import (
 from app.queue.core import Queue
 from app.queue.errors import RunNotFoundError
 from app.queue.models import Run
+from app.queue.statuses import TERMINAL, RunStatus
 from app.security.api_keys import Caller
 
 router = APIRouter(tags=["runs"])
 runbook = APIRouter(tags=["runbook"])
 
-TERMINAL = ("succeeded", "failed", "cancelled")
 MAX_WAIT_SECONDS = 60.0
 KEEPALIVE_SECONDS = 15.0  # proxies close connections that stay silent much longer
 STREAM_PAGE = 500
@@ -253,9 +253,7 @@ async def get_run(
     request: Request,
     caller: CallerDep,
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_SECONDS)] = 0,
-    status: Annotated[
-        str | None, Query(pattern="^(queued|running|waiting_for_user|succeeded|failed|cancelled)$")
-    ] = None,
+    status: Annotated[RunStatus | None, Query()] = None,
     if_none_match: Annotated[str | None, Header(alias="If-None-Match", max_length=200)] = None,
 ) -> Any:
     state = request.app.state.turnstile

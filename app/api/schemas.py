@@ -9,10 +9,9 @@ from uuid import UUID
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
+from app.queue.classes import PriorityClass
 from app.queue.pages import RunsPage
-
-ClassName = Literal["interactive", "async", "maintenance"]
-RunStatus = Literal["queued", "running", "waiting_for_user", "succeeded", "failed", "cancelled"]
+from app.queue.statuses import RunStatus
 
 
 def storable_json(value: JsonValue) -> JsonValue:
@@ -66,7 +65,7 @@ class TurnRequest(Strict):
     agent: str | None = Field(
         default=None, min_length=1, max_length=200, description="Default: the service's."
     )
-    priority: ClassName | None = Field(
+    priority: PriorityClass | None = Field(
         default=None,
         description="interactive (default for turns) or async; maintenance "
         "needs the operator scope.",
@@ -84,7 +83,7 @@ class RunDocument(BaseModel):
     id: UUID
     session_id: UUID | None
     status: RunStatus
-    class_: ClassName = Field(alias="class")
+    class_: PriorityClass = Field(alias="class")
     priority: int
     agent: str
     input: JsonValue
@@ -140,7 +139,7 @@ class ClassDepth(BaseModel):
 
 class QueueStats(BaseModel):
     scope: str = Field(description="'tenant:<id>' or 'all' (admin keys).")
-    classes: dict[ClassName, ClassDepth]
+    classes: dict[PriorityClass, ClassDepth]
 
 
 class StuckRun(BaseModel):

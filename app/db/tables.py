@@ -27,6 +27,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
+from app.queue import statuses
+
 metadata = MetaData(
     naming_convention={
         "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -37,10 +39,9 @@ metadata = MetaData(
     }
 )
 
-RUN_STATUSES = ("queued", "running", "waiting_for_user", "succeeded", "failed", "cancelled")
-ACTIVE_STATUSES = ("queued", "running", "waiting_for_user")
+RUN_STATUSES = tuple(status.value for status in statuses.ALL)
 # SQL spelling of the non-terminal statuses, shared by the partial unique index and the checks.
-ACTIVE_STATUS_SQL = "status IN ('queued', 'running', 'waiting_for_user')"
+ACTIVE_STATUS_SQL = f"status IN ({statuses.sql_list(statuses.ACTIVE)})"
 
 now = text("now()")
 

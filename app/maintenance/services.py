@@ -20,6 +20,7 @@ from app.queue.core import Queue
 from app.queue.housekeeping import Housekeeping
 from app.queue.models import SweepReport
 from app.queue.reads import STUCK_REASONS, Reads
+from app.queue.statuses import ACTIVE
 
 log = logging.getLogger("turnstile.maintenance")
 
@@ -182,7 +183,7 @@ class QueueMetrics(MaintenanceService):
         self.metrics.oldest_age.clear()
         self.metrics.stuck.clear()
         for klass, entry in depth.items():
-            for status in ("queued", "running", "waiting_for_user"):
+            for status in ACTIVE:
                 self.metrics.queue_depth.labels(klass.value, status).set(getattr(entry, status))
             if entry.oldest_eligible_age_seconds is not None:
                 self.metrics.oldest_age.labels(klass.value).set(entry.oldest_eligible_age_seconds)

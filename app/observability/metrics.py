@@ -31,7 +31,6 @@ TRANSITIONS = (
     "released",
     "fenced",
 )
-CLASS_NAMES = [c.value for c in PriorityClass]
 # Label values must come from fixed sets: a client controls the method and the path, and every
 # distinct label value is a new series kept for the life of the process (and every scrape).
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})

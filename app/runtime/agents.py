@@ -15,11 +15,10 @@ once, answering with the input.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
+from app.queue.models import JSON
 from app.runtime.state import RunState
-
-JSON = Any
 
 
 @dataclass(frozen=True)

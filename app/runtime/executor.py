@@ -21,9 +21,8 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from app.queue.models import UNKNOWN_OUTCOME, JournalEntry, ToolCall
+from app.queue.models import JSON, UNKNOWN_OUTCOME, JournalEntry, ToolCall
 from app.runtime.agents import Agent, AgentError, Ask, CallTool, Finish
 from app.runtime.state import RunState, ToolRecord
 from app.runtime.tools import (
@@ -36,7 +35,6 @@ from app.runtime.tools import (
 from app.worker.execution import ExecutionContext, StopExecution
 
 log = logging.getLogger("turnstile.runtime")
-JSON = Any
 
 
 class SimulatedCrash(BaseException):

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from app.queue.models import JSON
 from app.runtime.tools import (
     IdempotencyClass,
     PermanentToolError,
@@ -39,7 +40,6 @@ from app.runtime.tools import (
     TransientToolError,
 )
 
-JSON = Any
 SAFE_METHODS = {"GET", "HEAD", "PUT", "DELETE"}
 METHODS = SAFE_METHODS | {"POST", "PATCH"}
 METADATA = {

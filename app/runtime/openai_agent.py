@@ -25,13 +25,13 @@ from typing import Any
 
 import httpx
 
+from app.queue.models import JSON
 from app.runtime.agents import AgentError, Ask, CallTool, Decision, Finish
 from app.runtime.outbound import ClientShards
 from app.runtime.state import RunState
 from app.runtime.tools import Tool
 
 log = logging.getLogger("turnstile.openai")
-JSON = Any
 ASK_USER = "ask_user"
 # What a failure quotes of an endpoint's answer (failures are tenant-visible, stored with runs).
 EXCERPT_CHARS = 500

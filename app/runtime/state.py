@@ -5,9 +5,10 @@ checkpoint is one JSONB value."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-JSON = Any
+from app.queue.models import JSON
+
 OutcomeStatus = Literal["succeeded", "failed", "uncertain"]
 
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import ClassVar, Literal, Protocol
 
-JSON = Any
+from app.queue.models import JSON
+
 IdempotencyClass = Literal["safe", "keyed", "unsafe"]
 
 

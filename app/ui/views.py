@@ -11,14 +11,14 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from app.db.tables import RUN_STATUSES
+from app.queue import statuses
 from app.queue.classes import BAND_WIDTH, PriorityClass
 from app.queue.models import Event
 from app.queue.reads import ClassDepth
 
 CLASSES = [klass.value for klass in PriorityClass]
-STATUSES = RUN_STATUSES
-ACTIVE = ("queued", "running", "waiting_for_user")
+STATUSES = tuple(status.value for status in statuses.ALL)
+ACTIVE = tuple(status.value for status in statuses.ACTIVE)
 MAX_FILTER_LENGTH = 200
 
 
@@ -283,8 +283,8 @@ def parse_filters(query: Mapping[str, str]) -> RunFilters:
         if len(value) > MAX_FILTER_LENGTH:
             raise FilterError(f"{name[:40]}: longer than {MAX_FILTER_LENGTH} characters")
     status = query.get("status", "").strip() or None
-    if status is not None and status not in RUN_STATUSES:
-        raise FilterError(f"status: {status!r} is not one of {', '.join(RUN_STATUSES)}")
+    if status is not None and status not in STATUSES:
+        raise FilterError(f"status: {status!r} is not one of {', '.join(STATUSES)}")
     klass = query.get("class", "").strip() or None
     if klass is not None and klass not in CLASSES:
         raise FilterError(f"class: {klass!r} is not one of {', '.join(CLASSES)}")

@@ -14,12 +14,10 @@ others. A caller cancelled before its batch is sent is left out of it and writes
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from app.queue.core import Queue
-from app.queue.models import Lease, WriteOutcome
+from app.queue.models import JSON, Lease, WriteOutcome
 
-JSON = Any
 _Pending = tuple[Lease, JSON, "asyncio.Future[WriteOutcome]"]
 
 

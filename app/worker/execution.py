@@ -101,17 +101,3 @@ class ExecutionContext:
 class Executor(Protocol):
     async def execute(self, ctx: ExecutionContext) -> None:
         """Run the claimed run to its next resting point: finished, waiting, or released."""
-
-
-class CompletingExecutor:
-    """Completes every run it is given, optionally after a pause: the pool's own tests and the
-    first benchmark use it until the runtime's executor is plugged in."""
-
-    def __init__(self, pause_seconds: float = 0.0) -> None:
-        self.pause_seconds = pause_seconds
-
-    async def execute(self, ctx: ExecutionContext) -> None:
-        if self.pause_seconds:
-            await asyncio.sleep(self.pause_seconds)
-        ctx.ensure_may_continue()
-        await ctx.finish("complete", ctx.complete({"completed": True}))
