@@ -22,13 +22,7 @@ from app.api.watch import RunWatch, StreamLimits
 from app.config import Settings, get_settings
 from app.db.engine import create_engine
 from app.db.resolve import ResolvedDatabase, resolve_database
-from app.maintenance.services import (
-    IdempotencyPruner,
-    LeasedSweeper,
-    MaintenanceService,
-    QueueMetrics,
-    RunRetention,
-)
+from app.maintenance.maintainer import Maintainer
 from app.observability.metrics import HttpMetrics, Metrics
 from app.queue.core import Queue, QueueConfig
 from app.queue.reads import Reads
@@ -117,8 +111,7 @@ async def services(
         settings.listen_database_url or database.url, application_name=f"turnstile {role} listen"
     )
     pool: WorkerPool | None = None
-    maintenance: list[MaintenanceService] = []
-    maintaining: list[asyncio.Task[None]] = []
+    maintainer: Maintainer | None = None
     try:
         await notifier.start()
         # Every process registers in `workers`; an API-only one with no slot groups.
@@ -136,38 +129,10 @@ async def services(
         if pool.groups:
             metrics.watch_slots(pool.occupancy)
         if settings.run_workers:
-            maintenance = [
-                LeasedSweeper(
-                    queue,
-                    holder=pool.worker_id,
-                    interval=settings.sweep_interval_seconds,
-                    on_success=succeeded,
-                ),
-                IdempotencyPruner(
-                    queue,
-                    holder=pool.worker_id,
-                    interval=settings.prune_interval_seconds,
-                    on_success=succeeded,
-                ),
-                QueueMetrics(
-                    queue,
-                    metrics,
-                    holder=pool.worker_id,
-                    interval=settings.queue_metrics_interval_seconds,
-                    on_success=succeeded,
-                ),
-                RunRetention(
-                    queue,
-                    holder=pool.worker_id,
-                    interval=settings.retention_interval_seconds,
-                    retention_seconds=settings.retention_seconds,
-                    on_success=succeeded,
-                ),
-            ]
-            maintaining = [
-                asyncio.create_task(service.run(), name=f"turnstile-{service.name}")
-                for service in maintenance
-            ]
+            maintainer = Maintainer(
+                queue, settings, metrics, holder=pool.worker_id, on_success=succeeded
+            )
+            maintainer.start()
         state = AppState(
             settings=settings,
             database=database,
@@ -187,9 +152,8 @@ async def services(
         notifier.on_runs(state.watch.notify)
         yield state
     finally:
-        for service in maintenance:
-            await service.stop()
-        await asyncio.gather(*maintaining)
+        if maintainer is not None:
+            await maintainer.stop()
         if pool is not None:
             await pool.stop(settings.drain_grace_seconds)
         await notifier.stop()

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from app.maintenance.services import IdempotencyPruner, RunRetention
+from app.maintenance.pruners import IdempotencyPruner, RunRetention
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.models import NewRun

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from app.maintenance.sweeper import Sweeper
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.errors import RunFinishedError, RunNotFoundError, RunNotWaitingError
 from app.queue.models import Fenced, Lease, NewRun, Run, SweepReport, ToolCall, Written
-from app.queue.sweeper import Sweeper
 from tests.support.clock import ManualClock
 from tests.support.invariants import check_all_runs
 
@@ -231,7 +231,7 @@ async def test_sweeper_leaves_live_leases_alone(queue: Queue, clock: ManualClock
     await queue.enqueue(new_run())
     lease = await claim_one(queue)
     clock.advance(29)
-    sweeper = Sweeper(queue, interval=0)
+    sweeper = Sweeper(queue, holder="test", interval=0)
     assert (await sweeper.run_once()).requeued == 0
     assert await queue.heartbeat(lease)
 
@@ -240,14 +240,14 @@ async def test_sweeper_service_runs_and_stops(queue: Queue, clock: ManualClock) 
     run = await queue.enqueue(new_run())
     await claim_one(queue)
     clock.advance(31)
-    sweeper = Sweeper(queue, interval=0.01)
+    sweeper = Sweeper(queue, holder="test", interval=0.01)
     task = asyncio.create_task(sweeper.run())
     for _ in range(500):
         if (await current(queue, run)).status == "queued":
             break
         await asyncio.sleep(0.01)
-    sweeper.stop()
-    sweeper.stop()  # idempotent
+    await sweeper.stop()
+    await sweeper.stop()  # idempotent
     await asyncio.wait_for(task, 5)
     assert (await current(queue, run)).status == "queued"
 

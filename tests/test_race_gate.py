@@ -24,10 +24,10 @@ from uuid import UUID
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.maintenance.sweeper import Sweeper
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue, QueueConfig
 from app.queue.models import Fenced, Lease, NewRun, ToolCall, WriteOutcome, Written
-from app.queue.sweeper import Sweeper
 from tests.support.invariants import check_log, read_log
 
 ROUNDS = int(os.environ.get("TURNSTILE_RACE_ROUNDS", "200"))
@@ -79,7 +79,7 @@ async def test_racing_workers_commit_each_transition_once(engine: AsyncEngine) -
         lease_seconds=0.004, max_attempts=1_000_000, backoff_base_seconds=0, backoff_max_seconds=0
     )
     queue = Queue(engine, config)
-    sweeper = Sweeper(queue, interval=0)
+    sweeper = Sweeper(queue, holder="test", interval=0)
     sweeping = asyncio.create_task(sweeper.run())
     tally = Tally()
     epochs_per_run: list[int] = []
@@ -112,7 +112,7 @@ async def test_racing_workers_commit_each_transition_once(engine: AsyncEngine) -
                     assert events[seq] == (kinds[label], epoch)
             epochs_per_run.append(max(epoch for _, _, epoch in log.events))
     finally:
-        sweeper.stop()
+        await sweeper.stop()
         await sweeping
 
     # The gate only means something if the race really happened, often.

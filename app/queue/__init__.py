@@ -1,5 +1,8 @@
-"""The queue core: ADR-0004's claim, fenced transitions, sweeper and idempotency.
+"""The queue core: ADR-0004's claim, fenced transitions, sweep and idempotency, and the typed
+services the edges call (submission routing in `submit.py`, read models in `reads.py`, the
+worker registry and maintenance leases in `housekeeping.py`).
 
-It knows nothing of HTTP, the runtime or the worker pool; they call it. Its SQL is in
-`queries.sql` beside this file.
+It knows nothing of HTTP, the runtime or the worker pool; they call it (tests/test_architecture.py
+holds the rule). Its SQL is `queries.sql` and `dashboard.sql` beside this file; the sweeper that
+runs `Queue.sweep` on an interval is app/maintenance/sweeper.py.
 """
