@@ -365,11 +365,12 @@ async def _reachable_schema(
 def _run_command(args: argparse.Namespace) -> None:
     """`turnstile runs ...` and `turnstile queue stats`: the runbook against the database, with
     the platform's view (every tenant unless --tenant narrows it)."""
+    from app.main import submissions_for
     from app.queue.core import Queue
     from app.queue.errors import TurnstileError
     from app.queue.reads import Reads
     from app.queue.statuses import ACTIVE
-    from app.queue.submit import Submissions, Submitter
+    from app.queue.submit import Submitter
 
     settings = _settings()
 
@@ -422,7 +423,7 @@ def _run_command(args: argparse.Namespace) -> None:
                     run_id, actor=actor.actor, tenant_id=tenant, reason="cancelled from the CLI"
                 )
                 return outcome.run.to_document()
-            submissions = Submissions.from_settings(queue, settings)
+            submissions = submissions_for(queue, settings)
             if args.runs_command == "resubmit":
                 return (await submissions.resubmit(actor, run_id, tenant_id=tenant)).document
             return (await submissions.dismiss(actor, run_id, tenant_id=tenant)).to_document()

@@ -15,7 +15,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
-    from app.worker.layout import SlotGroup
+    from app.queue.layout import SlotGroup
 
 
 RUN_WRITE_CONNECTIONS = 10
@@ -154,14 +154,14 @@ class Settings(BaseSettings):
     @field_validator("slots")
     @classmethod
     def _check_slots(cls, value: str) -> str:
-        from app.worker.layout import parse_slots
+        from app.queue.layout import parse_slots
 
         parse_slots(value)
         return value
 
     @property
     def slot_groups(self) -> tuple[SlotGroup, ...]:
-        from app.worker.layout import parse_slots
+        from app.queue.layout import parse_slots
 
         return parse_slots(self.slots)
 

@@ -58,6 +58,26 @@ class AppState:
     key_cache: dict[bytes, Any] = field(default_factory=dict)
 
 
+def queue_config(settings: Settings) -> QueueConfig:
+    """The queue core's settings, taken from the service's (the core knows no Settings)."""
+    return QueueConfig(
+        lease_seconds=settings.lease_seconds,
+        max_attempts=settings.max_attempts,
+        backoff_base_seconds=settings.retry_backoff_base_seconds,
+        backoff_max_seconds=settings.retry_backoff_max_seconds,
+    )
+
+
+def submissions_for(queue: Queue, settings: Settings) -> Submissions:
+    return Submissions(
+        queue,
+        default_agent=settings.default_agent,
+        idempotency_ttl_seconds=settings.idempotency_ttl_seconds,
+        idempotency_wait_seconds=settings.idempotency_wait_seconds,
+        lock_timeout_ms=settings.lock_timeout_ms,
+    )
+
+
 @asynccontextmanager
 async def services(
     settings: Settings,
@@ -75,7 +95,7 @@ async def services(
         settings, database.url, pool_size=settings.pool_size, application_name=f"turnstile {role}"
     )
     metrics = metrics or Metrics()
-    queue = Queue(engine, QueueConfig.from_settings(settings), observer=metrics)
+    queue = Queue(engine, queue_config(settings), observer=metrics)
 
     def succeeded(service: str) -> None:
         metrics.maintenance_success.labels(service).set(time.time())
@@ -140,7 +160,7 @@ async def services(
             queue=queue,
             notifier=notifier,
             pool=pool,
-            submissions=Submissions.from_settings(queue, settings),
+            submissions=submissions_for(queue, settings),
             reads=Reads(queue),
             agents=registry.agent_names(),
             metrics=metrics,

@@ -1,7 +1,7 @@
 """The import contract: which package may import which (docs/architecture.md).
 
 - The queue core (app/queue) imports none of the edges or the layers above it: api, ui,
-  runtime, worker, maintenance, cli.
+  runtime, worker, maintenance, cli, nor the settings (the app factory builds its services).
 - The runtime imports no api; the api imports no worker.
 - Only the tables' owners load named statements: app/queue its own (app.queue.sql), app/security
   its own (app.db.statements). api, ui, cli, worker, runtime and maintenance import no
@@ -27,7 +27,18 @@ EDGES = ("app.api", "app.ui", "app.cli", "app.worker", "app.runtime", "app.maint
 RULES: list[tuple[str, tuple[str, ...]]] = [
     (
         "app.queue",
-        ("app.api", "app.ui", "app.runtime", "app.worker", "app.maintenance", "app.cli"),
+        (
+            "app.api",
+            "app.ui",
+            "app.runtime",
+            "app.worker",
+            "app.maintenance",
+            "app.cli",
+            "app.main",
+            # The app factory builds the core's services from the settings; the core takes
+            # plain values, so it never reaches the settings (nor, through them, the edges).
+            "app.config",
+        ),
     ),
     ("app.runtime", ("app.api",)),
     ("app.api", ("app.worker",)),

@@ -7,8 +7,8 @@ from pydantic import ValidationError
 
 from app.config import Settings
 from app.queue.classes import PriorityClass
+from app.queue.layout import SlotLayoutError, parse_slots
 from app.runtime.outbound import ClientShards
-from app.worker.layout import SlotLayoutError, parse_slots
 
 INTERACTIVE, ASYNC, MAINTENANCE = PriorityClass
 

@@ -19,9 +19,9 @@ from app.db.engine import create_engine
 from app.main import create_app
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue, QueueConfig
+from app.queue.layout import parse_slots
 from app.queue.models import NewRun, Run
 from app.worker.execution import ExecutionContext, Executor
-from app.worker.layout import parse_slots
 from app.worker.notifier import Notifier
 from app.worker.pool import WorkerPool
 from tests.support.executors import CompletingExecutor

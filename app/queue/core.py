@@ -21,7 +21,6 @@ from sqlalchemy import RowMapping
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.config import Settings
 from app.queue.classes import PriorityClass, priorities_of
 from app.queue.errors import RunFinishedError, RunNotFoundError, RunNotWaitingError
 from app.queue.models import (
@@ -96,15 +95,6 @@ class QueueConfig:
     max_attempts: int = 3
     backoff_base_seconds: float = 5.0
     backoff_max_seconds: float = 300.0
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> QueueConfig:
-        return cls(
-            lease_seconds=settings.lease_seconds,
-            max_attempts=settings.max_attempts,
-            backoff_base_seconds=settings.retry_backoff_base_seconds,
-            backoff_max_seconds=settings.retry_backoff_max_seconds,
-        )
 
 
 class Queue:

@@ -25,7 +25,6 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.config import Settings
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue, dump_json
 from app.queue.errors import (
@@ -106,16 +105,6 @@ class Submissions:
         self.ttl = idempotency_ttl_seconds
         self.wait_ms = int(idempotency_wait_seconds * 1000)
         self.lock_timeout_ms = lock_timeout_ms
-
-    @classmethod
-    def from_settings(cls, queue: Queue, settings: Settings) -> Submissions:
-        return cls(
-            queue,
-            default_agent=settings.default_agent,
-            idempotency_ttl_seconds=settings.idempotency_ttl_seconds,
-            idempotency_wait_seconds=settings.idempotency_wait_seconds,
-            lock_timeout_ms=settings.lock_timeout_ms,
-        )
 
     # --- public -------------------------------------------------------------------------------
     async def submit_turn(

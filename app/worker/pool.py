@@ -34,10 +34,10 @@ from app.observability.logs import run_context
 from app.queue.classes import priorities_of
 from app.queue.core import Queue
 from app.queue.housekeeping import WorkerRegistry
+from app.queue.layout import SlotGroup
 from app.queue.models import ClaimedRun, Fenced
 from app.worker.completions import CompletionBatcher
 from app.worker.execution import ExecutionContext, Executor, StopExecution
-from app.worker.layout import SlotGroup
 from app.worker.notifier import Notifier
 
 log = logging.getLogger("turnstile.worker")
