@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api.problems import ApiProblem
+from app.api.state import state_of
 from app.queue.submit import Submitter
 from app.security.api_keys import Caller, authenticate, hash_key
 
@@ -27,7 +28,7 @@ async def current_caller(
 ) -> Caller:
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise ApiProblem("unauthorized", "missing bearer API key", headers=_CHALLENGE)
-    state = request.app.state.turnstile
+    state = state_of(request)
     cache: dict[bytes, tuple[float, Caller]] = state.key_cache
     digest = hash_key(credentials.credentials)
     hit = cache.get(digest)

@@ -12,6 +12,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.api.auth import bearer, current_caller
 from app.api.problems import ApiProblem, responses
+from app.api.state import state_of
 from app.db.migrate import head_revision
 from app.db.resolve import schema_revision
 
@@ -29,7 +30,7 @@ async def healthz() -> dict[str, str]:
     responses={503: {"description": "Not ready; the body says which check failed"}},
 )
 async def readyz(request: Request) -> JSONResponse:
-    state = request.app.state.turnstile
+    state = state_of(request)
     checks: dict[str, Any] = {}
     ready = True
     try:
@@ -55,7 +56,7 @@ async def metrics_access(
 ) -> None:
     """Open by default (a scraper on the private network); with TURNSTILE_METRICS_REQUIRE_KEY,
     admin keys only, since the figures are queue-wide: every tenant's runs together."""
-    if not request.app.state.turnstile.settings.metrics_require_key:
+    if not state_of(request).settings.metrics_require_key:
         return
     caller = await current_caller(request, credentials)
     if not caller.is_admin:
@@ -74,5 +75,5 @@ async def metrics_access(
     dependencies=[Depends(metrics_access)],
 )
 async def metrics(request: Request) -> Response:
-    registry = request.app.state.turnstile.metrics.registry
+    registry = state_of(request).metrics.registry
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

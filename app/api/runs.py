@@ -37,6 +37,7 @@ from app.api.sessions import (
     spec_from,
     submitted_response,
 )
+from app.api.state import state_of
 from app.api.watch import (
     POLL_RECHECK_SECONDS,
     STREAM_RECHECK_SECONDS,
@@ -67,7 +68,7 @@ def etag_of(document: dict[str, Any]) -> str:
 async def load_run(request: Request, run_id: UUID, caller: Caller) -> Run:
     """The run, if the caller may see it: its tenant (admin keys: any), and its principal unless
     the key has a scope; otherwise not found, as for a missing run."""
-    queue: Queue = request.app.state.turnstile.queue
+    queue: Queue = state_of(request).queue
     run = await queue.get_run(
         run_id, tenant_id=visible_tenant(caller), principal=visible_principal(caller)
     )
@@ -86,7 +87,7 @@ async def load_run(request: Request, run_id: UUID, caller: Caller) -> Run:
 )
 async def queue_stats(request: Request, caller: OperatorDep) -> Any:
     tenant = visible_tenant(caller)
-    depth = await request.app.state.turnstile.reads.depth(tenant_id=tenant)
+    depth = await state_of(request).reads.depth(tenant_id=tenant)
     return QueueStats(
         scope="all" if tenant is None else f"tenant:{tenant}",
         classes={
@@ -108,7 +109,7 @@ async def stuck_runs(
     waiting_seconds: Annotated[float, Query(ge=0, le=10**8)] = 86_400,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> Any:
-    stuck = await request.app.state.turnstile.reads.stuck(
+    stuck = await state_of(request).reads.stuck(
         tenant_id=visible_tenant(caller),
         queued_seconds=queued_seconds,
         waiting_seconds=waiting_seconds,
@@ -133,7 +134,7 @@ async def failed_runs(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Any:
-    page = await request.app.state.turnstile.reads.failed_page(
+    page = await state_of(request).reads.failed_page(
         tenant_id=visible_tenant(caller), cursor=cursor, limit=limit
     )
     return run_page_document(page)
@@ -166,7 +167,7 @@ async def resubmit(
     caller: OperatorDep,
     idempotency_key: IdempotencyHeader = None,
 ) -> Any:
-    state = request.app.state.turnstile
+    state = state_of(request)
     outcome = await state.submissions.resubmit(
         submitter_of(caller),
         run_id,
@@ -187,7 +188,7 @@ async def resubmit(
     ),
 )
 async def dismiss(run_id: UUID, request: Request, caller: OperatorDep) -> Any:
-    state = request.app.state.turnstile
+    state = state_of(request)
     run = await state.submissions.dismiss(
         submitter_of(caller),
         run_id,
@@ -223,7 +224,7 @@ async def submit_run(
     caller: CallerDep,
     idempotency_key: IdempotencyHeader = None,
 ) -> Any:
-    state = request.app.state.turnstile
+    state = state_of(request)
     outcome = await state.submissions.submit_run(
         submitter_of(caller),
         spec_from(body, caller, state.agents),
@@ -256,7 +257,7 @@ async def get_run(
     status: Annotated[RunStatus | None, Query()] = None,
     if_none_match: Annotated[str | None, Header(alias="If-None-Match", max_length=200)] = None,
 ) -> Any:
-    state = request.app.state.turnstile
+    state = state_of(request)
     run = await load_run(request, run_id, caller)
     known = status or run.status
     if wait > 0 and run.status == known and run.status not in TERMINAL:
@@ -311,7 +312,7 @@ async def run_events(
     accept: Annotated[str | None, Header(max_length=500)] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=30)] = None,
 ) -> Any:
-    state = request.app.state.turnstile
+    state = state_of(request)
     run = await load_run(request, run_id, caller)
     if accept is not None and "text/event-stream" in accept:
         start = after
@@ -365,7 +366,7 @@ async def stream_events(
     """The run's events as Server-Sent Events. Each recheck is one statement (where the run
     stands and what is new), run when a notification wakes the stream or its recheck is due
     (`recheck_seconds`); keep-alive comments in between cost the database nothing."""
-    state = request.app.state.turnstile
+    state = state_of(request)
     loop = asyncio.get_running_loop()
     last_sent = loop.time()
     next_check = loop.time()  # at once: the first page
@@ -418,7 +419,7 @@ async def stream_events(
     responses=responses("unauthorized", "not-found", "run-finished", "invalid-request"),
 )
 async def cancel(run_id: UUID, request: Request, caller: CallerDep) -> Any:
-    state = request.app.state.turnstile
+    state = state_of(request)
     outcome = await state.queue.cancel(
         run_id,
         actor=caller.actor,

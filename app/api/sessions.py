@@ -20,6 +20,7 @@ from app.api.schemas import (
     TurnRequest,
     run_page_document,
 )
+from app.api.state import state_of
 from app.queue.classes import PriorityClass
 from app.queue.errors import SessionNotFoundError
 from app.queue.reads import Reads, SessionView
@@ -68,7 +69,7 @@ async def idempotency_of(request: Request, key: str | None) -> IdempotencyKey | 
 async def visible_session(request: Request, session_id: UUID, caller: Caller) -> SessionView:
     """The session if the caller may see it: its own tenant, and its own principal's sessions
     unless the key has a scope; SessionNotFoundError otherwise."""
-    reads: Reads = request.app.state.turnstile.reads
+    reads: Reads = state_of(request).reads
     session = await reads.session(
         session_id, tenant_id=caller.tenant_id, principal=visible_principal(caller)
     )
@@ -92,7 +93,7 @@ def submitted_response(outcome: Submitted) -> JSONResponse:
     responses=responses("unauthorized"),
 )
 async def create_session(request: Request, caller: CallerDep, response: Response) -> Any:
-    session = await request.app.state.turnstile.reads.create_session(
+    session = await state_of(request).reads.create_session(
         tenant_id=caller.tenant_id, principal=caller.principal
     )
     response.headers["Location"] = f"/sessions/{session.id}"
@@ -131,9 +132,7 @@ async def session_runs(
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Any:
     await visible_session(request, session_id, caller)
-    page = await request.app.state.turnstile.reads.session_runs_page(
-        session_id, cursor=cursor, limit=limit
-    )
+    page = await state_of(request).reads.session_runs_page(session_id, cursor=cursor, limit=limit)
     return run_page_document(page)
 
 
@@ -171,7 +170,7 @@ async def submit_turn(
     caller: CallerDep,
     idempotency_key: IdempotencyHeader = None,
 ) -> Any:
-    state = request.app.state.turnstile
+    state = state_of(request)
     spec = spec_from(body, caller, state.agents)
     outcome = await state.submissions.submit_turn(
         submitter_of(caller),

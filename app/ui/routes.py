@@ -26,6 +26,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader
 
 from app.api.auth import submitter_of, visible_principal, visible_tenant
+from app.api.state import state_of
 from app.queue.errors import (
     InvalidCursorError,
     RunNotFailedError,
@@ -189,7 +190,7 @@ async def sign_out(request: Request) -> Response:
 
 # --- the overview ----------------------------------------------------------------------------
 async def overview_context(request: Request, caller: Caller) -> dict[str, Any]:
-    state = request.app.state.turnstile
+    state = state_of(request)
     tenant = visible_tenant(caller)
     reads: Reads = state.reads
     seen = await reads.overview(
@@ -244,7 +245,7 @@ async def runs(request: Request, caller: UiCaller) -> HTMLResponse:
             classes=views.CLASSES,
             next_link=None,
         )
-    state = request.app.state.turnstile
+    state = state_of(request)
     reads: Reads = state.reads
     try:
         found = await reads.runs_page(
@@ -285,7 +286,7 @@ def scope_label(caller: Caller) -> str:
 @router.get("/runs/{run_id}")
 async def run_page(run_id: str, request: Request, caller: UiCaller) -> HTMLResponse:
     parsed = parse_run_id(run_id)
-    state = request.app.state.turnstile
+    state = state_of(request)
     run = (
         await state.queue.get_run(
             parsed, tenant_id=visible_tenant(caller), principal=visible_principal(caller)
@@ -326,7 +327,7 @@ async def dead_letter(request: Request, caller: UiCaller) -> HTMLResponse:
     if not caller.is_operator:
         return error_page(request, caller, 403, "The dead letter needs the operator scope.")
     cursor = request.query_params.get("cursor")
-    reads: Reads = request.app.state.turnstile.reads
+    reads: Reads = state_of(request).reads
     try:
         found = await reads.failed_page(
             tenant_id=visible_tenant(caller),
@@ -379,7 +380,7 @@ async def operator_action(request: Request, caller: Caller, run_id: str, action:
     parsed = parse_run_id(run_id)
     if parsed is None:
         return error_page(request, caller, 404, f"No run {run_id!r} is visible to this key.")
-    state = request.app.state.turnstile
+    state = state_of(request)
     who = submitter_of(caller)
     notice: dict[str, str] = {"run": str(parsed)}
     try:

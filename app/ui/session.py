@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from fastapi import Request
 from fastapi.responses import Response
 
+from app.api.state import state_of
 from app.security.api_keys import Caller
 from app.security.dashboard_sessions import end_session, session_caller, start_session
 
@@ -52,7 +53,7 @@ async def start(request: Request, key: str) -> tuple[str, Caller] | None:
     unknown or revoked key."""
     if not key or len(key) > MAX_KEY_LENGTH:
         return None
-    state = request.app.state.turnstile
+    state = state_of(request)
     token = secrets.token_urlsafe(32)
     caller = await start_session(
         state.engine, key=key, token=token, lifetime_seconds=state.settings.ui_session_seconds
@@ -64,15 +65,13 @@ async def end(request: Request) -> None:
     """Delete the request's session, if it has one: every copy of its cookie stops working."""
     token = token_of(request)
     if token is not None:
-        await end_session(request.app.state.turnstile.engine, token)
+        await end_session(state_of(request).engine, token)
 
 
 async def signed_in(request: Request) -> Caller:
     """The caller of the request's session; SignInRequired when there is no valid one."""
     token = token_of(request)
-    caller = (
-        None if token is None else await session_caller(request.app.state.turnstile.engine, token)
-    )
+    caller = None if token is None else await session_caller(state_of(request).engine, token)
     if caller is None:
         raise SignInRequired()
     return caller
