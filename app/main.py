@@ -208,7 +208,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
         swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.shutdown = shutdown
-    from app.api import health, problems, runs, sessions
+    from app.api import health, problems, runbook, runs, sessions
     from app.api.forwarded import ForwardedProto
     from app.api.limits import BodyLimit
 
@@ -220,7 +220,7 @@ def create_app(settings: Settings | None = None, executor: Executor | None = Non
     app.include_router(health.router)
     app.include_router(sessions.router)
     # The runbook's fixed paths (/runs/stuck, /runs/failed) before /runs/{run_id}.
-    app.include_router(runs.runbook)
+    app.include_router(runbook.runbook)
     app.include_router(runs.router)
     from app.ui import routes as ui
 
