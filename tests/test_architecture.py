@@ -89,3 +89,15 @@ def test_imports_follow_the_contract(path: Path) -> None:
 def test_the_contract_sees_every_package() -> None:
     packages = {module_name(p).split(".")[1] for p in MODULES if module_name(p) != "app"}
     assert {"api", "ui", "queue", "runtime", "worker", "maintenance", "security"} <= packages
+
+
+def test_the_runtime_writes_only_through_its_execution() -> None:
+    """The runtime reaches the queue only through `ExecutionContext`'s fenced writes, never
+    through the queue object the context carries."""
+    offending = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sorted((APP / "runtime").rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if ".queue." in line and "import" not in line
+    ]
+    assert not offending, "\n".join(offending)

@@ -70,13 +70,12 @@ class RuntimeExecutor:
 
     async def execute(self, ctx: ExecutionContext) -> None:
         run = ctx.claimed.run
-        queue = ctx.queue
         agent = self.registry.agents.get(run.agent)
         if agent is None:
             await self._fail(ctx, "unknown_agent", f"no agent named {run.agent!r}")
             return
         # Checkpoint, inputs and journal in one read (none at all on a run's first claim).
-        resume = await queue.resume_state(run)
+        resume = await ctx.resume_state()
         checkpoint = resume.checkpoint
         state = RunState.from_json(checkpoint.state) if checkpoint else RunState(inputs=[run.input])
         state.inputs = resume.inputs  # answers delivered since the checkpoint
@@ -108,19 +107,13 @@ class RuntimeExecutor:
                         f"the result exceeds {self.limits.max_result_bytes} bytes",
                     )
                     return
-                await ctx.finish("complete", ctx.complete(decision.result))
+                await ctx.complete(decision.result)
                 return
             if isinstance(decision, Ask):
                 state.questions.append(decision.question)
                 state.elapsed_seconds = clock.elapsed()
-                await ctx.finish(
-                    "wait_for_user",
-                    queue.wait_for_user(
-                        ctx.lease,
-                        decision.question,
-                        step=state.next_step,
-                        state=state.to_json(),
-                    ),
+                await ctx.wait_for_user(
+                    decision.question, step=state.next_step, state=state.to_json()
                 )
                 return
             for call in decision:
@@ -144,7 +137,7 @@ class RuntimeExecutor:
         )
         self._crash("before_started", step)
         ctx.ensure_may_continue()  # journal nothing this worker may not go on to run
-        await ctx.checked(await ctx.queue.tool_started(ctx.lease, record), "tool_started")
+        await ctx.tool_started(record)
         self._crash("after_started", step)
         return await self._run_and_record(ctx, state, clock, tool, record)
 
@@ -187,10 +180,7 @@ class RuntimeExecutor:
                         # Provably never sent: close the entry as not sent, so that recovery
                         # neither takes the step as done nor reports it uncertain; the next
                         # attempt plans the call again.
-                        await ctx.checked(
-                            await ctx.queue.tool_not_sent(ctx.lease, record, str(exc)),
-                            "tool_not_sent",
-                        )
+                        await ctx.tool_not_sent(record, str(exc))
                     await self._release_early(
                         ctx, f"{record.tool} kept failing after {attempt} attempts: {exc}"
                     )
@@ -234,10 +224,7 @@ class RuntimeExecutor:
                 f"the run's state exceeds {self.limits.max_state_bytes} bytes",
             )
             raise StopExecution("checkpoint too large")
-        await ctx.checked(
-            await ctx.queue.tool_finished(ctx.lease, record, status, outcome, snapshot),
-            "tool_finished",
-        )
+        await ctx.tool_finished(record, status, outcome, snapshot)
 
     # --- recovery ---------------------------------------------------------------------------
     async def _recover(
@@ -269,19 +256,17 @@ class RuntimeExecutor:
             await self._fail(ctx, "unknown_tool", f"no tool named {pending.tool!r}")
             raise StopExecution("unknown tool")
         # Safe: run it again. Keyed: again, with the key recorded in the journal.
-        await ctx.checked(await ctx.queue.tool_started(ctx.lease, record), "tool_started")
+        await ctx.tool_started(record)
         if not await self._run_and_record(ctx, state, clock, tool, record):
             raise StopExecution("recovery ended the run")
 
     # --- endings ------------------------------------------------------------------------------
     async def _fail(self, ctx: ExecutionContext, kind: str, message: str) -> None:
         log.info("run failed", extra={"run_id": str(ctx.lease.run_id), "kind": kind})
-        await ctx.finish("fail", ctx.queue.fail(ctx.lease, {"kind": kind, "message": message}))
+        await ctx.fail({"kind": kind, "message": message})
 
     async def _release_early(self, ctx: ExecutionContext, reason: str) -> None:
-        await ctx.finish(
-            "release", ctx.queue.release(ctx.lease, graceful=False, reason=reason[:500])
-        )
+        await ctx.release_early(reason[:500])
 
     def _crash(self, boundary: str, step: int) -> None:
         if self.crash_hook is not None:

@@ -1,9 +1,10 @@
 """The executor interface: what a slot hands a claimed run to.
 
 The runtime (agents, tools, checkpoints) implements `Executor`; the pool only claims, holds
-leases and stops executions. `ExecutionContext` is the executor's view of its hold on the run:
-the lease to present on every fenced write, whether the pool still believes in that lease, and
-`stop_fenced()` to call when a write came back `Fenced`.
+leases and stops executions. `ExecutionContext` is the executor's hold on the run: it offers the
+fenced writes themselves (tool started, finished or not sent; complete, wait for the user, fail,
+release), each presenting the lease, marking the execution finishing when it ends the hold, and
+turning a zero-row answer into the one stop path. The runtime writes only through it.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import asyncio
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-from app.queue.core import Queue
-from app.queue.models import ClaimedRun, Fenced, Lease, WriteOutcome, Written
+from app.queue.core import Queue, ResumeState
+from app.queue.models import JSON, ClaimedRun, Fenced, Lease, ToolCall, WriteOutcome, Written
 from app.worker.completions import CompletionBatcher
 
 
@@ -65,11 +66,49 @@ class ExecutionContext:
         if not self.may_continue():
             raise StopExecution("lease lost" if self.fenced else "lease may have lapsed")
 
-    async def complete(self, result: Any) -> WriteOutcome:
-        """The fenced completion of this run, batched with its slot group's when it has one."""
+    # --- the fenced writes of this hold -------------------------------------------------------
+    # Each presents this execution's lease; a zero-row answer takes the one stop path
+    # (`checked`: record run.fenced once, raise StopExecution). The writes that end the hold go
+    # through `finish`, which marks the execution finishing first and ended once committed.
+    async def resume_state(self) -> ResumeState:
+        """What this run resumes from: checkpoint, inputs, tool journal (a plain read)."""
+        return await self.queue.resume_state(self.claimed.run)
+
+    async def tool_started(self, call: ToolCall) -> None:
+        await self.checked(await self.queue.tool_started(self.lease, call), "tool_started")
+
+    async def tool_finished(
+        self, call: ToolCall, outcome_status: str, outcome: JSON, state: JSON
+    ) -> None:
+        await self.checked(
+            await self.queue.tool_finished(self.lease, call, outcome_status, outcome, state),
+            "tool_finished",
+        )
+
+    async def tool_not_sent(self, call: ToolCall, error: str) -> None:
+        await self.checked(await self.queue.tool_not_sent(self.lease, call, error), "tool_not_sent")
+
+    async def complete(self, result: JSON) -> None:
+        """Complete the run, batched with its slot group's completions when it has a batcher."""
+        await self.finish("complete", self.completion_write(result))
+
+    async def completion_write(self, result: JSON) -> WriteOutcome:
+        """The completion's write alone, its outcome unchecked (for `finish`)."""
         if self.completions is not None:
             return await self.completions.complete(self.lease, result)
         return await self.queue.complete(self.lease, result)
+
+    async def wait_for_user(self, question: JSON, *, step: int, state: JSON) -> None:
+        await self.finish(
+            "wait_for_user", self.queue.wait_for_user(self.lease, question, step=step, state=state)
+        )
+
+    async def fail(self, failure: JSON) -> None:
+        await self.finish("fail", self.queue.fail(self.lease, failure))
+
+    async def release_early(self, reason: str) -> None:
+        """Transient retries ran out: requeued with backoff, counted as an attempt."""
+        await self.finish("release", self.queue.release(self.lease, graceful=False, reason=reason))
 
     async def finish(self, during: str, write: Awaitable[WriteOutcome]) -> WriteOutcome:
         """Make the write that ends this hold (complete, fail, wait for the user, release):

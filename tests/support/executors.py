@@ -17,4 +17,4 @@ class CompletingExecutor:
         if self.pause_seconds:
             await asyncio.sleep(self.pause_seconds)
         ctx.ensure_may_continue()
-        await ctx.finish("complete", ctx.complete({"completed": True}))
+        await ctx.complete({"completed": True})
