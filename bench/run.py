@@ -14,9 +14,10 @@ own (bench/http_load.py).
 1. Ceiling: pgbench (one single-row UPDATE per transaction, 8 clients) and asyncpg (8
    connections committing single-row UPDATEs), at the server's own durability settings, which
    are Turnstile's; (7) the asyncpg figure again with one pg_notify per transaction.
-2. Throughput: no-op scripted runs, bulk-enqueued sessionless, drained by 1 and 2 worker
-   processes at several async slot counts. Runs/s over the drain window by the database clock
-   (first claim to last completion), and the ratio to the pgbench ceiling.
+2. Throughput: no-op scripted runs, bulk-enqueued sessionless, drained by 1, 2 and 4 worker
+   processes at several async slot counts (the quick profile: 1 and 2). Runs/s over the drain
+   window by the database clock (first claim to last completion), and the ratio to the pgbench
+   ceiling.
 3. Latency under backlog: 10,000 async runs (each a 50 ms sleep tool call: claim, journal,
    checkpoint, complete) keep every async slot of one worker busy, while interactive no-op
    runs arrive at a steady rate. Enqueue-to-claim by the database clock, per class.
@@ -24,6 +25,10 @@ own (bench/http_load.py).
    this process around the whole claim transaction.
 5. POST /sessions/{id}/turns from bench/http_load.py against one `turnstile serve --no-workers`.
 6. Peak RSS (VmHWM) of every worker process.
+7. In flight (bench/inflight.py): one worker with 100, 500, 2,000 and 5,000 async slots serving
+   as many `openai` runs against a loopback endpoint answering after 1 s (bench/fake_model.py).
+8. Peers (bench/peers.py): Turnstile, PGQueuer and Procrastinate on the same workloads (drain,
+   single enqueues, probes behind a backlog, commits and WAL per job), each on its own database.
 """
 
 from __future__ import annotations
@@ -109,7 +114,7 @@ FULL = Profile(
     ceiling_seconds=10,
     throughput_runs=20_000,
     throughput_slots=(4, 16, 64),
-    throughput_processes=(1, 2),
+    throughput_processes=(1, 2, 4),
     backlog_runs=10_000,
     backlog_sleep_seconds=0.05,
     latency_seconds=30,
@@ -680,7 +685,7 @@ def plot(results: dict[str, Any], path: Path) -> bool:
         results["ceiling"]["pgbench_tps"],
         (results.get("ceiling_end") or {}).get("pgbench_tps", 0),
     )
-    for processes, marker in ((1, "o"), (2, "s")):
+    for processes, marker in ((1, "o"), (2, "s"), (4, "^")):
         rows = [r for r in results["throughput"] if r["processes"] == processes]
         if rows:
             right.plot(
