@@ -14,9 +14,10 @@ own (bench/http_load.py).
 1. Ceiling: pgbench (one single-row UPDATE per transaction, 8 clients) and asyncpg (8
    connections committing single-row UPDATEs), at the server's own durability settings, which
    are Turnstile's; (7) the asyncpg figure again with one pg_notify per transaction.
-2. Throughput: no-op scripted runs, bulk-enqueued sessionless, drained by 1 and 2 worker
-   processes at several async slot counts. Runs/s over the drain window by the database clock
-   (first claim to last completion), and the ratio to the pgbench ceiling.
+2. Throughput: no-op scripted runs, bulk-enqueued sessionless, drained by 1, 2 and 4 worker
+   processes at several async slot counts (the quick profile: 1 and 2). Runs/s over the drain
+   window by the database clock (first claim to last completion), and the ratio to the pgbench
+   ceiling.
 3. Latency under backlog: 10,000 async runs (each a 50 ms sleep tool call: claim, journal,
    checkpoint, complete) keep every async slot of one worker busy, while interactive no-op
    runs arrive at a steady rate. Enqueue-to-claim by the database clock, per class.
@@ -24,6 +25,10 @@ own (bench/http_load.py).
    this process around the whole claim transaction.
 5. POST /sessions/{id}/turns from bench/http_load.py against one `turnstile serve --no-workers`.
 6. Peak RSS (VmHWM) of every worker process.
+7. In flight (bench/inflight.py): one worker with 100, 500, 2,000 and 5,000 async slots serving
+   as many `openai` runs against a loopback endpoint answering after 1 s (bench/fake_model.py).
+8. Peers (bench/peers.py): Turnstile, PGQueuer and Procrastinate on the same workloads (drain,
+   single enqueues, probes behind a backlog, commits and WAL per job), each on its own database.
 """
 
 from __future__ import annotations
@@ -41,31 +46,44 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 import asyncpg
-from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ceiling
+import inflight
+import peers
+from common import (
+    NOOP,
+    ROOT,
+    TURNSTILE,
+    Databases,
+    Worker,
+    _round,
+    cpu_seconds,
+    enqueue_bulk,
+    log,
+    peak_rss_mb,
+    retrying,
+    server_url,
+    service_env,
+    summary,
+    wait_count,
+    wait_workers,
+)
 
 from app.config import Settings
-from app.db.embedded import free_port, start_embedded
-from app.db.engine import create_engine, plain_url
-from app.db.migrate import upgrade
+from app.db.embedded import free_port
+from app.db.engine import create_engine
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.models import NewRun
 
-ROOT = Path(__file__).resolve().parent.parent
-TURNSTILE = str(Path(sys.executable).parent / "turnstile")
 INTERACTIVE, ASYNC, MAINTENANCE = PriorityClass
-NOOP = {"script": [{"final": "ok"}]}
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -83,6 +101,12 @@ class Profile:
     claims_per_depth: int
     api_seconds: float
     api_connections: int
+    inflight_sizes: tuple[int, ...]
+    peer_jobs: int
+    peer_processes: tuple[int, ...]
+    peer_singles: int
+    peer_backlog: int
+    peer_probes: int
 
 
 FULL = Profile(
@@ -90,7 +114,7 @@ FULL = Profile(
     ceiling_seconds=10,
     throughput_runs=20_000,
     throughput_slots=(4, 16, 64),
-    throughput_processes=(1, 2),
+    throughput_processes=(1, 2, 4),
     backlog_runs=10_000,
     backlog_sleep_seconds=0.05,
     latency_seconds=30,
@@ -99,6 +123,12 @@ FULL = Profile(
     claims_per_depth=300,
     api_seconds=15,
     api_connections=32,
+    inflight_sizes=(100, 500, 2_000, 5_000),
+    peer_jobs=20_000,
+    peer_processes=(1, 2),
+    peer_singles=5_000,
+    peer_backlog=5_000,
+    peer_probes=200,
 )
 QUICK = Profile(
     name="quick",
@@ -114,6 +144,12 @@ QUICK = Profile(
     claims_per_depth=100,
     api_seconds=4,
     api_connections=32,
+    inflight_sizes=(100, 500),
+    peer_jobs=2_000,
+    peer_processes=(1, 2),
+    peer_singles=500,
+    peer_backlog=1_000,
+    peer_probes=40,
 )
 TINY = Profile(  # the smoke test's: every phase runs, the figures mean nothing
     name="tiny",
@@ -129,189 +165,14 @@ TINY = Profile(  # the smoke test's: every phase runs, the figures mean nothing
     claims_per_depth=20,
     api_seconds=1,
     api_connections=4,
+    inflight_sizes=(20,),
+    peer_jobs=100,
+    peer_processes=(1,),
+    peer_singles=20,
+    peer_backlog=40,
+    peer_probes=4,
 )
 PROFILES = {p.name: p for p in (FULL, QUICK, TINY)}
-
-
-def percentile(values: list[float], pct: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))]
-
-
-def summary(values: list[float]) -> dict[str, Any]:
-    return {
-        "n": len(values),
-        "p50_ms": _round(percentile(values, 50)),
-        "p95_ms": _round(percentile(values, 95)),
-        "p99_ms": _round(percentile(values, 99)),
-        "max_ms": _round(max(values) if values else None),
-    }
-
-
-def _round(value: float | None, digits: int = 2) -> float | None:
-    return None if value is None else round(value, digits)
-
-
-def log(message: str) -> None:
-    print(f"bench: {message}", file=sys.stderr, flush=True)
-
-
-# --- databases --------------------------------------------------------------------------------
-async def server_url() -> str:
-    for name in ("DATABASE_URL", "TURNSTILE_DATABASE_URL", "TEST_DATABASE_URL"):
-        if os.environ.get(name):
-            return os.environ[name]
-    data_dir = Settings().data_dir  # TURNSTILE_DATA_DIR, `.turnstile` by default
-    return (await asyncio.to_thread(start_embedded, ROOT / data_dir)).url
-
-
-class Databases:
-    """Scratch databases on one server: a migrated template, and fresh clones of it."""
-
-    def __init__(self, server: str) -> None:
-        self.server = server
-        self.prefix = f"turnstile_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-        self.template = f"{self.prefix}_template"
-        self.count = 0
-
-    def url(self, name: str) -> str:
-        return plain_url(make_url(self.server).set(database=name))
-
-    async def _admin(self, statement: str) -> None:
-        conn = await asyncpg.connect(plain_url(self.server))
-        try:
-            await conn.execute(statement)
-        finally:
-            await conn.close()
-
-    async def create_template(self) -> None:
-        await self._admin(f'CREATE DATABASE "{self.template}"')
-        await asyncio.to_thread(upgrade, self.url(self.template))
-
-    @contextlib.asynccontextmanager
-    async def fresh(self) -> AsyncIterator[str]:
-        self.count += 1
-        name = f"{self.prefix}_{self.count}"
-        await self._admin(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
-        try:
-            yield self.url(name)
-        finally:
-            await self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    async def drop_template(self) -> None:
-        await self._admin(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
-
-
-# --- processes --------------------------------------------------------------------------------
-def service_env(url: str, **settings: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNSTILE_")}
-    env.pop("TEST_DATABASE_URL", None)
-    env["DATABASE_URL"] = url
-    env.update({f"TURNSTILE_{k.upper()}": v for k, v in settings.items()})
-    return env
-
-
-def peak_rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time a process has used so far."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class Worker:
-    """One `turnstile worker` process."""
-
-    def __init__(self, url: str, slots: str, logs: Path, **settings: str) -> None:
-        self.log_path = logs
-        self.log_file = logs.open("wb")
-        self.process = subprocess.Popen(
-            [TURNSTILE, "worker"],
-            env=service_env(url, slots=slots, **settings),
-            stdout=self.log_file,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-
-    def peak_rss_mb(self) -> float | None:
-        return peak_rss_mb(self.process.pid)
-
-    def cpu_seconds(self) -> float:
-        return cpu_seconds(self.process.pid) or 0.0
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.log_file.close()
-
-
-async def wait_workers(conn: asyncpg.Connection, count: int, workers: list[Worker]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for worker in workers:
-            if worker.process.poll() is not None:
-                raise RuntimeError(
-                    f"worker exited: {worker.log_path.read_text(errors='replace')[-2000:]}"
-                )
-        registered = await conn.fetchval(
-            "SELECT count(*) FROM workers WHERE role = 'worker' AND stopped_at IS NULL"
-        )
-        if registered >= count:
-            return
-        await asyncio.sleep(0.05)
-    raise TimeoutError("worker processes did not register within 60 s")
-
-
-async def wait_count(conn: asyncpg.Connection, sql: str, target: int, within: float) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if await conn.fetchval(sql) >= target:
-            return
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"not reached within {within:g} s: {sql}")
-
-
-async def enqueue_bulk(
-    queue: Queue, count: int, input_: dict[str, Any], priority: int, chunk: int = 2000
-) -> None:
-    for start in range(0, count, chunk):
-        n = min(chunk, count - start)
-        await queue.enqueue_many(
-            tenant_id="bench", principal="bench", runs=[("scripted", input_, priority, None)] * n
-        )
-
-
-async def retrying(label: str, phase: Callable[[], Awaitable[T]]) -> T:
-    """Run a phase again (from a fresh database) when the server refused a connection because
-    its max_connections were taken (a shared server, other suites running): a figure is either
-    measured whole or not at all."""
-    for attempt in range(1, 6):
-        try:
-            return await phase()
-        except Exception as exc:
-            if "too many clients" not in str(exc) or attempt == 5:
-                raise
-            log(f"{label}: the server has no free connection; again in 20 s ({attempt}/5)")
-            await asyncio.sleep(20)
-    raise AssertionError("unreachable")
 
 
 # --- 2. throughput ----------------------------------------------------------------------------
@@ -772,6 +633,26 @@ def markdown(results: dict[str, Any]) -> str:
         f"| Peak RSS of a worker process | {rss} MB | - | <= 150 MB | "
         f"{'yes' if rss is not None and rss <= 150 else 'no'} |"
     )
+    if results.get("inflight"):
+        delay = results["inflight"][0]["model_delay_seconds"]
+        lines += [
+            "",
+            f"Runs of the `openai` agent in flight in one `turnstile worker` process (a loopback "
+            f"endpoint answers each model call after {delay:g} s; targets from the issue, at "
+            "2,000 in flight: every call in flight at once, >= 500 runs/s, <= 30 connections, "
+            "peak RSS <= 300 MB, no lease lost, every run succeeded):",
+            "",
+            inflight.markdown(results["inflight"]).rstrip("\n"),
+        ]
+    if results.get("peers"):
+        lines += [
+            "",
+            "The peers in the same run, each on a fresh database of the same server, "
+            f"{peers.IN_FLIGHT} jobs in flight per worker process (how each is configured: "
+            "docs/performance.md):",
+            "",
+            peers.markdown(results["peers"], pgbench).rstrip("\n"),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -804,7 +685,7 @@ def plot(results: dict[str, Any], path: Path) -> bool:
         results["ceiling"]["pgbench_tps"],
         (results.get("ceiling_end") or {}).get("pgbench_tps", 0),
     )
-    for processes, marker in ((1, "o"), (2, "s")):
+    for processes, marker in ((1, "o"), (2, "s"), (4, "^")):
         rows = [r for r in results["throughput"] if r["processes"] == processes]
         if rows:
             right.plot(
@@ -839,7 +720,9 @@ async def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--png", type=Path, default=None)
     parser.add_argument(
-        "--phases", default="ceiling,throughput,latency,depth,api", help="comma-separated"
+        "--phases",
+        default="ceiling,throughput,latency,depth,api,inflight,peers",
+        help="comma-separated",
     )
     parser.add_argument(
         "--report-only",
@@ -900,6 +783,25 @@ async def main() -> None:
             log("POST /sessions/{id}/turns")
             results["api"] = await retrying("api", lambda: api(dbs, profile, logs))
             log(f"  {results['api']}")
+        if "inflight" in phases:
+            results["inflight"] = await retrying(
+                "inflight",
+                lambda: inflight.measure(dbs, settings, profile.inflight_sizes, 1.0, logs),
+            )
+        if "peers" in phases:
+            results["peers"] = await retrying(
+                "peers",
+                lambda: peers.measure(
+                    dbs,
+                    settings,
+                    jobs=profile.peer_jobs,
+                    processes=profile.peer_processes,
+                    singles=profile.peer_singles,
+                    backlog_jobs=profile.peer_backlog,
+                    probes=profile.peer_probes,
+                    logs=logs,
+                ),
+            )
         if "ceiling" in phases:
             async with dbs.fresh() as url:
                 await ceiling.prepare(url)

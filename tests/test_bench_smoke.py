@@ -1,7 +1,10 @@
 """The benchmark's entry point runs end to end in its tiny profile: every phase (ceiling, worker
-processes, backlog latency, claim at depth, the API from its own client process) on this
-suite's PostgreSQL, and writes its JSON and Markdown. Its figures mean nothing at that size and
-nothing here looks at them: speed is measured by `make bench`, never asserted in tests."""
+processes, backlog latency, claim at depth, the API from its own client process, runs of the
+openai agent in flight against a fake endpoint, the peers' workloads) on this suite's
+PostgreSQL, and writes its JSON and Markdown. PGQueuer and Procrastinate come with the `bench`
+extra; without them the peers phase runs Turnstile's side alone and says they are missing.
+Its figures mean nothing at that size and nothing here looks at them: speed is measured by
+`make bench`, never asserted in tests."""
 
 from __future__ import annotations
 
@@ -46,4 +49,6 @@ def test_bench_runs_in_its_tiny_profile(server_url: str, tmp_path: Path) -> None
     assert results["depth"][0]["queued"] == 1000
     assert results["api"]["statuses"].get("202", 0) > 0
     assert results["worker_peak_rss_mb"] > 0
+    assert results["inflight"][0]["runs"] == results["inflight"][0]["slots"]
+    assert "Turnstile" in results["peers"]["systems"]
     assert "| Figure |" in (tmp_path / "tiny.md").read_text()
