@@ -1,6 +1,6 @@
-"""Static checks of `queries.sql`: the fence is in every worker write, NOTIFY appears at most
-once per statement and only on the transitions that need it, and only the four requeue paths
-can set a run back to `queued`."""
+"""Static checks of the queue's statements (app/queue/*.sql): the fence is in every worker
+write, NOTIFY appears at most once per statement and only on the transitions that need it, and
+only the four requeue paths can set a run back to `queued`."""
 
 from __future__ import annotations
 

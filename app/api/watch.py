@@ -52,7 +52,7 @@ def recheck_seconds(status: str, scheduled_for: datetime | None, *, active_secon
 
 
 class RunWatch:
-    """Waiters keyed by the id prefix notifications name runs by (queries.sql), so a
+    """Waiters keyed by the id prefix notifications name runs by (app/queue/runs.sql), so a
     notification wakes the waiters of the runs it names in time proportional to those names,
     not to every open stream."""
 

@@ -1,7 +1,7 @@
 """Table definitions: the schema Turnstile's migrations create, as SQLAlchemy Core tables.
 
 These definitions are the reference the migration test compares against (no drift allowed).
-Queue statements do not go through them: the queue's SQL lives in `app/queue/queries.sql`.
+Queue statements do not go through them: the queue's SQL lives in `app/queue/*.sql`.
 Partial-index predicates and CHECK constraints are spelled here exactly as in the migration,
 because autogenerate compares neither; the migration tests read them back from the catalog.
 """

@@ -3,6 +3,6 @@ services the edges call (submission routing in `submit.py`, read models in `read
 worker registry and maintenance leases in `housekeeping.py`).
 
 It knows nothing of HTTP, the runtime or the worker pool; they call it (tests/test_architecture.py
-holds the rule). Its SQL is `queries.sql` and `dashboard.sql` beside this file; the sweeper that
+holds the rule). Its SQL is in the .sql files beside this file (see sql.py); the sweeper that
 runs `Queue.sweep` on an interval is app/maintenance/sweeper.py.
 """

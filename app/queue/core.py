@@ -1,4 +1,4 @@
-"""The queue's Python face: one method per statement of `queries.sql`.
+"""The queue's Python face: one method per transition of `runs.sql` and per read of `reads.sql`.
 
 Every method runs its statement in a transaction of its own, or on the connection it is given
 (so the submit path can enqueue or deliver inside the transaction that locked the session).

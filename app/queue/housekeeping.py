@@ -2,7 +2,7 @@
 registry (each process registers, refreshes its row with its heartbeats, and marks itself
 stopped), the maintenance leases (one holder of each service at a time), the prunes of expired
 idempotency keys and of finished runs past retention, and the NOTIFY queue's fill level. The
-worker pool and app/maintenance call these; the statements are in queries.sql."""
+worker pool and app/maintenance call these; the statements are in workers.sql."""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ class Fenced:
 WriteOutcome = Written | Fenced
 
 RUN_ID_PREFIX = 8
-"""How many leading characters of a run id a notification names a run by (queries.sql bounds
+"""How many leading characters of a run id a notification names a run by (runs.sql bounds
 every payload; listeners match these prefixes)."""
 
 UNKNOWN_OUTCOME = (

@@ -5,10 +5,11 @@ back to the pool and stops listening, and PgBouncer in transaction mode cannot h
 When the connection drops it is re-established with backoff, and every subscriber is woken
 once, since notifications sent while nobody listened are lost; polling stays the fallback.
 
-Payloads are JSON written by `queries.sql`, bounded whatever the number of rows:
-`{"work": [priority, ...]}` when runs became claimable, `{"runs": ["<run id prefix>", ...]}`
-(the first 8 characters of at most 500 ids) when runs changed status, and `"more": true` when
-more runs changed than the payload names, which subscribers take as "anything may have changed".
+Payloads are JSON written by the queue's statements (app/queue/runs.sql), bounded whatever
+the number of rows: `{"work": [priority, ...]}` when runs became claimable,
+`{"runs": ["<run id prefix>", ...]}` (the first 8 characters of at most 500 ids) when runs
+changed status, and `"more": true` when more runs changed than the payload names, which
+subscribers take as "anything may have changed".
 """
 
 from __future__ import annotations

@@ -1,0 +1,125 @@
+-- Reads of runs: a run, its checkpoint, inputs, journal and events (the worker's resume and the
+-- API's), and the runbook's reads (depth, stuck runs, the dead letter). None of them writes.
+-- {{now}} is the injectable clock, as everywhere (app/db/statements.py).
+
+
+-- name: get_run
+-- :tenant_id and :principal limit what a key sees (None: no limit on that column).
+SELECT * FROM runs
+WHERE id = :run_id AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id)
+  AND (CAST(:principal AS text) IS NULL OR principal = :principal);
+
+
+-- name: latest_checkpoint
+SELECT event_seq, epoch, step, state FROM checkpoints
+WHERE run_id = :run_id
+ORDER BY event_seq DESC
+LIMIT 1;
+
+
+-- name: run_inputs
+SELECT idx, input, principal, event_seq, created_at FROM run_inputs
+WHERE run_id = :run_id
+ORDER BY idx;
+
+
+-- name: tool_journal
+SELECT event_seq, epoch, step, entry, tool, idempotency_class, idempotency_key, args,
+       outcome_status, outcome
+FROM tool_journal
+WHERE run_id = :run_id
+ORDER BY event_seq;
+
+
+-- name: resume_state
+-- Everything a claimed run resumes from, in one round trip instead of three: its latest
+-- checkpoint, every input delivered to it (in order) and its tool journal (in sequence order).
+-- A plain read: what it returns is only acted on through fenced writes.
+SELECT (SELECT to_jsonb(c)
+        FROM (SELECT event_seq, epoch, step, state FROM checkpoints
+              WHERE run_id = :run_id
+              ORDER BY event_seq DESC
+              LIMIT 1) AS c) AS checkpoint,
+       (SELECT coalesce(jsonb_agg(i.input ORDER BY i.idx), '[]'::jsonb)
+        FROM run_inputs i
+        WHERE i.run_id = :run_id) AS inputs,
+       (SELECT coalesce(jsonb_agg(to_jsonb(j) ORDER BY j.event_seq), '[]'::jsonb)
+        FROM (SELECT event_seq, epoch, step, entry, tool, idempotency_class, idempotency_key,
+                     args, outcome_status, outcome
+              FROM tool_journal
+              WHERE run_id = :run_id) AS j) AS journal;
+
+-- name: run_events
+SELECT seq, type, epoch, data, created_at FROM run_events
+WHERE run_id = :run_id AND seq > :after
+ORDER BY seq
+LIMIT :limit;
+
+
+-- name: watch_events
+-- An event stream's recheck in one statement: where the run stands (status, last sequence
+-- number, when it is due) and the events after :after, if any, from one snapshot. One row
+-- with null event columns when nothing is new; zero rows when the run is gone or not visible
+-- to :tenant_id and :principal (None: no limit on that column).
+SELECT r.status, r.last_event_seq, r.scheduled_for,
+       e.seq, e.type, e.epoch, e.data, e.created_at
+FROM runs r
+LEFT JOIN LATERAL (
+    SELECT seq, type, epoch, data, created_at FROM run_events
+    WHERE run_id = r.id AND seq > :after AND r.last_event_seq > :after
+    ORDER BY seq
+    LIMIT :limit
+) e ON true
+WHERE r.id = :run_id
+  AND (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = :tenant_id)
+  AND (CAST(:principal AS text) IS NULL OR r.principal = :principal)
+ORDER BY e.seq;
+
+
+-- Runbook reads: queue depth, stuck runs, the dead letter.
+
+-- name: queue_depth
+SELECT priority / 10 AS class_index, status, count(*) AS runs,
+       extract(epoch FROM {{now}} - min(coalesce(scheduled_for, created_at))
+           FILTER (WHERE status = 'queued'
+                   AND coalesce(scheduled_for, created_at) <= {{now}})) AS oldest_eligible_age
+FROM runs
+WHERE status IN ('queued', 'running', 'waiting_for_user')
+  AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id)
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+
+-- name: notification_queue_usage
+-- The share of the cluster's NOTIFY queue in use (0..1). A full queue makes pg_notify fail,
+-- and with it every notifying transition: operators alert on it (docs/operations.md).
+SELECT pg_notification_queue_usage() AS usage;
+
+
+-- name: stuck_runs
+-- Leases expired but not yet swept; runs eligible but unclaimed for longer than a threshold;
+-- runs waiting for the user for longer than a threshold.
+SELECT *,
+       CASE WHEN status = 'running' THEN 'lease_expired'
+            WHEN status = 'queued' THEN 'queued_too_long'
+            ELSE 'waiting_too_long' END AS reason
+FROM runs
+WHERE (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id)
+  AND ((status = 'running' AND lease_expires_at < {{now}})
+       OR (status = 'queued' AND coalesce(scheduled_for, created_at)
+                                 < {{now}} - make_interval(secs => :queued_seconds))
+       OR (status = 'waiting_for_user'
+           AND updated_at < {{now}} - make_interval(secs => :waiting_seconds)))
+ORDER BY updated_at
+LIMIT :limit;
+
+
+-- name: failed_runs
+-- The dead letter: failed runs not dismissed yet, newest first.
+SELECT * FROM runs
+WHERE status = 'failed' AND dismissed_at IS NULL
+  AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id)
+  AND (CAST(:before_finished AS timestamptz) IS NULL
+       OR (finished_at, id) < (CAST(:before_finished AS timestamptz), CAST(:before_id AS uuid)))
+ORDER BY finished_at DESC, id DESC
+LIMIT :limit;

@@ -1,0 +1,126 @@
+-- Submission: idempotency keys, sessions and the routing of a turn. All of these run inside the
+-- one transaction of a submission (app/queue/submit.py), so a refused turn leaves nothing.
+
+-- name: idempotency_claim
+-- Take the key for this request. A concurrent twin's uncommitted insert makes this wait on the
+-- unique index (bounded by a per-statement lock_timeout), then see its committed row. An
+-- expired key that was not pruned yet counts as absent: it is taken over.
+INSERT INTO idempotency_keys (tenant_id, principal, key, request_hash, response_status,
+                              response_body, created_at, expires_at)
+VALUES (:tenant_id, :principal, :key, :request_hash, 0, '{}'::jsonb, {{now}},
+        {{now}} + make_interval(secs => :ttl_seconds))
+ON CONFLICT (tenant_id, principal, key) DO UPDATE
+SET request_hash = excluded.request_hash,
+    response_status = 0,
+    response_body = '{}'::jsonb,
+    run_id = NULL,
+    created_at = excluded.created_at,
+    expires_at = excluded.expires_at
+WHERE idempotency_keys.expires_at <= {{now}}
+RETURNING key;
+
+
+-- name: idempotency_stored
+SELECT request_hash, response_status, response_body, run_id FROM idempotency_keys
+WHERE tenant_id = :tenant_id AND principal = :principal AND key = :key;
+
+
+-- name: idempotency_store
+-- Only 2xx outcomes reach this statement; a refused submission rolls its key back with it.
+UPDATE idempotency_keys
+SET response_status = :response_status, response_body = CAST(:response_body AS jsonb),
+    run_id = :run_id
+WHERE tenant_id = :tenant_id AND principal = :principal AND key = :key;
+
+
+-- name: create_session
+INSERT INTO sessions (tenant_id, principal, created_at)
+VALUES (:tenant_id, :principal, {{now}})
+RETURNING id, tenant_id, principal, created_at;
+
+
+-- name: lock_session
+-- Every submission to a session takes its row first, so routing decisions on one session are
+-- made one at a time. :principal (None for operator keys) keeps a plain key to its own
+-- principal's sessions in the same statement: another principal's session is not found.
+-- Its principal comes back: a run created in a session is the session owner's, whoever posted
+-- the turn (an operator's turn must not hide the run from the session's own user).
+SELECT id, principal FROM sessions
+WHERE id = :session_id AND tenant_id = :tenant_id
+  AND (CAST(:principal AS text) IS NULL OR principal = :principal)
+FOR UPDATE;
+
+
+-- name: get_session
+SELECT s.id, s.tenant_id, s.principal, s.created_at,
+       a.id AS active_run_id, a.status AS active_status, a.question AS active_question
+FROM sessions s
+LEFT JOIN runs a
+       ON a.session_id = s.id AND a.status IN ('queued', 'running', 'waiting_for_user')
+WHERE s.id = :session_id AND (CAST(:tenant_id AS text) IS NULL OR s.tenant_id = :tenant_id)
+  AND (CAST(:principal AS text) IS NULL OR s.principal = :principal);
+
+
+-- name: active_run_of_session
+SELECT * FROM runs
+WHERE session_id = :session_id AND status IN ('queued', 'running', 'waiting_for_user');
+
+
+-- name: session_runs
+-- Newest first, keyset-paginated on (created_at, id).
+SELECT * FROM runs
+WHERE session_id = :session_id
+  AND (CAST(:before_created AS timestamptz) IS NULL
+       OR (created_at, id) < (CAST(:before_created AS timestamptz), CAST(:before_id AS uuid)))
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;
+
+
+-- Operator actions on finished runs. They record an `operator.*` event naming the acting key;
+-- such events are not transitions and are the only events allowed after a terminal one
+-- besides run.fenced.
+
+-- name: dismiss
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs r
+    SET dismissed_at = clock.now, last_event_seq = r.last_event_seq + 1, updated_at = clock.now
+    FROM clock
+    WHERE r.id = :run_id AND r.status = 'failed' AND r.dismissed_at IS NULL
+      AND (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = :tenant_id)
+    RETURNING r.*
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq, 'operator.dismissed', run.lease_epoch,
+           jsonb_build_object('by', CAST(:actor AS text)), clock.now
+    FROM run, clock
+)
+SELECT * FROM run;
+
+
+-- name: lock_failed_run
+-- A resubmission takes the failed run's row first (after its session's, in the submission lock
+-- order: sessions, then runs), so two resubmissions of one run are decided one at a time.
+SELECT * FROM runs
+WHERE id = :run_id AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id)
+FOR UPDATE;
+
+
+-- name: resubmission_of
+-- The run an earlier resubmission of this failed run created (uq_runs_resubmitted_from: at most
+-- one), read in a statement of its own so that it sees what a rival committed while we waited.
+SELECT * FROM runs WHERE resubmitted_from = :run_id;
+
+
+-- name: operator_event
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs SET last_event_seq = last_event_seq + 1
+    WHERE id = :run_id
+    RETURNING id, last_event_seq, lease_epoch
+)
+INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+SELECT run.id, run.last_event_seq, :type, run.lease_epoch, CAST(:data AS jsonb), clock.now
+FROM run, clock
+RETURNING seq;
