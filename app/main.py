@@ -24,7 +24,7 @@ from app.db.engine import create_engine
 from app.db.resolve import ResolvedDatabase, resolve_database
 from app.maintenance.maintainer import Maintainer
 from app.observability.metrics import HttpMetrics, Metrics
-from app.queue.core import Queue, QueueConfig
+from app.queue.core import Clock, Queue, QueueConfig
 from app.queue.reads import Reads
 from app.queue.submit import Submissions
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
@@ -85,6 +85,7 @@ async def services(
     *,
     role: str = "serve",
     metrics: Metrics | None = None,
+    clock: Clock | None = None,
 ) -> AsyncIterator[AppState]:
     """Start the database, queue, notifier, worker pool and sweeper; stop them in reverse.
 
@@ -95,7 +96,7 @@ async def services(
         settings, database.url, pool_size=settings.pool_size, application_name=f"turnstile {role}"
     )
     metrics = metrics or Metrics()
-    queue = Queue(engine, queue_config(settings), observer=metrics)
+    queue = Queue(engine, queue_config(settings), clock=clock, observer=metrics)
 
     def succeeded(service: str) -> None:
         metrics.maintenance_success.labels(service).set(time.time())
@@ -181,14 +182,21 @@ async def services(
         await engine.dispose()
 
 
-def create_app(settings: Settings | None = None, executor: Executor | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    executor: Executor | None = None,
+    *,
+    clock: Clock | None = None,
+) -> FastAPI:
+    """The app: routes, error handlers, and a lifespan that builds and stops the services.
+    `clock` (tests) replaces the database's now() in every queue statement."""
     settings = settings or get_settings()
     shutdown = asyncio.Event()
     metrics = Metrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with services(settings, executor, metrics=metrics) as state:
+        async with services(settings, executor, metrics=metrics, clock=clock) as state:
             state.shutdown = shutdown
             app.state.turnstile = state
             yield

@@ -15,9 +15,12 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+import app.api.runs
+import app.api.watch
 from app.queue.classes import PriorityClass
 from app.queue.models import Lease
 from tests.support.api import Api, running_api
+from tests.support.clock import ManualClock
 from tests.support.waiting import eventually
 
 
@@ -354,14 +357,26 @@ async def test_etag_and_not_modified(api: Api) -> None:
     assert changed.json()["status"] == "running"
 
 
-async def test_long_poll_returns_when_the_status_changes(api: Api) -> None:
+async def test_long_poll_returns_when_the_status_changes(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The completion's NOTIFY wakes the poll: rechecks are pushed out to an hour, so without
+    the wake-up the poll would sit until its 60 s wait ran out and the test fail at 30 s."""
+    monkeypatch.setattr(app.api.runs, "POLL_RECHECK_SECONDS", 3600.0)
+    monkeypatch.setattr(app.api.watch, "IDLE_RECHECK_SECONDS", 3600.0)
     client = await api.client()
     run = (await client.post("/runs", json={"input": 1})).json()["id"]
     lease = await claim(api)
-    poll = asyncio.create_task(client.get(f"/runs/{run}", params={"wait": 30}))
-    await asyncio.sleep(0)  # the poll is in flight; completing notifies it
+    poll = asyncio.create_task(client.get(f"/runs/{run}", params={"wait": 60}))
+    assert api.app is not None
+    watch = api.app.state.turnstile.watch
+
+    async def waiting() -> bool:
+        return bool(watch._waiters)  # the poll read the run and now waits for a change
+
+    await eventually(waiting, what="the long poll to wait")
     await api.queue.complete(lease, {"answer": 42})
-    response = await asyncio.wait_for(poll, 20)
+    response = await asyncio.wait_for(poll, 30)
     assert response.json()["status"] == "succeeded"
     assert response.json()["result"] == {"answer": 42}
     # A finished run answers at once, whatever the wait.
@@ -504,24 +519,26 @@ async def test_dead_letter_resubmit_and_dismiss(api: Api) -> None:
     assert_problem(await other.post(f"/runs/{run}/resubmit"), 404, "not-found")
 
 
-async def test_stuck_runs(api: Api) -> None:
-    client = await api.client()
-    ops = await api.client("acme", "ops", "operator")
-    run = (await client.post("/runs", json={"input": 1})).json()["id"]
-    await api.queue.claim("w", list(PriorityClass), lease_seconds=0.001)
-
-    async def reported() -> list[Any] | None:
-        runs: list[Any] = (await ops.get("/runs/stuck")).json()["runs"]
-        return runs or None
-
-    stuck = await eventually(reported, what="the expired lease to be reported")
-    assert [(s["reason"], s["run"]["id"]) for s in stuck] == [("lease_expired", run)]
-    queued = (await client.post("/runs", json={"input": 2})).json()["id"]
-    both = (await ops.get("/runs/stuck", params={"queued_seconds": 0})).json()["runs"]
-    assert {(s["reason"], s["run"]["id"]) for s in both} == {
-        ("lease_expired", run),
-        ("queued_too_long", queued),
-    }
+async def test_stuck_runs(database_url: str, engine: AsyncEngine) -> None:
+    """The app and the test share a clock they move: the lease expires because time is moved
+    past it, not because the wall clock ran (no 1 ms lease, no waiting)."""
+    clock = ManualClock()
+    async with running_api(database_url, engine, clock=clock) as api:
+        client = await api.client()
+        ops = await api.client("acme", "ops", "operator")
+        run = (await client.post("/runs", json={"input": 1})).json()["id"]
+        await api.queue.claim("w", list(PriorityClass), lease_seconds=30)
+        assert (await ops.get("/runs/stuck")).json()["runs"] == []
+        clock.advance(31)
+        stuck = (await ops.get("/runs/stuck")).json()["runs"]
+        assert [(s["reason"], s["run"]["id"]) for s in stuck] == [("lease_expired", run)]
+        queued = (await client.post("/runs", json={"input": 2})).json()["id"]
+        clock.advance(1)
+        both = (await ops.get("/runs/stuck", params={"queued_seconds": 0})).json()["runs"]
+        assert {(s["reason"], s["run"]["id"]) for s in both} == {
+            ("lease_expired", run),
+            ("queued_too_long", queued),
+        }
 
 
 async def test_readiness_reports_workers(database_url: str, engine: AsyncEngine) -> None:

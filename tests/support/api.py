@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.main import create_app
-from app.queue.core import Queue
+from app.queue.core import Clock, Queue
 from app.security.api_keys import create_key
 from app.worker.execution import Executor
 from tests.support.servers import running_server
@@ -52,14 +52,16 @@ async def running_api(
     *,
     workers: bool = False,
     executor: Executor | None = None,
+    clock: Clock | None = None,
     **settings: object,
 ) -> AsyncIterator[Api]:
     app = create_app(
         Settings(database_url=database_url, run_workers=workers, **settings),  # type: ignore[arg-type]
         executor,
+        clock=clock,
     )
     async with running_server(app) as base:
-        api = Api(base=base, engine=engine, queue=Queue(engine), app=app)
+        api = Api(base=base, engine=engine, queue=Queue(engine, clock=clock), app=app)
         try:
             yield api
         finally:
