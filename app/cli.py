@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import signal
 import sys
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
@@ -27,11 +25,11 @@ from app.observability.logs import configure_logging
 from app.runtime.plugins import PluginError
 
 if TYPE_CHECKING:
-    from types import FrameType
-
-    import uvicorn
     from sqlalchemy.ext.asyncio import AsyncEngine
 
+    from app.queue.core import Queue
+    from app.queue.reads import Reads
+    from app.queue.submit import Submissions, Submitter
     from app.security.api_keys import KeyInfo
 
 
@@ -76,9 +74,7 @@ def _migrated(settings: Settings) -> tuple[Settings, EmbeddedDatabase | None]:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    import uvicorn
-
-    from app.main import create_app
+    from app.roles import serve
 
     overrides: dict[str, object] = {"host": args.host, "port": args.port}
     if args.no_workers:
@@ -88,49 +84,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     _check_plugins(settings)
     settings, embedded = _migrated(settings)
     asyncio.run(first_start_key(settings, embedded))
-    app = create_app(settings)
     print(f"turnstile: serving on http://{settings.host}:{settings.port}/docs", file=sys.stderr)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        log_config=None,  # our handler, installed by configure_logging
-        # Forwarded headers are trusted only through TURNSTILE_TRUST_FORWARDED_HEADERS
-        # (app/api/forwarded.py), never by uvicorn's default trust of a loopback proxy.
-        proxy_headers=False,
-        timeout_graceful_shutdown=max(1, int(settings.drain_grace_seconds) + 5),
-    )
-    server = _server(config, app.state.shutdown)
-    server.run()
-
-
-def _server(config: uvicorn.Config, shutdown: asyncio.Event) -> uvicorn.Server:
-    """uvicorn's server, telling the app the moment a stop signal arrives: uvicorn waits for
-    open connections before it runs the lifespan's shutdown, so long polls and event streams
-    must learn of the signal directly."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            shutdown.set()  # signal handlers run on the event loop's thread
-            super().handle_exit(sig, frame)
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            # uvicorn re-raises the signal after a graceful shutdown, so the process would die
-            # of SIGTERM; a drained service exits 0 instead.
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-    return Server(config)
-
-
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    serve(settings)
 
 
 def _check_plugins(settings: Settings) -> None:
@@ -281,159 +236,87 @@ def _key_json(info: KeyInfo) -> dict[str, object]:
 def cmd_worker(args: argparse.Namespace) -> None:
     """The worker pool and the sweeper with no HTTP server, for more machines. SIGTERM or SIGINT
     drains it: no new claims, running steps get the grace period, the rest are released."""
+    from app.roles import WorkerStartError, run_worker
+
     settings = _settings(run_workers=True)
     configure_logging(settings.log_level)
     _check_plugins(settings)
-    asyncio.run(_run_worker(settings, args.metrics_port, args.metrics_host))
 
-
-async def _run_worker(settings: Settings, metrics_port: int | None, metrics_host: str) -> None:
-    from app.db.migrate import head_revision
-    from app.db.resolve import schema_revision
-    from app.main import services
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    revision = await _reachable_schema(settings, stop, schema_revision)
-    if stop.is_set():
-        print("turnstile: worker stopped before the database was reachable", file=sys.stderr)
-        return
-    if revision != head_revision():
-        raise CommandError(
-            f"the database schema is at {revision or 'nothing'}, this worker needs "
-            f"{head_revision()}: run 'turnstile migrate' first"
-        )
-    async with services(settings, role="worker") as state:
-        pool = state.pool
-        assert pool is not None
-        exporter = None
-        if metrics_port is not None:
-            from prometheus_client import start_http_server
-
-            # This process's own registry: no multiprocess directory, nothing shared.
-            exporter, _ = start_http_server(
-                metrics_port, addr=metrics_host, registry=state.metrics.registry
-            )
+    def ready(worker_id: str) -> None:
         print(
-            f"turnstile: worker {pool.worker_id} running slots {settings.slots}",
+            f"turnstile: worker {worker_id} running slots {settings.slots}",
             file=sys.stderr,
             flush=True,
         )
-        try:
-            await stop.wait()
-        finally:
-            if exporter is not None:
-                exporter.shutdown()
-        print("turnstile: draining", file=sys.stderr, flush=True)
-    print("turnstile: worker stopped", file=sys.stderr, flush=True)
 
-
-async def _reachable_schema(
-    settings: Settings,
-    stop: asyncio.Event,
-    schema_revision: Callable[[AsyncEngine], Awaitable[str | None]],
-) -> str | None:
-    """The schema revision, once the database answers: a worker that starts before its
-    database (a fleet coming up together) retries with backoff, one log line per failure,
-    until `worker_start_timeout_seconds` have passed or it is told to stop."""
-    deadline = time.monotonic() + settings.worker_start_timeout_seconds
-    delay = 0.5
-    while True:
-        engine = await _engine_for(settings)
-        try:
-            return await schema_revision(engine)
-        except (OSError, DBAPIError) as exc:
-            reason = str(getattr(exc, "orig", None) or exc).splitlines()[0][:200]
-            if time.monotonic() + delay > deadline:
-                raise CommandError(f"database unreachable: {reason}") from None
-            print(
-                f"turnstile: database unreachable ({reason}); retrying in {delay:g}s",
-                file=sys.stderr,
-                flush=True,
+    try:
+        asyncio.run(
+            run_worker(
+                settings,
+                metrics_port=args.metrics_port,
+                metrics_host=args.metrics_host,
+                on_ready=ready,
+                on_unreachable=lambda reason, delay: print(
+                    f"turnstile: database unreachable ({reason}); retrying in {delay:g}s",
+                    file=sys.stderr,
+                    flush=True,
+                ),
             )
-        finally:
-            await engine.dispose()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=delay)
-        if stop.is_set():
-            return None
-        delay = min(delay * 2, 10.0)
+        )
+    except WorkerStartError as exc:
+        raise CommandError(str(exc)) from None
 
 
-def _run_command(args: argparse.Namespace) -> None:
-    """`turnstile runs ...` and `turnstile queue stats`: the runbook against the database, with
-    the platform's view (every tenant unless --tenant narrows it)."""
-    from app.main import submissions_for
-    from app.queue.core import Queue
-    from app.queue.errors import TurnstileError
-    from app.queue.reads import Reads
-    from app.queue.statuses import ACTIVE
-    from app.queue.submit import Submitter
+@dataclass
+class Runbook:
+    """What the runbook commands act through: the queue's services on the configured database,
+    with the platform's view (every tenant unless --tenant narrows it)."""
 
-    settings = _settings()
+    queue: Queue
+    reads: Reads
+    submissions: Submissions
+    actor: Submitter
 
-    async def run() -> object:
-        engine = await _engine_for(settings)
-        queue = Queue(engine)
-        reads = Reads(queue)
-        actor = Submitter("cli", "cli", actor=f"cli:{os.environ.get('USER', 'operator')}")
-        tenant = getattr(args, "tenant", None)
-        try:
-            if args.command == "queue":
-                depth = await reads.depth(tenant_id=tenant)
-                # Every class and status, zeros included: an empty queue is a table of zeros.
-                return [
-                    {
-                        "class": klass.value,
-                        "status": status,
-                        "runs": getattr(entry, status),
-                        "oldest_eligible_age_seconds": (
-                            entry.oldest_eligible_age_seconds if status == "queued" else None
-                        ),
-                    }
-                    for klass, entry in depth.items()
-                    for status in ACTIVE
-                ]
-            if args.runs_command == "stuck":
-                stuck = await reads.stuck(
-                    tenant_id=tenant,
-                    queued_seconds=args.queued_seconds,
-                    waiting_seconds=args.waiting_seconds,
-                    limit=args.limit,
-                )
-                return [
-                    {
-                        "reason": item.reason,
-                        "id": str(item.run.id),
-                        "status": item.run.status,
-                        "tenant": item.run.tenant_id,
-                    }
-                    for item in stuck
-                ]
-            run_id = _uuid(args.run_id)
-            if args.runs_command == "show":
-                found = await queue.get_run(run_id, tenant_id=tenant)
-                if found is None:
-                    raise CommandError(f"run {run_id} not found")
-                return found.to_document()
-            if args.runs_command == "cancel":
-                outcome = await queue.cancel(
-                    run_id, actor=actor.actor, tenant_id=tenant, reason="cancelled from the CLI"
-                )
-                return outcome.run.to_document()
-            submissions = submissions_for(queue, settings)
-            if args.runs_command == "resubmit":
-                return (await submissions.resubmit(actor, run_id, tenant_id=tenant)).document
-            return (await submissions.dismiss(actor, run_id, tenant_id=tenant)).to_document()
-        except TurnstileError as exc:
-            raise CommandError(str(exc)) from None
-        finally:
-            await engine.dispose()
 
-    result = asyncio.run(run())
-    if args.json:
+RunbookCommand = Callable[[Runbook, argparse.Namespace], Awaitable[object]]
+
+
+def _runbook(command: RunbookCommand) -> Callable[[argparse.Namespace], None]:
+    """A runbook command as a CLI entry: open the services, run it, print its result (a table,
+    a document or JSON), and turn the core's refusals into one-line errors."""
+
+    def entry(args: argparse.Namespace) -> None:
+        from app.main import submissions_for
+        from app.queue.core import Queue
+        from app.queue.errors import TurnstileError
+        from app.queue.reads import Reads
+        from app.queue.submit import Submitter
+
+        settings = _settings()
+
+        async def run() -> object:
+            engine = await _engine_for(settings)
+            queue = Queue(engine)
+            runbook = Runbook(
+                queue=queue,
+                reads=Reads(queue),
+                submissions=submissions_for(queue, settings),
+                actor=Submitter("cli", "cli", actor=f"cli:{os.environ.get('USER', 'operator')}"),
+            )
+            try:
+                return await command(runbook, args)
+            except TurnstileError as exc:
+                raise CommandError(str(exc)) from None
+            finally:
+                await engine.dispose()
+
+        _print_result(asyncio.run(run()), as_json=args.json)
+
+    return entry
+
+
+def _print_result(result: object, *, as_json: bool) -> None:
+    if as_json:
         print(json.dumps(result, default=str))
     elif isinstance(result, list):
         for row in result:
@@ -446,6 +329,76 @@ def _run_command(args: argparse.Namespace) -> None:
             if value is not None:
                 shown = json.dumps(value, default=str) if isinstance(value, dict | list) else value
                 print(f"{key}: {shown}")
+
+
+async def queue_stats(runbook: Runbook, args: argparse.Namespace) -> object:
+    """`turnstile queue stats`: every class and status, zeros included (an empty queue is a
+    table of zeros, not nothing)."""
+    from app.queue.statuses import ACTIVE
+
+    depth = await runbook.reads.depth(tenant_id=args.tenant)
+    return [
+        {
+            "class": klass.value,
+            "status": status,
+            "runs": getattr(entry, status),
+            "oldest_eligible_age_seconds": (
+                entry.oldest_eligible_age_seconds if status == "queued" else None
+            ),
+        }
+        for klass, entry in depth.items()
+        for status in ACTIVE
+    ]
+
+
+async def runs_stuck(runbook: Runbook, args: argparse.Namespace) -> object:
+    stuck = await runbook.reads.stuck(
+        tenant_id=args.tenant,
+        queued_seconds=args.queued_seconds,
+        waiting_seconds=args.waiting_seconds,
+        limit=args.limit,
+    )
+    return [
+        {
+            "reason": item.reason,
+            "id": str(item.run.id),
+            "status": item.run.status,
+            "tenant": item.run.tenant_id,
+        }
+        for item in stuck
+    ]
+
+
+async def runs_show(runbook: Runbook, args: argparse.Namespace) -> object:
+    run_id = _uuid(args.run_id)
+    found = await runbook.queue.get_run(run_id, tenant_id=args.tenant)
+    if found is None:
+        raise CommandError(f"run {run_id} not found")
+    return found.to_document()
+
+
+async def runs_cancel(runbook: Runbook, args: argparse.Namespace) -> object:
+    outcome = await runbook.queue.cancel(
+        _uuid(args.run_id),
+        actor=runbook.actor.actor,
+        tenant_id=args.tenant,
+        reason="cancelled from the CLI",
+    )
+    return outcome.run.to_document()
+
+
+async def runs_resubmit(runbook: Runbook, args: argparse.Namespace) -> object:
+    submitted = await runbook.submissions.resubmit(
+        runbook.actor, _uuid(args.run_id), tenant_id=args.tenant
+    )
+    return submitted.document
+
+
+async def runs_dismiss(runbook: Runbook, args: argparse.Namespace) -> object:
+    dismissed = await runbook.submissions.dismiss(
+        runbook.actor, _uuid(args.run_id), tenant_id=args.tenant
+    )
+    return dismissed.to_document()
 
 
 def _uuid(value: str) -> uuid.UUID:
@@ -503,30 +456,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     runs = sub.add_parser("runs", help="runbook actions on runs")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True)
-    for name, text in (
-        ("show", "a run's details"),
-        ("cancel", "cancel a run"),
-        ("resubmit", "a new run with a failed run's input"),
-        ("dismiss", "dismiss a failed run"),
+    for name, text, command in (
+        ("show", "a run's details", runs_show),
+        ("cancel", "cancel a run", runs_cancel),
+        ("resubmit", "a new run with a failed run's input (once per failed run)", runs_resubmit),
+        ("dismiss", "dismiss a failed run", runs_dismiss),
     ):
         action = runs_sub.add_parser(name, help=text)
         action.add_argument("run_id")
         action.add_argument("--tenant", help="only if the run belongs to this tenant")
         action.add_argument("--json", action="store_true")
-        action.set_defaults(func=_run_command)
+        action.set_defaults(func=_runbook(command))
     stuck = runs_sub.add_parser("stuck", help="expired leases, long queues, long waits")
     stuck.add_argument("--tenant")
     stuck.add_argument("--queued-seconds", type=float, default=300)
     stuck.add_argument("--waiting-seconds", type=float, default=86_400)
     stuck.add_argument("--limit", type=int, default=100)
     stuck.add_argument("--json", action="store_true")
-    stuck.set_defaults(func=_run_command)
+    stuck.set_defaults(func=_runbook(runs_stuck))
     queue = sub.add_parser("queue", help="queue-wide views")
     queue_sub = queue.add_subparsers(dest="queue_command", required=True)
     stats = queue_sub.add_parser("stats", help="depth per class and status, oldest age")
     stats.add_argument("--tenant")
     stats.add_argument("--json", action="store_true")
-    stats.set_defaults(func=_run_command)
+    stats.set_defaults(func=_runbook(queue_stats))
 
     migrate = sub.add_parser("migrate", help="upgrade the database schema to this version")
     migrate.set_defaults(func=cmd_migrate)

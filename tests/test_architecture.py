@@ -21,7 +21,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "app"
 LOADERS = ("app.queue.sql", "app.db.statements")
-EDGES = ("app.api", "app.ui", "app.cli", "app.worker", "app.runtime", "app.maintenance")
+EDGES = (
+    "app.api",
+    "app.ui",
+    "app.cli",
+    "app.roles",
+    "app.worker",
+    "app.runtime",
+    "app.maintenance",
+)
 
 # (importing package, forbidden prefixes)
 RULES: list[tuple[str, tuple[str, ...]]] = [

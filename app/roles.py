@@ -1,0 +1,150 @@
+"""The two long-running roles as functions: `serve(settings)`, the HTTP service (uvicorn with
+the app and, unless told otherwise, its worker pool), and `run_worker(settings, ...)`, a worker
+pool and the maintenance services with no HTTP server. `turnstile serve` and `turnstile worker`
+call them; a Python program that runs its own workers calls `run_worker` (README, "Embedding").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable, Iterator
+from types import FrameType
+
+import uvicorn
+from sqlalchemy.exc import DBAPIError
+
+from app.config import Settings
+from app.db.engine import create_engine
+from app.db.migrate import head_revision
+from app.db.resolve import resolve_database, schema_revision
+from app.main import create_app, services
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class WorkerStartError(Exception):
+    """The worker cannot start: its database stayed unreachable past
+    `worker_start_timeout_seconds`, or its schema is not this version's."""
+
+
+def serve(settings: Settings) -> None:
+    """Serve the API (and its worker pool) until SIGINT or SIGTERM, then drain and return."""
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=None,  # our handler, installed by configure_logging
+        # Forwarded headers are trusted only through TURNSTILE_TRUST_FORWARDED_HEADERS
+        # (app/api/forwarded.py), never by uvicorn's default trust of a loopback proxy.
+        proxy_headers=False,
+        timeout_graceful_shutdown=max(1, int(settings.drain_grace_seconds) + 5),
+    )
+    _server(config, app.state.shutdown).run()
+
+
+def _server(config: uvicorn.Config, shutdown: asyncio.Event) -> uvicorn.Server:
+    """uvicorn's server, telling the app the moment a stop signal arrives: uvicorn waits for
+    open connections before it runs the lifespan's shutdown, so long polls and event streams
+    must learn of the signal directly."""
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            shutdown.set()  # signal handlers run on the event loop's thread
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn re-raises the signal after a graceful shutdown, so the process would die
+            # of SIGTERM; a drained service exits 0 instead.
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server(config)
+
+
+async def run_worker(
+    settings: Settings,
+    *,
+    stop: asyncio.Event | None = None,
+    on_ready: Callable[[str], None] | None = None,
+    on_unreachable: Callable[[str, float], None] | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
+) -> None:
+    """Run a worker pool and the maintenance services until `stop` is set, then drain (no new
+    claims; running steps get `drain_grace_seconds`; the rest are released, attempt given back).
+
+    Without `stop`, SIGTERM and SIGINT stop it (the process is the worker's). `on_ready` is
+    called with the worker's id once it claims; `on_unreachable(reason, retry_in)` for each
+    failed attempt to reach the database at start (a fleet may start before its database),
+    which is retried for `worker_start_timeout_seconds`. `metrics_port` serves this process's
+    Prometheus metrics. Raises WorkerStartError when the worker cannot start."""
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, stop.set)
+    revision = await _reachable_schema(settings, stop, on_unreachable)
+    if stop.is_set():
+        return
+    if revision != head_revision():
+        raise WorkerStartError(
+            f"the database schema is at {revision or 'nothing'}, this worker needs "
+            f"{head_revision()}: run 'turnstile migrate' first"
+        )
+    async with services(settings, role="worker") as state:
+        pool = state.pool
+        assert pool is not None
+        exporter = None
+        if metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            # This process's own registry: no multiprocess directory, nothing shared.
+            exporter, _ = start_http_server(
+                metrics_port, addr=metrics_host, registry=state.metrics.registry
+            )
+        if on_ready is not None:
+            on_ready(pool.worker_id)
+        try:
+            await stop.wait()
+        finally:
+            if exporter is not None:
+                exporter.shutdown()
+
+
+async def _reachable_schema(
+    settings: Settings,
+    stop: asyncio.Event,
+    on_unreachable: Callable[[str, float], None] | None,
+) -> str | None:
+    """The schema revision, once the database answers, retrying with backoff until
+    `worker_start_timeout_seconds` have passed or `stop` is set (None then)."""
+    deadline = time.monotonic() + settings.worker_start_timeout_seconds
+    delay = 0.5
+    while True:
+        database = await asyncio.to_thread(resolve_database, settings)
+        engine = create_engine(settings, database.url, pool_size=2)
+        try:
+            return await schema_revision(engine)
+        except (OSError, DBAPIError) as exc:
+            reason = str(getattr(exc, "orig", None) or exc).splitlines()[0][:200]
+            if time.monotonic() + delay > deadline:
+                raise WorkerStartError(f"database unreachable: {reason}") from None
+            if on_unreachable is not None:
+                on_unreachable(reason, delay)
+        finally:
+            await engine.dispose()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=delay)
+        if stop.is_set():
+            return None
+        delay = min(delay * 2, 10.0)
