@@ -11,7 +11,6 @@ import pytest
 from app.queue.sql import parse, statements
 
 WORKER_WRITES = {
-    "heartbeat",
     "heartbeat_many",
     "append_event",
     "tool_not_sent",

@@ -250,16 +250,10 @@ class Queue:
 
     # --- fenced writes ------------------------------------------------------------------------
     async def heartbeat(self, lease: Lease, *, lease_seconds: float | None = None) -> bool:
-        """Extend the lease. False means fenced: the run is someone else's now (decision 4)."""
-        rows = await self._rows(
-            "heartbeat",
-            {
-                "run_id": lease.run_id,
-                "epoch": lease.epoch,
-                "lease_seconds": lease_seconds or self.config.lease_seconds,
-            },
-        )
-        return bool(rows)
+        """Extend one lease. False means fenced: the run is someone else's now (decision 4).
+        The batched statement with one lease: the pool beats all its leases at once."""
+        held = await self.heartbeat_many([lease], lease_seconds=lease_seconds)
+        return lease.key in held
 
     async def heartbeat_many(
         self, leases: Sequence[Lease], *, lease_seconds: float | None = None

@@ -180,15 +180,6 @@ event AS (
 SELECT * FROM claimed;
 
 
--- name: heartbeat
--- fenced
--- Extends the lease. No event and no NOTIFY: heartbeats are the most frequent write.
-UPDATE runs
-SET lease_expires_at = {{now}} + make_interval(secs => :lease_seconds)
-WHERE id = :run_id AND lease_epoch = :epoch AND status = 'running'
-RETURNING lease_expires_at;
-
-
 -- name: heartbeat_many
 -- fenced
 -- One statement per worker process per beat, whatever its number of runs; each run is fenced
