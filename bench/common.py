@@ -16,15 +16,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
-from sqlalchemy.engine import make_url
 
 from app.config import Settings
 from app.db.embedded import start_embedded
-from app.db.engine import plain_url
 from app.db.migrate import upgrade
 from app.queue.core import Queue
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the test suite's database helpers, shared rather than repeated
+
+from tests.support.databases import admin_execute, with_database  # noqa: E402
+
 TURNSTILE = str(Path(sys.executable).parent / "turnstile")
 NOOP = {"script": [{"final": "ok"}]}
 T = TypeVar("T")
@@ -74,14 +76,10 @@ class Databases:
         self.count = 0
 
     def url(self, name: str) -> str:
-        return plain_url(make_url(self.server).set(database=name))
+        return with_database(self.server, name)
 
     async def _admin(self, statement: str) -> None:
-        conn = await asyncpg.connect(plain_url(self.server))
-        try:
-            await conn.execute(statement)
-        finally:
-            await conn.close()
+        await admin_execute(self.server, statement)
 
     async def create_template(self) -> None:
         await self._admin(f'CREATE DATABASE "{self.template}"')
