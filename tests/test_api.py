@@ -305,6 +305,8 @@ async def test_an_operators_turn_in_a_users_session_stays_the_users_run(api: Api
     found = await api.queue.get_run(UUID(run))
     assert found is not None
     assert found.principal == "alice"
+    created = (await api.queue.events(UUID(run)))[0]
+    assert created.data["by"].endswith("(acme/ops)")  # who posted it stays on record
     assert (await alice.post(f"/runs/{run}/cancel")).json()["status"] == "cancelled"
     assert (await turn(alice, session, {"input": "mine"})).status_code == 202
 

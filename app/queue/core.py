@@ -176,6 +176,7 @@ class Queue:
                 "max_attempts": new.max_attempts or self.config.max_attempts,
                 "scheduled_for": new.scheduled_for,
                 "resubmitted_from": new.resubmitted_from,
+                "actor": new.actor,
             },
             conn,
         )

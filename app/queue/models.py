@@ -158,6 +158,7 @@ class NewRun:
     scheduled_for: datetime | None = None
     max_attempts: int | None = None
     resubmitted_from: UUID | None = None
+    actor: str | None = None  # the key that submitted it, recorded in run.created
 
 
 @dataclass(frozen=True)

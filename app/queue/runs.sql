@@ -51,7 +51,9 @@ event AS (
     SELECT id, 1, 'run.created', 0,
            jsonb_build_object('priority', priority, 'agent', agent, 'principal', principal,
                               'scheduled_for', scheduled_for,
-                              'resubmitted_from', resubmitted_from),
+                              'resubmitted_from', resubmitted_from,
+                              -- the key that submitted it (an operator's, on a user's session)
+                              'by', CAST(:actor AS text)),
            created_at
     FROM run
 ),

@@ -298,6 +298,7 @@ class Submissions:
             priority=(spec.priority or default_class).base,
             session_id=session_id,
             scheduled_for=spec.scheduled_for,
+            actor=who.actor or None,
         )
         savepoint = await conn.begin_nested()
         try:
