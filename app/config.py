@@ -52,6 +52,14 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    http_keep_alive_seconds: int = Field(
+        default=75,
+        ge=1,
+        le=3600,
+        description="How long an idle HTTP keep-alive connection stays open. Above common "
+        "client and load-balancer idle timeouts (httpx 5 s, AWS ALB 60 s), so the server is "
+        "never the side that closes a connection just as a client sends on it.",
+    )
 
     # --- queue ------------------------------------------------------------------------------
     lease_seconds: float = Field(default=30.0, gt=0)
@@ -150,6 +158,12 @@ class Settings(BaseSettings):
         default=None,
         description="Direct PostgreSQL URL for LISTEN when DATABASE_URL goes through PgBouncer.",
     )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _any_case(cls, value: object) -> object:
+        # People write INFO as often as info.
+        return value.lower() if isinstance(value, str) else value
 
     @field_validator("slots")
     @classmethod

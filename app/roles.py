@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 from sqlalchemy.exc import DBAPIError
 
 from app.config import Settings
@@ -33,7 +34,12 @@ class WorkerStartError(Exception):
 def serve(settings: Settings) -> None:
     """Serve the API (and its worker pool) until SIGINT or SIGTERM, then drain and return."""
     app = create_app(settings)
-    config = uvicorn.Config(
+    _server(server_config(settings, app), app.state.shutdown).run()
+
+
+def server_config(settings: Settings, app: FastAPI) -> uvicorn.Config:
+    """uvicorn's settings for the service."""
+    return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -43,8 +49,10 @@ def serve(settings: Settings) -> None:
         # (app/api/forwarded.py), never by uvicorn's default trust of a loopback proxy.
         proxy_headers=False,
         timeout_graceful_shutdown=max(1, int(settings.drain_grace_seconds) + 5),
+        # Longer than the clients' own idle timeouts: the client closes first (the keep-alive
+        # race, a request sent on a connection the server is closing, then cannot happen).
+        timeout_keep_alive=settings.http_keep_alive_seconds,
     )
-    _server(config, app.state.shutdown).run()
 
 
 def _server(config: uvicorn.Config, shutdown: asyncio.Event) -> uvicorn.Server:

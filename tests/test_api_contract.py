@@ -183,6 +183,15 @@ BAD_BODIES: list[Any] = [
         id="scheduled-for-without-offset",
     ),
     pytest.param(
+        # Pydantic alone would read a number as seconds since 1970.
+        BadBody(as_json({"input": 1, "scheduled_for": 12}), "scheduled_for"),
+        id="scheduled-for-a-number",
+    ),
+    pytest.param(
+        BadBody(as_json({"input": 1, "scheduled_for": "2030-01-01"}), "scheduled_for"),
+        id="scheduled-for-a-date",
+    ),
+    pytest.param(
         BadBody(VALID_BODY, "Idempotency-Key", headers={"Idempotency-Key": "k" * 256}),
         id="idempotency-key-256-chars",
     ),

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+)
 
 from app.queue.classes import PriorityClass
 from app.queue.pages import RunsPage
@@ -51,7 +60,24 @@ def storable_time(value: datetime | None) -> datetime | None:
 
 
 StorableJson = Annotated[JsonValue, AfterValidator(storable_json)]
-StorableTime = Annotated[AwareDatetime | None, AfterValidator(storable_time)]
+RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})", re.ASCII
+)
+
+
+def rfc3339_only(value: object) -> object:
+    """Times come as RFC 3339 strings only: pydantic would also take a number of seconds since
+    1970 (`12` as 1970-01-01T00:00:12Z), which is never what a client meant."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not RFC3339.fullmatch(value):
+        raise ValueError("an RFC 3339 time with its offset, e.g. 2030-01-01T09:00:00Z")
+    return value
+
+
+StorableTime = Annotated[
+    AwareDatetime | None, BeforeValidator(rfc3339_only), AfterValidator(storable_time)
+]
 
 
 class Strict(BaseModel):
