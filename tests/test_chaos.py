@@ -496,9 +496,6 @@ async def test_a_frozen_worker_wakes_up_fenced(database_url: str, engine: AsyncE
             return pids[0] if pids else None
 
         first = await eventually(holder, within=30, what="the run to be claimed")
-        # Longer than the run's lease (2 s) plus the sweeper's own lease (5 s): even when the
-        # frozen process was the one sweeping, another takes the sweep over and the run away.
-        frozen = asyncio.create_task(fleet.pause(first, 8.0))
 
         async def taken_over() -> bool:
             async with engine.connect() as conn:
@@ -509,8 +506,11 @@ async def test_a_frozen_worker_wakes_up_fenced(database_url: str, engine: AsyncE
                 ).scalar_one()
             return bool(n >= 2)
 
-        await eventually(taken_over, within=30, what="another worker to claim the run")
-        await frozen
+        # Frozen until another worker has claimed the run: past the run's lease (2 s) and, when
+        # the frozen process was the one sweeping, past the sweeper's own lease (5 s) too. A
+        # fixed freeze could end first on a busy machine, and the sleeper claim the run again.
+        async with fleet.frozen(first):
+            await eventually(taken_over, within=60, what="another worker to claim the run")
 
         async def finished() -> bool:
             run = (await client.get(f"/runs/{run_id}")).json()

@@ -105,6 +105,21 @@ class Fleet:
             if child.process.returncode is None:
                 child.process.send_signal(signal.SIGCONT)
 
+    @asynccontextmanager
+    async def frozen(self, pid: int) -> AsyncIterator[None]:
+        """SIGSTOP a worker for as long as the block runs (the test waits inside it for what
+        must happen meanwhile), then SIGCONT it."""
+        child = self.workers[pid]
+        self.paused.add(pid)
+        child.process.send_signal(signal.SIGSTOP)
+        self.pauses += 1
+        try:
+            yield
+        finally:
+            self.paused.discard(pid)
+            if child.process.returncode is None:
+                child.process.send_signal(signal.SIGCONT)
+
     def log_count(self, needle: bytes) -> int:
         """How many times `needle` appears in the logs of every worker started so far."""
         return sum(child.log.count(needle) for child in self.children)
