@@ -249,22 +249,25 @@ def cmd_worker(args: argparse.Namespace) -> None:
             flush=True,
         )
 
+    def say(line: str) -> None:
+        print(f"turnstile: {line}", file=sys.stderr, flush=True)
+
     try:
-        asyncio.run(
+        ran = asyncio.run(
             run_worker(
                 settings,
                 metrics_port=args.metrics_port,
                 metrics_host=args.metrics_host,
                 on_ready=ready,
-                on_unreachable=lambda reason, delay: print(
-                    f"turnstile: database unreachable ({reason}); retrying in {delay:g}s",
-                    file=sys.stderr,
-                    flush=True,
+                on_unreachable=lambda reason, delay: say(
+                    f"database unreachable ({reason}); retrying in {delay:g}s"
                 ),
+                on_draining=lambda: say("draining"),
             )
         )
     except WorkerStartError as exc:
         raise CommandError(str(exc)) from None
+    say("worker stopped" if ran else "worker stopped before the database was reachable")
 
 
 @dataclass

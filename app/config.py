@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=3, ge=1, le=100)
     retry_backoff_base_seconds: float = Field(default=5.0, ge=0)
     retry_backoff_max_seconds: float = Field(default=300.0, ge=0)
-    sweep_interval_seconds: float = Field(default=5.0, ge=0)
+    sweep_interval_seconds: float = Field(default=5.0, gt=0)
     idempotency_ttl_seconds: float = Field(default=86_400.0, gt=0)
     retention_seconds: float = Field(
         default=7 * 86_400.0,

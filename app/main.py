@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.api.services import ServiceState
 from app.api.watch import RunWatch, StreamLimits
 from app.config import Settings, get_settings
 from app.db.engine import create_engine
@@ -56,6 +57,12 @@ class AppState:
     # long polls and event streams watch it so they end promptly.
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
     key_cache: dict[bytes, Any] = field(default_factory=dict)
+
+
+def _serves_the_api(state: AppState) -> ServiceState:
+    """Never called: mypy checks here that AppState offers every service the handlers reach
+    through `state_of` (app/api/services.py), so the two cannot drift apart."""
+    return state
 
 
 def queue_config(settings: Settings) -> QueueConfig:

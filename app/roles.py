@@ -85,17 +85,20 @@ async def run_worker(
     stop: asyncio.Event | None = None,
     on_ready: Callable[[str], None] | None = None,
     on_unreachable: Callable[[str, float], None] | None = None,
+    on_draining: Callable[[], None] | None = None,
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
-) -> None:
+) -> bool:
     """Run a worker pool and the maintenance services until `stop` is set, then drain (no new
     claims; running steps get `drain_grace_seconds`; the rest are released, attempt given back).
 
     Without `stop`, SIGTERM and SIGINT stop it (the process is the worker's). `on_ready` is
     called with the worker's id once it claims; `on_unreachable(reason, retry_in)` for each
     failed attempt to reach the database at start (a fleet may start before its database),
-    which is retried for `worker_start_timeout_seconds`. `metrics_port` serves this process's
-    Prometheus metrics. Raises WorkerStartError when the worker cannot start."""
+    which is retried for `worker_start_timeout_seconds`; `on_draining()` once `stop` is set and
+    the drain begins. `metrics_port` serves this process's Prometheus metrics. Returns whether
+    the worker ran (False: stopped before its database answered). Raises WorkerStartError when
+    the worker cannot start."""
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -103,7 +106,7 @@ async def run_worker(
             loop.add_signal_handler(sig, stop.set)
     revision = await _reachable_schema(settings, stop, on_unreachable)
     if stop.is_set():
-        return
+        return False
     if revision != head_revision():
         raise WorkerStartError(
             f"the database schema is at {revision or 'nothing'}, this worker needs "
@@ -127,6 +130,9 @@ async def run_worker(
         finally:
             if exporter is not None:
                 exporter.shutdown()
+        if on_draining is not None:
+            on_draining()
+    return True
 
 
 async def _reachable_schema(

@@ -60,15 +60,26 @@ def module_name(path: Path) -> str:
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return imports_in(
+        path.read_text(encoding="utf-8"), module_name(path), package=path.name == "__init__.py"
+    )
+
+
+def imports_in(source: str, name: str, *, package: bool = False) -> list[tuple[int, str]]:
+    """The modules `source` (module `name`) imports, relative imports resolved."""
+    tree = ast.parse(source)
+    # The package a relative import counts from: the module's own for an __init__.py.
+    parts = name.split(".") if package else name.split(".")[:-1]
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.extend((node.lineno, alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(parts[: len(parts) - node.level + 1]) if node.level else ""
+            module = ".".join(part for part in (base, node.module or "") if part)
+            found.append((node.lineno, module))
             # `from app.queue import sql` imports the module app.queue.sql.
-            found.extend((node.lineno, f"{node.module}.{alias.name}") for alias in node.names)
+            found.extend((node.lineno, f"{module}.{alias.name}") for alias in node.names)
     return found
 
 
@@ -94,6 +105,26 @@ def test_imports_follow_the_contract(path: Path) -> None:
     assert not broken, "\n".join(broken)
 
 
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+def test_only_the_queue_loads_the_queues_statements(path: Path) -> None:
+    importer = module_name(path)
+    if within(importer, "app.queue"):
+        return
+    broken = [
+        f"{path.relative_to(ROOT)}:{line}: {importer} imports {imported}"
+        for line, imported in imports_of(path)
+        if within(imported, "app.queue.sql")
+    ]
+    assert not broken, "\n".join(broken)
+
+
+def test_relative_imports_are_resolved() -> None:
+    found = {m for _, m in imports_in("from .sql import q\nfrom .. import config\n", "app.api.x")}
+    assert found == {"app.api.sql", "app.api.sql.q", "app", "app.config"}
+    inside = {m for _, m in imports_in("from . import sql\n", "app.queue", package=True)}
+    assert inside == {"app.queue", "app.queue.sql"}
+
+
 def test_the_contract_sees_every_package() -> None:
     packages = {module_name(p).split(".")[1] for p in MODULES if module_name(p) != "app"}
     assert {"api", "ui", "queue", "runtime", "worker", "maintenance", "security"} <= packages
@@ -101,11 +132,12 @@ def test_the_contract_sees_every_package() -> None:
 
 def test_the_runtime_writes_only_through_its_execution() -> None:
     """The runtime reaches the queue only through `ExecutionContext`'s fenced writes, never
-    through the queue object the context carries."""
+    through the queue object the context carries (any `.queue` attribute in the runtime's
+    code is refused)."""
     offending = [
-        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        f"{path.relative_to(ROOT)}:{node.lineno}: .queue"
         for path in sorted((APP / "runtime").rglob("*.py"))
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-        if ".queue." in line and "import" not in line
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute) and node.attr == "queue"
     ]
     assert not offending, "\n".join(offending)

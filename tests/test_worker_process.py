@@ -59,6 +59,9 @@ async def test_a_worker_process_runs_runs_and_drains_on_sigterm(
         await eventually(sleeping, within=20, what="the slow run's tool call")
         worker.process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(worker.process.wait(), 30) == 0
+    # An operator's supervisor sees the drain and the stop in the worker's output.
+    assert b"turnstile: draining" in worker.log
+    assert worker.log.rstrip().endswith(b"turnstile: worker stopped")
     released = await run_state(queue, slow.id)
     assert (released.status, released.attempts, released.lease_owner) == ("queued", 0, None)
     last = (await queue.events(slow.id))[-1]

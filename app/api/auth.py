@@ -13,7 +13,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api.problems import ApiProblem
-from app.api.state import state_of
+from app.api.services import state_of
 from app.queue.submit import Submitter
 from app.security.api_keys import Caller, authenticate, hash_key
 

@@ -12,7 +12,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.api.auth import bearer, current_caller
 from app.api.problems import ApiProblem, responses
-from app.api.state import state_of
+from app.api.services import state_of
 from app.db.migrate import head_revision
 from app.db.resolve import schema_revision
 

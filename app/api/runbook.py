@@ -22,8 +22,8 @@ from app.api.schemas import (
     run_document,
     run_page_document,
 )
+from app.api.services import state_of
 from app.api.sessions import IdempotencyHeader, idempotency_of, submitted_response
-from app.api.state import state_of
 
 runbook = APIRouter(tags=["runbook"])
 

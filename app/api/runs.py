@@ -22,13 +22,13 @@ from app.api.schemas import (
     RunDocument,
     RunRequest,
 )
+from app.api.services import state_of
 from app.api.sessions import (
     IdempotencyHeader,
     idempotency_of,
     spec_from,
     submitted_response,
 )
-from app.api.state import state_of
 from app.api.watch import (
     POLL_RECHECK_SECONDS,
     STREAM_RECHECK_SECONDS,

@@ -20,7 +20,7 @@ from app.api.schemas import (
     TurnRequest,
     run_page_document,
 )
-from app.api.state import state_of
+from app.api.services import state_of
 from app.queue.classes import PriorityClass
 from app.queue.errors import SessionNotFoundError
 from app.queue.reads import Reads, SessionView

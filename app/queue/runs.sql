@@ -698,8 +698,10 @@ FOR UPDATE SKIP LOCKED;
 -- start, and could call a call that finished meanwhile open).
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
 expired AS MATERIALIZED (
+    -- lock_expired's rows, still checked here: called with any other ids, this statement
+    -- must not requeue a live lease.
     SELECT id, attempts >= max_attempts AS last_attempt FROM runs
-    WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'running'
+    WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'running' AND lease_expires_at < {{now}}
 ),
 open_calls AS MATERIALIZED (
     SELECT j.run_id, j.step, j.tool, j.idempotency_class, j.idempotency_key,

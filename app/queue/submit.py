@@ -123,7 +123,6 @@ class Submissions:
                     "session_id": session_id,
                     "tenant_id": who.tenant_id,
                     "principal": who.principal if who.own_sessions_only else None,
-                    "now": None,
                 },
             )
             session = locked.one_or_none()
@@ -198,7 +197,6 @@ class Submissions:
                         "session_id": seen.session_id,
                         "tenant_id": seen.tenant_id,
                         "principal": None,
-                        "now": None,
                     },
                 )
             locked = (
@@ -266,7 +264,12 @@ class Submissions:
                 (
                     await conn.execute(
                         q("dismiss"),
-                        {"run_id": run_id, "tenant_id": tenant_id, "actor": who.actor, "now": None},
+                        {
+                            "run_id": run_id,
+                            "tenant_id": tenant_id,
+                            "actor": who.actor,
+                            "now": self.queue.clock(),
+                        },
                     )
                 )
                 .mappings()

@@ -26,7 +26,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader
 
 from app.api.auth import submitter_of, visible_principal, visible_tenant
-from app.api.state import state_of
+from app.api.services import state_of
 from app.queue.errors import (
     InvalidCursorError,
     RunNotFailedError,

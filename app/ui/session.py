@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from fastapi import Request
 from fastapi.responses import Response
 
-from app.api.state import state_of
+from app.api.services import state_of
 from app.security.api_keys import Caller
 from app.security.dashboard_sessions import end_session, session_caller, start_session
 
