@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-from sqlalchemy import text
+from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.statements import load_statements
 
 SCOPES = ("operator", "admin")
 KEY_PREFIX = "ts_"
@@ -62,6 +64,11 @@ class NewKey:
     info: KeyInfo
 
 
+def statement(name: str) -> TextClause:
+    """A named statement of the security package's own file (app/security/queries.sql)."""
+    return load_statements("app.security", ("queries.sql",))[name].clause
+
+
 def hash_key(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
 
@@ -87,13 +94,9 @@ async def create_key(
     async with engine.begin() as conn:
         row = (
             await conn.execute(
-                text(
-                    "INSERT INTO api_keys (key_hash, prefix, tenant_id, principal, scopes, name) "
-                    "VALUES (:hash, :prefix, :tenant, :principal, :scopes, :name) "
-                    "RETURNING id, prefix, tenant_id, principal, scopes, name, created_at, "
-                    "revoked_at"
-                ),
+                statement("key_create"),
                 {
+                    "now": None,
                     "hash": hash_key(secret),
                     "prefix": secret[:10],
                     "tenant": tenant_id,
@@ -125,10 +128,7 @@ async def authenticate(engine: AsyncEngine, secret: str) -> Caller | None:
     async with engine.connect() as conn:
         row = (
             await conn.execute(
-                text(
-                    "SELECT id, tenant_id, principal, scopes FROM api_keys "
-                    "WHERE key_hash = :hash AND revoked_at IS NULL"
-                ),
+                statement("key_authenticate"),
                 {"hash": hash_key(secret)},
             )
         ).one_or_none()
@@ -145,11 +145,7 @@ async def authenticate(engine: AsyncEngine, secret: str) -> Caller | None:
 async def list_keys(engine: AsyncEngine, tenant_id: str | None = None) -> list[KeyInfo]:
     async with engine.connect() as conn:
         rows = await conn.execute(
-            text(
-                "SELECT id, prefix, tenant_id, principal, scopes, name, created_at, revoked_at "
-                "FROM api_keys WHERE CAST(:tenant AS text) IS NULL OR tenant_id = :tenant "
-                "ORDER BY created_at"
-            ),
+            statement("key_list"),
             {"tenant": tenant_id},
         )
         return [_info(row._mapping) for row in rows]
@@ -158,20 +154,10 @@ async def list_keys(engine: AsyncEngine, tenant_id: str | None = None) -> list[K
 async def revoke_key(engine: AsyncEngine, key_id: UUID) -> bool:
     """Revoke a key and end its dashboard sessions; False when no such unrevoked key exists."""
     async with engine.begin() as conn:
-        result = await conn.execute(
-            text(
-                "UPDATE api_keys SET revoked_at = now() WHERE id = :id AND revoked_at IS NULL "
-                "RETURNING id"
-            ),
-            {"id": key_id},
-        )
-        # Session lookups also require an unrevoked key; deleting the rows keeps nothing behind.
-        await conn.execute(
-            text("DELETE FROM dashboard_sessions WHERE key_id = :id"), {"id": key_id}
-        )
+        result = await conn.execute(statement("key_revoke"), {"id": key_id, "now": None})
         return result.one_or_none() is not None
 
 
 async def has_any_key(engine: AsyncEngine) -> bool:
     async with engine.connect() as conn:
-        return bool(await conn.scalar(text("SELECT EXISTS (SELECT 1 FROM api_keys)")))
+        return bool(await conn.scalar(statement("key_any")))

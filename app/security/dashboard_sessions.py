@@ -11,15 +11,10 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime
 
-from sqlalchemy import RowMapping, TextClause
+from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.statements import load_statements
-from app.security.api_keys import Caller, hash_key
-
-
-def _q(name: str) -> TextClause:
-    return load_statements("app.security", ("queries.sql",))[name].clause
+from app.security.api_keys import Caller, hash_key, statement
 
 
 def token_hash(token: str) -> bytes:
@@ -49,7 +44,7 @@ async def start_session(
         row = (
             (
                 await conn.execute(
-                    _q("session_start"),
+                    statement("session_start"),
                     {
                         "token_hash": token_hash(token),
                         "key_hash": hash_key(key),
@@ -72,7 +67,7 @@ async def session_caller(
         row = (
             (
                 await conn.execute(
-                    _q("session_caller"), {"token_hash": token_hash(token), "now": now}
+                    statement("session_caller"), {"token_hash": token_hash(token), "now": now}
                 )
             )
             .mappings()
@@ -84,4 +79,4 @@ async def session_caller(
 async def end_session(engine: AsyncEngine, token: str) -> None:
     """Delete the session: every copy of its cookie stops working."""
     async with engine.begin() as conn:
-        await conn.execute(_q("session_end"), {"token_hash": token_hash(token)})
+        await conn.execute(statement("session_end"), {"token_hash": token_hash(token)})

@@ -32,3 +32,42 @@ WHERE d.token_hash = :token_hash AND d.expires_at > {{now}} AND k.revoked_at IS 
 
 -- name: session_end
 DELETE FROM dashboard_sessions WHERE token_hash = :token_hash;
+
+
+-- API keys (app/security/api_keys.py): random secrets shown once, stored as SHA-256 hashes (a
+-- slow password hash would make every request slow).
+
+-- name: key_create
+INSERT INTO api_keys (key_hash, prefix, tenant_id, principal, scopes, name, created_at)
+VALUES (:hash, :prefix, :tenant, :principal, :scopes, :name, {{now}})
+RETURNING id, prefix, tenant_id, principal, scopes, name, created_at, revoked_at;
+
+
+-- name: key_authenticate
+SELECT id, tenant_id, principal, scopes FROM api_keys
+WHERE key_hash = :hash AND revoked_at IS NULL;
+
+
+-- name: key_list
+SELECT id, prefix, tenant_id, principal, scopes, name, created_at, revoked_at
+FROM api_keys
+WHERE CAST(:tenant AS text) IS NULL OR tenant_id = :tenant
+ORDER BY created_at;
+
+
+-- name: key_revoke
+-- Revoking ends the key's dashboard sessions too: session lookups also require an unrevoked
+-- key, and deleting the rows keeps nothing behind.
+WITH revoked AS (
+    UPDATE api_keys SET revoked_at = {{now}}
+    WHERE id = :id AND revoked_at IS NULL
+    RETURNING id
+),
+ended AS (
+    DELETE FROM dashboard_sessions WHERE key_id = :id
+)
+SELECT id FROM revoked;
+
+
+-- name: key_any
+SELECT EXISTS (SELECT 1 FROM api_keys) AS any_key;
