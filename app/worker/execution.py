@@ -120,6 +120,42 @@ class ExecutionContext:
             self.ended = True
         return await self.checked(outcome, during)
 
+    # --- what the pool tells the execution, and the releases it asks of it ---------------------
+    def lost(self) -> None:
+        """A heartbeat found the lease gone: the run is someone else's."""
+        self.fenced = True
+
+    def lapsed(self) -> None:
+        """Heartbeats failed until the lease deadline: it may have lapsed (self-fencing)."""
+        self.self_fenced = True
+
+    def renewed(self, *, until: float) -> None:
+        """A heartbeat extended the lease: it may be trusted up to `until` (monotonic)."""
+        self.trusted_until = until
+
+    async def release_after_error(self, reason: str) -> None:
+        """The executor failed unexpectedly: give the run back early (backoff, counted as an
+        attempt), unless its hold already ended or may have lapsed."""
+        if self.ended or not self.may_continue():
+            return
+        await self._release(graceful=False, reason=reason)
+
+    async def release_for_drain(self) -> None:
+        """The process is stopping: give the run back at once, the attempt given back."""
+        if self.ended:
+            return  # its completion, failure or question committed: nothing to give back
+        await self._release(graceful=True, reason="worker shutting down")
+
+    async def _release(self, *, graceful: bool, reason: str) -> None:
+        # An ending write that failed with an error or was interrupted may still have
+        # committed: a release that then finds the run gone is no lost lease, and records
+        # nothing. Marked finishing first, so a heartbeat does not take it for one either.
+        outcome_unknown = self.finishing
+        self.finishing = True
+        outcome = await self.queue.release(self.lease, graceful=graceful, reason=reason)
+        if isinstance(outcome, Fenced) and not outcome_unknown:
+            await self.stop_fenced("release")
+
     async def stop_fenced(self, during: str) -> None:
         """The run is someone else's: record `run.fenced` (once) and stop writing."""
         self.fenced = True

@@ -35,7 +35,7 @@ from app.queue.classes import priorities_of
 from app.queue.core import Queue
 from app.queue.housekeeping import WorkerRegistry
 from app.queue.layout import SlotGroup
-from app.queue.models import ClaimedRun, Fenced
+from app.queue.models import ClaimedRun
 from app.worker.completions import CompletionBatcher
 from app.worker.execution import ExecutionContext, Executor, StopExecution
 from app.worker.notifier import Notifier
@@ -244,9 +244,9 @@ class WorkerPool:
         if execution.stop_reason is None:
             execution.stop_reason = reason
             if reason == "fenced":
-                execution.ctx.fenced = True
+                execution.ctx.lost()
             elif reason == "self_fenced":
-                execution.ctx.self_fenced = True
+                execution.ctx.lapsed()
             if execution.task is not None:
                 execution.task.cancel()
 
@@ -277,16 +277,7 @@ class WorkerPool:
                 "executor failed; releasing the run with backoff",
                 extra={"run_id": str(run_id), "epoch": ctx.lease.epoch},
             )
-            if not ctx.ended and ctx.may_continue():
-                # An ending write that failed with an error (not fenced) may still have
-                # committed: if the release then finds the run gone, that is no lost lease.
-                outcome_unknown = ctx.finishing
-                ctx.finishing = True  # the heartbeat must not take the release for a lost lease
-                outcome = await self.queue.release(
-                    ctx.lease, graceful=False, reason=f"executor error: {exc!r}"[:500]
-                )
-                if isinstance(outcome, Fenced) and not outcome_unknown:
-                    await ctx.stop_fenced("release")
+            await ctx.release_after_error(f"executor error: {exc!r}"[:500])
         finally:
             try:
                 await self._after(execution)
@@ -299,15 +290,7 @@ class WorkerPool:
         if execution.stop_reason == "fenced":
             await ctx.stop_fenced("heartbeat")
         elif execution.stop_reason == "drain":
-            if ctx.ended:
-                return  # its completion, failure or question committed: nothing to give back
-            outcome_unknown = ctx.finishing  # an ending write interrupted in flight
-            ctx.finishing = True
-            outcome = await self.queue.release(
-                ctx.lease, graceful=True, reason="worker shutting down"
-            )
-            if isinstance(outcome, Fenced) and not outcome_unknown:
-                await ctx.stop_fenced("release")
+            await ctx.release_for_drain()
         elif execution.stop_reason == "self_fenced":
             log.warning(
                 "self-fenced: heartbeats failed until the lease deadline",
@@ -358,7 +341,7 @@ class WorkerPool:
             log.warning("worker registration refresh failed", exc_info=True)
         for execution in executions:
             if execution.ctx.lease.key in held:
-                execution.ctx.trusted_until = sent + self.lease_seconds
+                execution.ctx.renewed(until=sent + self.lease_seconds)
             elif not execution.ctx.finishing:
                 self._interrupt(execution, "fenced")
 
