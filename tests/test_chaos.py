@@ -36,6 +36,7 @@ from uuid import UUID
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
@@ -506,11 +507,35 @@ async def test_a_frozen_worker_wakes_up_fenced(database_url: str, engine: AsyncE
                 ).scalar_one()
             return bool(n >= 2)
 
+        async def row_lockable() -> bool:
+            """False while a transaction holds the run's row (NOWAIT answers at once)."""
+            async with engine.connect() as conn:
+                await conn.begin()
+                try:
+                    await conn.execute(
+                        text("SELECT 1 FROM runs WHERE id = :id FOR UPDATE NOWAIT"), {"id": run_id}
+                    )
+                except DBAPIError:
+                    return False
+                finally:
+                    await conn.rollback()
+            return True
+
         # Frozen until another worker has claimed the run: past the run's lease (2 s) and, when
         # the frozen process was the one sweeping, past the sweeper's own lease (5 s) too. A
         # fixed freeze could end first on a busy machine, and the sleeper claim the run again.
-        async with fleet.frozen(first):
-            await eventually(taken_over, within=60, what="another worker to claim the run")
+        # A process frozen inside a transaction on the run's row (a heartbeat, a journal write)
+        # holds its lock until the server's idle-in-transaction timeout, and the sweeper skips
+        # locked rows: that freeze is thawed and tried again, so the test waits for a takeover
+        # that can happen now.
+        for _ in range(20):
+            async with fleet.frozen(first):
+                if await row_lockable():
+                    await eventually(taken_over, within=60, what="another worker to claim the run")
+                    break
+            await eventually(row_lockable, within=30, what="the thawed worker's transaction")
+        else:
+            raise AssertionError("the worker was frozen inside a transaction every time")
 
         async def finished() -> bool:
             run = (await client.get(f"/runs/{run_id}")).json()
