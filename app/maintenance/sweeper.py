@@ -33,11 +33,9 @@ class Sweeper(MaintenanceService):
         if batch < 1:
             raise ValueError("sweeper batch must be >= 1")
         self.batch = batch
-        self.last_report: SweepReport | None = None
 
     async def run_once(self) -> SweepReport:
         report = await self.queue.sweep(limit=self.batch)
-        self.last_report = report
         if report.requeued or report.failed:
             log.info(
                 "swept expired leases",

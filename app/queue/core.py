@@ -51,8 +51,10 @@ victim. Its transaction rolled back whole, so a retry cannot write twice; the id
 step makes deadlocks between our own batches impossible, and this covers any other session."""
 
 
-def _is_deadlock(exc: DBAPIError) -> bool:
-    return getattr(exc.orig, "sqlstate", None) == "40P01" or "deadlock detected" in str(exc.orig)
+def failed_with(exc: DBAPIError, sqlstate: str, message: str) -> bool:
+    """Whether PostgreSQL refused the statement with `sqlstate` (the driver's code, or its
+    message where a driver does not pass the code on)."""
+    return getattr(exc.orig, "sqlstate", None) == sqlstate or message in str(exc.orig)
 
 
 class Observer(Protocol):
@@ -134,7 +136,8 @@ class Queue:
             try:
                 return await self._rows(name, dict(params))
             except DBAPIError as exc:
-                if not _is_deadlock(exc) or attempt == DEADLOCK_RETRIES:
+                deadlock = failed_with(exc, "40P01", "deadlock detected")
+                if not deadlock or attempt == DEADLOCK_RETRIES:
                     raise
         raise AssertionError("unreachable")
 

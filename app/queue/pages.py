@@ -11,7 +11,7 @@ from typing import Any
 from uuid import UUID
 
 from sqlalchemy import TextClause
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.queue.errors import InvalidCursorError
 from app.queue.models import Run
@@ -44,7 +44,7 @@ class RunsPage:
 
 
 async def fetch_runs_page(
-    conn: AsyncConnection,
+    engine: AsyncEngine,
     statement: TextClause,
     params: dict[str, Any],
     *,
@@ -55,21 +55,22 @@ async def fetch_runs_page(
     """Up to `limit` runs of a keyset statement ordered by (`order_field`, id) descending, after
     `cursor`; the next cursor is the last run's (`order_field`, id)."""
     before = decode_cursor(cursor) if cursor else (None, None)
-    rows = (
-        (
-            await conn.execute(
-                statement,
-                {
-                    **params,
-                    BEFORE_PARAMETER[order_field]: before[0],
-                    "before_id": before[1],
-                    "limit": limit + 1,
-                },
+    async with engine.connect() as conn:
+        rows = (
+            (
+                await conn.execute(
+                    statement,
+                    {
+                        **params,
+                        BEFORE_PARAMETER[order_field]: before[0],
+                        "before_id": before[1],
+                        "limit": limit + 1,
+                    },
+                )
             )
+            .mappings()
+            .all()
         )
-        .mappings()
-        .all()
-    )
     runs = [Run.from_row(row) for row in rows[:limit]]
     next_cursor = None
     if len(rows) > limit:

@@ -118,15 +118,14 @@ class Reads:
         self, *, tenant_id: str | None, cursor: str | None, limit: int
     ) -> RunsPage:
         """The dead letter: failed runs not dismissed yet, newest first."""
-        async with self.queue.engine.connect() as conn:
-            return await fetch_runs_page(
-                conn,
-                q("failed_runs"),
-                {"tenant_id": tenant_id},
-                cursor=cursor,
-                limit=limit,
-                order_field="finished_at",
-            )
+        return await fetch_runs_page(
+            self.queue.engine,
+            q("failed_runs"),
+            {"tenant_id": tenant_id},
+            cursor=cursor,
+            limit=limit,
+            order_field="finished_at",
+        )
 
     # --- sessions -----------------------------------------------------------------------------
     async def create_session(self, *, tenant_id: str, principal: str) -> SessionView:
@@ -181,15 +180,14 @@ class Reads:
         self, session_id: UUID, *, cursor: str | None, limit: int
     ) -> RunsPage:
         """A session's runs, newest first (the caller checked the session is visible)."""
-        async with self.queue.engine.connect() as conn:
-            return await fetch_runs_page(
-                conn,
-                q("session_runs"),
-                {"session_id": session_id},
-                cursor=cursor,
-                limit=limit,
-                order_field="created_at",
-            )
+        return await fetch_runs_page(
+            self.queue.engine,
+            q("session_runs"),
+            {"session_id": session_id},
+            cursor=cursor,
+            limit=limit,
+            order_field="created_at",
+        )
 
     # --- the dashboard ------------------------------------------------------------------------
     async def runs_page(
@@ -203,15 +201,14 @@ class Reads:
     ) -> RunsPage:
         """The dashboard's runs list: `filters` are ui_runs's status, class band, session and
         creation-time parameters."""
-        async with self.queue.engine.connect() as conn:
-            return await fetch_runs_page(
-                conn,
-                q("ui_runs"),
-                {"tenant_id": tenant_id, "principal": principal, **filters},
-                cursor=cursor,
-                limit=limit,
-                order_field="created_at",
-            )
+        return await fetch_runs_page(
+            self.queue.engine,
+            q("ui_runs"),
+            {"tenant_id": tenant_id, "principal": principal, **filters},
+            cursor=cursor,
+            limit=limit,
+            order_field="created_at",
+        )
 
     async def overview(
         self, *, tenant_id: str | None, window_minutes: int, stale_seconds: float

@@ -26,7 +26,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.queue.classes import PriorityClass
-from app.queue.core import Queue, dump_json
+from app.queue.core import Queue, dump_json, failed_with
 from app.queue.errors import (
     AnswerConflictError,
     IdempotencyKeyInFlightError,
@@ -84,10 +84,6 @@ def request_hash(method: str, path: str, body: JSON) -> str:
     do not matter; values do)."""
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(f"{method.upper()}\n{path}\n{canonical}".encode()).hexdigest()
-
-
-def _is_lock_timeout(exc: DBAPIError) -> bool:
-    return getattr(exc.orig, "sqlstate", None) == "55P03" or "lock timeout" in str(exc.orig)
 
 
 class Submissions:
@@ -353,7 +349,7 @@ class Submissions:
         try:
             taken = (await conn.execute(q("idempotency_claim"), params)).one_or_none()
         except DBAPIError as exc:
-            if _is_lock_timeout(exc):
+            if failed_with(exc, "55P03", "lock timeout"):
                 raise IdempotencyKeyInFlightError(idempotency.key) from None
             raise
         await conn.execute(

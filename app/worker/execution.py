@@ -90,9 +90,9 @@ class ExecutionContext:
 
     async def complete(self, result: JSON) -> None:
         """Complete the run, batched with its slot group's completions when it has a batcher."""
-        await self.finish("complete", self.completion_write(result))
+        await self.finish("complete", self._completion_write(result))
 
-    async def completion_write(self, result: JSON) -> WriteOutcome:
+    async def _completion_write(self, result: JSON) -> WriteOutcome:
         """The completion's write alone, its outcome unchecked (for `finish`)."""
         if self.completions is not None:
             return await self.completions.complete(self.lease, result)
