@@ -72,6 +72,7 @@ def queue_config(settings: Settings) -> QueueConfig:
         max_attempts=settings.max_attempts,
         backoff_base_seconds=settings.retry_backoff_base_seconds,
         backoff_max_seconds=settings.retry_backoff_max_seconds,
+        direct_calls=not settings.pgbouncer,
     )
 
 

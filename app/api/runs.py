@@ -12,10 +12,11 @@ from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.api.auth import CallerDep, submitter_of, visible_principal, visible_tenant
+from app.api.json_responses import FastJSONResponse
 from app.api.problems import ApiProblem, responses
 from app.api.schemas import (
     EventPage,
@@ -153,7 +154,7 @@ async def get_run(
     etag = etag_of(document)
     if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
         return Response(status_code=304, headers={"ETag": etag})
-    return JSONResponse(document, headers={"ETag": etag})
+    return FastJSONResponse(document, headers={"ETag": etag})
 
 
 @router.get(

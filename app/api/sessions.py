@@ -12,6 +12,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api.auth import CallerDep, submitter_of, visible_principal
+from app.api.json_responses import FastJSONResponse
 from app.api.problems import ApiProblem, responses
 from app.api.schemas import (
     RunDocument,
@@ -82,7 +83,7 @@ def submitted_response(outcome: Submitted) -> JSONResponse:
     headers = {"Location": f"/runs/{outcome.run_id}"}
     if outcome.replayed:
         headers["Idempotent-Replayed"] = "true"
-    return JSONResponse(outcome.document, status_code=outcome.status_code, headers=headers)
+    return FastJSONResponse(outcome.document, status_code=outcome.status_code, headers=headers)
 
 
 @router.post(

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 from uuid import UUID
 
+import asyncpg
 from sqlalchemy import RowMapping
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.queue.classes import PriorityClass, priorities_of
@@ -41,7 +42,7 @@ from app.queue.models import (
     WriteOutcome,
     Written,
 )
-from app.queue.sql import q
+from app.queue.sql import q, statements
 
 Clock = Callable[[], datetime | None]
 
@@ -49,6 +50,13 @@ DEADLOCK_RETRIES = 3
 """How often a multi-row fenced statement is retried after PostgreSQL chose it as a deadlock
 victim. Its transaction rolled back whole, so a retry cannot write twice; the id-ordered lock
 step makes deadlocks between our own batches impossible, and this covers any other session."""
+
+
+_REFUSALS = ("TS404", "TS409")
+"""SQLSTATEs our own functions raise for a refusal (migration 0007)."""
+
+_SERVER_GOING = ("57P01", "57P02", "57P03")
+"""Admin shutdown, crash shutdown, cannot connect now: the connection is gone or going."""
 
 
 def failed_with(exc: DBAPIError, sqlstate: str, message: str) -> bool:
@@ -97,6 +105,10 @@ class QueueConfig:
     max_attempts: int = 3
     backoff_base_seconds: float = 5.0
     backoff_max_seconds: float = 300.0
+    # The hot submission runs on the driver's own connection, outside SQLAlchemy's
+    # transaction handling (Queue.call). Behind PgBouncer in transaction mode, where a
+    # transaction must set its own timeouts, it goes through an ordinary transaction.
+    direct_calls: bool = True
 
 
 class Queue:
@@ -128,6 +140,62 @@ class Queue:
         async with self._tx(conn) as tx:
             result = await tx.execute(q(name), params)
             return list(result.mappings().all())
+
+    async def call(
+        self,
+        name: str,
+        args: Sequence[Any],
+        *,
+        retry_on_disconnect: bool,
+        refusals: Callable[[str, dict[str, Any]], Exception],
+    ) -> Mapping[str, Any]:
+        """One round trip: the named statement (positional `$n` parameters, one row back) on
+        the driver's own connection, where asyncpg prepares it once per connection and runs it
+        in its implicit transaction: no BEGIN and COMMIT round trips, no SQLAlchemy compilation.
+        A refusal raised by the statement (SQLSTATE TS404/TS409, the problem's name as the
+        message, its fields as JSON in the detail) becomes `refusals(name, fields)`. A lost
+        connection is dropped from the pool and raised as OperationalError; with
+        `retry_on_disconnect` (the statement is safe to send twice) it is tried once more on a
+        fresh connection first."""
+        sql = statements()[name].sql
+        for attempt in range(2):
+            try:
+                if self.config.direct_calls:
+                    return await self._call_direct(sql, args)
+                async with self.engine.begin() as conn:
+                    result = await conn.exec_driver_sql(sql, tuple(args))
+                    return dict(result.mappings().one())
+            except OperationalError:
+                if not retry_on_disconnect or attempt == 1:
+                    raise
+            except (DBAPIError, asyncpg.PostgresError) as exc:
+                # Directly, the driver's error; through SQLAlchemy, the cause of its wrapper.
+                cause = exc.orig and exc.orig.__cause__ if isinstance(exc, DBAPIError) else exc
+                if isinstance(cause, asyncpg.PostgresError) and cause.sqlstate in _REFUSALS:
+                    raise refusals(cause.message, json.loads(cause.detail or "{}")) from None
+                raise
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def _call_direct(self, sql: str, args: Sequence[Any]) -> Mapping[str, Any]:
+        async with self.engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            driver: asyncpg.Connection = raw.driver_connection
+            try:
+                row = await driver.fetchrow(sql, *args)
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate in _REFUSALS:
+                    raise  # mapped by the caller, as from the other path
+                if exc.sqlstate.startswith("08") or exc.sqlstate in _SERVER_GOING:
+                    await conn.invalidate()
+                    raise OperationalError(sql, None, exc, connection_invalidated=True) from exc
+                raise DBAPIError(sql, None, exc) from exc
+            except (asyncpg.InterfaceError, OSError) as exc:
+                await conn.invalidate()
+                raise OperationalError(sql, None, exc, connection_invalidated=True) from exc
+            if row is None:
+                raise AssertionError(f"{sql[:40]!r} returned no row")
+            found: Mapping[str, Any] = row
+            return found
 
     async def _batch_rows(self, name: str, params: dict[str, Any]) -> list[RowMapping]:
         """A multi-row fenced statement in a transaction of its own, retried when it was a
