@@ -14,11 +14,13 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any, Protocol
 from uuid import UUID
 
 import asyncpg
 from sqlalchemy import RowMapping
+from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -50,6 +52,14 @@ DEADLOCK_RETRIES = 3
 """How often a multi-row fenced statement is retried after PostgreSQL chose it as a deadlock
 victim. Its transaction rolled back whole, so a retry cannot write twice; the id-ordered lock
 step makes deadlocks between our own batches impossible, and this covers any other session."""
+
+
+@cache
+def positional(name: str) -> tuple[str, tuple[str, ...]]:
+    """A named statement as the driver takes it: `$n` placeholders, and the parameter names
+    in their order (compiled once, by SQLAlchemy's own asyncpg dialect)."""
+    compiled = statements()[name].clause.compile(dialect=asyncpg_dialect())  # type: ignore[no-untyped-call]
+    return compiled.string, tuple(compiled.positiontup or ())
 
 
 _REFUSALS = ("TS404", "TS409")
@@ -137,6 +147,11 @@ class Queue:
         self, name: str, params: dict[str, Any], conn: AsyncConnection | None = None
     ) -> list[RowMapping]:
         params.setdefault("now", self.clock())
+        if conn is None and self.config.direct_calls:
+            # A statement that is its own transaction: one round trip on the driver's
+            # connection (its implicit transaction), no BEGIN and COMMIT around it.
+            sql, names = positional(name)
+            return await self._direct(sql, [params[n] for n in names])
         async with self._tx(conn) as tx:
             result = await tx.execute(q(name), params)
             return list(result.mappings().all())
@@ -177,11 +192,22 @@ class Queue:
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def _call_direct(self, sql: str, args: Sequence[Any]) -> Mapping[str, Any]:
+        rows = await self._direct(sql, args)
+        if len(rows) != 1:
+            raise AssertionError(f"{sql[:40]!r} returned {len(rows)} rows, not one")
+        found: Mapping[str, Any] = rows[0]
+        return found
+
+    async def _direct(self, sql: str, args: Sequence[Any]) -> list[Any]:
+        """The statement on the driver's own connection, prepared once per connection (the
+        driver's statement cache), its errors raised as SQLAlchemy's would be: callers and the
+        API's handlers see one kind of error whichever path ran."""
         async with self.engine.connect() as conn:
             raw = await conn.get_raw_connection()
             driver: asyncpg.Connection = raw.driver_connection
             try:
-                row = await driver.fetchrow(sql, *args)
+                rows: list[Any] = await driver.fetch(sql, *args)
+                return rows
             except asyncpg.PostgresError as exc:
                 if exc.sqlstate in _REFUSALS:
                     raise  # mapped by the caller, as from the other path
@@ -192,10 +218,6 @@ class Queue:
             except (asyncpg.InterfaceError, OSError) as exc:
                 await conn.invalidate()
                 raise OperationalError(sql, None, exc, connection_invalidated=True) from exc
-            if row is None:
-                raise AssertionError(f"{sql[:40]!r} returned no row")
-            found: Mapping[str, Any] = row
-            return found
 
     async def _batch_rows(self, name: str, params: dict[str, Any]) -> list[RowMapping]:
         """A multi-row fenced statement in a transaction of its own, retried when it was a
