@@ -279,6 +279,7 @@ class Runbook:
     reads: Reads
     submissions: Submissions
     actor: Submitter
+    stale_seconds: float  # a worker process not seen for this long is not live (a lease)
 
 
 RunbookCommand = Callable[[Runbook, argparse.Namespace], Awaitable[object]]
@@ -305,6 +306,7 @@ def _runbook(command: RunbookCommand) -> Callable[[argparse.Namespace], None]:
                 reads=Reads(queue),
                 submissions=submissions_for(queue, settings),
                 actor=Submitter("cli", "cli", actor=f"cli:{os.environ.get('USER', 'operator')}"),
+                stale_seconds=settings.lease_seconds,
             )
             try:
                 return await command(runbook, args)
@@ -336,10 +338,22 @@ def _print_result(result: object, *, as_json: bool) -> None:
 
 async def queue_stats(runbook: Runbook, args: argparse.Namespace) -> object:
     """`turnstile queue stats`: every class and status, zeros included (an empty queue is a
-    table of zeros, not nothing)."""
+    table of zeros, not nothing), with the slots of the live worker processes that can claim
+    each class; a class with queued runs and no live slot anywhere is `unserved` (a fleet of
+    partial layouts that leaves it out, docs/adr/0005), and said so on stderr too."""
+    from app.queue.reads import coverage_of
     from app.queue.statuses import ACTIVE
 
     depth = await runbook.reads.depth(tenant_id=args.tenant)
+    slots = await runbook.reads.live_slots(stale_seconds=runbook.stale_seconds)
+    coverage = {klass: coverage_of(entry, slots[klass]) for klass, entry in depth.items()}
+    for klass, seen in coverage.items():
+        if seen.unserved:
+            print(
+                f"turnstile: {klass.value} has {seen.queued} queued runs and no live worker "
+                f"slot serves it: start a worker whose TURNSTILE_SLOTS include {klass.value}",
+                file=sys.stderr,
+            )
     return [
         {
             "class": klass.value,
@@ -348,6 +362,8 @@ async def queue_stats(runbook: Runbook, args: argparse.Namespace) -> object:
             "oldest_eligible_age_seconds": (
                 entry.oldest_eligible_age_seconds if status == "queued" else None
             ),
+            "live_slots": coverage[klass].live_slots,
+            "unserved": coverage[klass].unserved,
         }
         for klass, entry in depth.items()
         for status in ACTIVE
