@@ -85,7 +85,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
     settings, embedded = _migrated(settings)
     asyncio.run(first_start_key(settings, embedded))
     print(f"turnstile: serving on http://{settings.host}:{settings.port}/docs", file=sys.stderr)
-    serve(settings)
+    try:
+        serve(settings)  # returns once the lifespan has drained the pool and disposed the engine
+    finally:
+        if embedded is not None:
+            embedded.release()
 
 
 def _check_plugins(settings: Settings) -> None:
