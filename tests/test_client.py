@@ -26,13 +26,15 @@ from app.client import (
     NotFoundError,
     RetryPolicy,
     RunFinishedError,
+    ServiceUnavailableError,
     SessionBusyError,
+    TooManyStreamsError,
     Turnstile,
     WaitTimeoutError,
 )
 from app.client.retry import retry_after_of, retryable_answer
 from tests.support.api import Api, running_api
-from tests.support.proxy import BreakingProxy, breaking_proxy
+from tests.support.proxy import BreakingProxy, breaking_proxy, http_response
 
 SCRIPT_WITH_QUESTION = {
     "script": [
@@ -180,6 +182,61 @@ async def test_a_lost_answer_is_retried_with_the_same_key(api: Api, proxy: Break
         assert (await turnstile.submit_run({"text": "batch"}, idempotency_key="job-7")).id == (
             other.id
         )
+
+
+async def test_5xx_and_429_answers_are_retried_with_the_same_key(
+    api: Api, proxy: BreakingProxy
+) -> None:
+    problem = b'{"type": "/problems/database-unavailable", "title": "x", "status": 503}'
+    async with AsyncTurnstile(proxy.base, await api.key(), retry=FAST_RETRIES) as turnstile:
+        session = await turnstile.create_session()
+        proxy.sent.clear()
+        # Answered in the server's place: nothing reaches the server until the third try.
+        proxy.answer_with = [
+            http_response(
+                503, "Service Unavailable", problem, Content_Type="application/problem+json",
+                Retry_After="0",
+            ),
+            http_response(429, "Too Many Requests", Retry_After="0"),
+        ]  # fmt: skip
+        run = await turnstile.submit_turn(session, {"text": "hello"})
+        keys = proxy.sent_headers("Idempotency-Key")
+        assert len(keys) == 3
+        assert len(set(keys)) == 1
+        assert await runs_of_session(api.engine, session.id) == [run.id]
+
+        # Bounded: when every try fails, the last answer is raised, with its fields.
+        proxy.answer_with = [
+            http_response(
+                503, "Service Unavailable", problem, Content_Type="application/problem+json",
+                Retry_After="0",
+            )
+        ] * FAST_RETRIES.attempts  # fmt: skip
+        with pytest.raises(ServiceUnavailableError) as unavailable:
+            await turnstile.get_run(run)
+        assert unavailable.value.status == 503
+        assert unavailable.value.retry_after == 0.0
+        assert proxy.answer_with == []
+
+
+async def test_too_many_streams_is_retried_then_raised(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with running_api(database_url, engine, max_streams_per_key=1) as api:
+        policy = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05, max_retry_after=0.05)
+        async with AsyncTurnstile(api.base, await api.key(), retry=policy) as turnstile:
+            later = await turnstile.submit_run({"n": 1}, scheduled_for="2030-01-01T09:00:00Z")
+            stream = turnstile.events(later)
+            # Its first event read, the stream stays open and holds the key's one place.
+            assert (await anext(stream)).type == "run.created"
+            with pytest.raises(TooManyStreamsError) as refusal:
+                await turnstile.wait(later, timeout=5)
+            assert refusal.value.status == 429
+            assert refusal.value.retry_after == 5.0  # as the API said; the policy capped it
+            await stream.aclose()
+            # The place given back, long polls work again.
+            with pytest.raises(WaitTimeoutError):
+                await turnstile.wait(later, timeout=0.2)
 
 
 async def test_the_blocking_client(api: Api) -> None:

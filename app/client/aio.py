@@ -10,7 +10,7 @@ Server-Sent Events (httpx-sse) and, when the connection drops, reconnects with
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncGenerator, Collection
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -144,7 +144,7 @@ class AsyncTurnstile:
         `RunFinishedError` for a run that succeeded or failed."""
         return calls.as_run(await self._send(calls.cancel(run)))
 
-    async def events(self, run: RunRef, *, after: int = 0) -> AsyncIterator[Event]:
+    async def events(self, run: RunRef, *, after: int = 0) -> AsyncGenerator[Event, None]:
         """The run's events after sequence number `after`, in order, as they happen; ends after
         the run's terminal event. A dropped connection is resumed with `Last-Event-ID`, so each
         event comes exactly once."""

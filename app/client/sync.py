@@ -11,7 +11,7 @@ Server-Sent Events (httpx-sse) and, when the connection drops, reconnects with
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Generator
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -144,7 +144,7 @@ class Turnstile:
         `RunFinishedError` for a run that succeeded or failed."""
         return calls.as_run(self._send(calls.cancel(run)))
 
-    def events(self, run: RunRef, *, after: int = 0) -> Iterator[Event]:
+    def events(self, run: RunRef, *, after: int = 0) -> Generator[Event, None, None]:
         """The run's events after sequence number `after`, in order, as they happen; ends after
         the run's terminal event. A dropped connection is resumed with `Last-Event-ID`, so each
         event comes exactly once."""

@@ -1,7 +1,8 @@
 """A TCP proxy on loopback in front of a test server, that breaks connections on demand: to
-show what a client does when a connection dies mid-stream (`cut`) or when a request reached
+show what a client does when a connection dies mid-stream (`cut`), when a request reached
 the server but its answer never came back (`drop_responses`, the keep-alive race's worst
-case)."""
+case), or when something in between answers in the server's place (`answer_with`: a load
+balancer's 502, say)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ class BreakingProxy:
         self.port = 0
         self.drop_responses = 0  # the next N answers are swallowed and their connection closed
         self.sent = bytearray()  # everything clients sent, for tests to read the requests
+        # Whole HTTP responses to answer the next requests with, in place of the server's (each
+        # request must come in one read: the small requests of the tests do).
+        self.answer_with: list[bytes] = []
         self.connections = 0
         self._open: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -47,6 +51,10 @@ class BreakingProxy:
         async def to_upstream() -> None:
             while data := await reader.read(65536):
                 self.sent.extend(data)
+                if self.answer_with:
+                    writer.write(self.answer_with.pop(0))
+                    await writer.drain()
+                    continue
                 up_writer.write(data)
                 await up_writer.drain()
 
@@ -72,6 +80,13 @@ class BreakingProxy:
                 end.close()
                 with contextlib.suppress(OSError, ConnectionError):
                     await end.wait_closed()
+
+
+def http_response(status: int, reason: str, body: bytes = b"", **headers: str) -> bytes:
+    """A whole HTTP/1.1 response, for `BreakingProxy.answer_with`."""
+    lines = [f"HTTP/1.1 {status} {reason}", f"Content-Length: {len(body)}"]
+    lines += [f"{name.replace('_', '-')}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
 @asynccontextmanager
