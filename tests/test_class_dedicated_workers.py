@@ -101,10 +101,17 @@ async def test_an_async_only_worker_and_the_class_it_leaves_unserved(
         assert "class=interactive  status=queued  runs=1  " in out
         assert "unserved=True" in out
 
-        # The dashboard's overview.
+        # The dashboard's overview, and the API's runbook view.
         async with running_api(database_url, engine) as api:
-            client = await signed_in(api, await api.key("acme", "ops", "operator"))
+            key = await api.key("acme", "ops", "operator")
+            client = await signed_in(api, key)
             page = (await client.get("/ui/overview/fragment")).text
+            stats = (
+                await client.get("/queue/stats", headers={"Authorization": f"Bearer {key}"})
+            ).json()["classes"]
+        assert stats["interactive"]["unserved"] is True
+        assert stats["async"]["live_slots"] == 2
+        assert stats["async"]["unserved"] is False
         assert 'data-testid="unserved" data-class="interactive"' in page
         assert 'data-class="async"' in page
         assert 'data-testid="unserved" data-class="async"' not in page
