@@ -112,9 +112,9 @@ async def test_an_async_only_worker_and_the_class_it_leaves_unserved(
         assert stats["interactive"]["unserved"] is True
         assert stats["async"]["live_slots"] == 2
         assert stats["async"]["unserved"] is False
-        assert 'data-testid="unserved" data-class="interactive"' in page
+        assert 'data-testid="unserved" data-unserved-class="interactive"' in page
         assert 'data-class="async"' in page
-        assert 'data-testid="unserved" data-class="async"' not in page
+        assert 'data-testid="unserved" data-unserved-class="async"' not in page
 
     # The worker drained and deregistered: nothing serves async any more.
     assert (await reads.live_slots(stale_seconds=STALE_SECONDS))[ASYNC] == 0
