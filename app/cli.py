@@ -256,6 +256,15 @@ def cmd_worker(args: argparse.Namespace) -> None:
     def say(line: str) -> None:
         print(f"turnstile: {line}", file=sys.stderr, flush=True)
 
+    embedded = None
+    if not settings.database_url:
+        from app.db.resolve import resolve_database
+
+        # The embedded server is started here, so that it is released (below) only after the
+        # pool has drained and its engine is disposed, as `serve` does.
+        database = resolve_database(settings)
+        embedded = database.embedded
+        settings = settings.model_copy(update={"database_url": database.url})
     try:
         ran = asyncio.run(
             run_worker(
@@ -271,6 +280,9 @@ def cmd_worker(args: argparse.Namespace) -> None:
         )
     except WorkerStartError as exc:
         raise CommandError(str(exc)) from None
+    finally:
+        if embedded is not None:
+            embedded.release()
     say("worker stopped" if ran else "worker stopped before the database was reachable")
 
 

@@ -213,3 +213,51 @@ async def test_a_service_on_the_embedded_server_stops_cleanly_on_a_group_signal(
             bin_dir = pgserver_bin_dir() or system_bin_dir()
             if bin_dir is not None and (data_dir / folder).exists():
                 LocalCluster(bin_dir=bin_dir, data_dir=data_dir / folder).stop("immediate")
+
+
+async def test_a_worker_on_the_embedded_server_releases_it_after_draining(
+    tmp_path: Path,
+) -> None:
+    """`turnstile worker` with no DATABASE_URL: the embedded server it started is let go only
+    after its pool drained, and stops, since nothing else holds it."""
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+        "TURNSTILE_DATA_DIR": str(tmp_path / "data"),
+    }
+    try:
+        migrate = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "app.cli", "migrate", env=env, stderr=asyncio.subprocess.PIPE
+        )
+        _, err = await asyncio.wait_for(migrate.communicate(), 120)
+        assert migrate.returncode == 0, err.decode()
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "app.cli",
+            "worker",
+            env=env,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        stderr = worker.stderr
+        assert stderr is not None
+        log = bytearray()
+        while b"running slots" not in (line := await asyncio.wait_for(stderr.readline(), 60)):
+            assert line, log.decode(errors="replace")
+            log.extend(line)
+        os.killpg(worker.pid, signal.SIGTERM)
+        log.extend(await asyncio.wait_for(stderr.read(), 60))
+        assert await worker.wait() == 0, log.decode(errors="replace")
+        text = log.decode(errors="replace")
+        assert error_lines(text) == [], text
+        if pgserver_bin_dir() is not None:
+            assert text.index("worker pool stopped") < text.index("cleaning last handle"), text
+            pgdata = LocalCluster(
+                bin_dir=pgserver_bin_dir() or Path(), data_dir=tmp_path / "data/pgdata"
+            )
+            assert not pgdata.running()
+    finally:
+        bin_dir = pgserver_bin_dir() or system_bin_dir()
+        for folder in ("pgdata", "pgdata-system"):
+            if bin_dir is not None and (tmp_path / "data" / folder).exists():
+                LocalCluster(bin_dir=bin_dir, data_dir=tmp_path / "data" / folder).stop("immediate")
