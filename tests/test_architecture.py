@@ -3,6 +3,7 @@
 - The queue core (app/queue) imports none of the edges or the layers above it: api, ui,
   runtime, worker, maintenance, cli, nor the settings (the app factory builds its services).
 - The runtime imports no api; the api imports no worker.
+- The client (app/client) imports no other package of the server.
 - Only the tables' owners load named statements: app/queue its own (app.queue.sql), app/security
   its own (app.db.statements). api, ui, cli, worker, runtime and maintenance import no
   statement loader: they call the owners' typed services.
@@ -49,6 +50,26 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("app.runtime", ("app.api",)),
+    # The client is for programs that only call the API: nothing of the server, so importing it
+    # costs httpx and httpx-sse alone (tests/test_client.py checks the modules it loads).
+    (
+        "app.client",
+        (
+            "app.api",
+            "app.ui",
+            "app.cli",
+            "app.roles",
+            "app.worker",
+            "app.runtime",
+            "app.maintenance",
+            "app.queue",
+            "app.db",
+            "app.security",
+            "app.observability",
+            "app.main",
+            "app.config",
+        ),
+    ),
     ("app.api", ("app.worker",)),
     *[(edge, LOADERS) for edge in EDGES],
 ]
