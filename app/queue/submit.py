@@ -62,6 +62,9 @@ class RunSpec:
     agent: str | None = None
     priority: PriorityClass | None = None
     scheduled_for: datetime | None = None
+    # The W3C trace context the run's work joins; not part of the request's hash (a retry
+    # from another span of the caller is the same request).
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,11 @@ class Submissions:
                     self._check_answer(waiting, spec)
                     try:
                         run = await self.queue.deliver_input(
-                            waiting.id, spec.input, principal=who.principal, conn=conn
+                            waiting.id,
+                            spec.input,
+                            principal=who.principal,
+                            traceparent=spec.traceparent,
+                            conn=conn,
                         )
                     except RunNotWaitingError:
                         if routing == 0:
@@ -298,6 +305,7 @@ class Submissions:
             session_id=session_id,
             scheduled_for=spec.scheduled_for,
             actor=who.actor or None,
+            traceparent=spec.traceparent,
         )
         savepoint = await conn.begin_nested()
         try:
