@@ -167,6 +167,24 @@ assert not loaded, loaded
     assert done.returncode == 0, done.stderr
 
 
+def test_a_submission_nests_in_a_server_span_already_current(
+    spans: InMemorySpanExporter,
+) -> None:
+    """An embedding program's own HTTP instrumentation read the header first: the submission
+    is a child of its request span, not a sibling."""
+    theirs = TracerProvider().get_tracer("their-http-instrumentation")
+    with (
+        theirs.start_as_current_span("POST /runs") as request,
+        tracing.submission("run", CALLER) as submission,
+    ):
+        kept = submission.traceparent
+    submit = one(spans.get_finished_spans(), "turnstile.submit")
+    assert parent_of(submit) == hex_span(request.get_span_context().span_id)
+    assert kept is not None
+    # Its flags may carry more than "sampled" (the W3C level-2 "random" bit, 02).
+    assert kept.startswith(f"00-{hex_trace(submit)}-{hex_span(submit.context.span_id)}-")
+
+
 async def test_off_the_callers_traceparent_is_still_kept_with_the_run(
     database_url: str, engine: AsyncEngine
 ) -> None:

@@ -249,11 +249,16 @@ def submission(kind: str, traceparent: str | None) -> Span:
     caller = parse_traceparent(traceparent)
     if _tracer is None:
         return Span(caller)
+    from opentelemetry import trace
+
+    # A server span already current (an embedding program's HTTP instrumentation, which read
+    # the same header) is the better parent: the submission then nests inside the request.
+    current = trace.get_current_span().get_span_context().is_valid
     return _LiveSpan(
         _tracer,
         "turnstile.submit",
-        kind="SERVER",
-        parent=caller,
+        kind="INTERNAL" if current else "SERVER",
+        parent=None if current else caller,
         attributes={"turnstile.submission": kind},
     )
 
