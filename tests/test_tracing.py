@@ -336,6 +336,42 @@ async def test_a_fenced_write_is_an_event_on_the_span_of_the_write(
     assert claim.attributes["turnstile.lease.epoch"] == 1
 
 
+async def test_a_run_taken_over_by_another_pool_stays_in_the_callers_trace(
+    database_url: str, engine: AsyncEngine, spans: InMemorySpanExporter
+) -> None:
+    """The first pool stops while it holds the run (the drain gives it back); a second pool,
+    another service built from scratch, claims it again. Both claims are children of the
+    submission, each with its own epoch: the trace survives the change of holder."""
+    held = GatedExecutor()  # never opened: the drain takes the run back
+    async with running_api(
+        database_url, engine, workers=True, executor=held, drain_grace_seconds=0.2
+    ) as api:
+        client = await api.client()
+        created = await client.post("/runs", json={"input": "x"}, headers={"traceparent": CALLER})
+        run_id = created.json()["id"]
+        await eventually(lambda: asyncio.sleep(0, held.holding or None), what="the first claim")
+    finishing = GatedExecutor()
+    finishing.gate.set()
+    async with running_api(database_url, engine, workers=True, executor=finishing) as api:
+        client = await api.client()
+        await eventually(lambda: run_status(client, run_id, "succeeded"), what="the second claim")
+
+    found = spans.get_finished_spans()
+    submit = one(found, "turnstile.submit")
+    claims = sorted(
+        named(found, "turnstile.claim"),
+        key=lambda c: int(str((c.attributes or {})["turnstile.lease.epoch"])),
+    )
+    assert [hex_trace(c) for c in claims] == [CALLER_TRACE, CALLER_TRACE]
+    assert {parent_of(c) for c in claims} == {hex_span(submit.context.span_id)}
+    assert [(c.attributes or {})["turnstile.lease.epoch"] for c in claims] == [1, 2]
+    assert (claims[0].attributes or {})["turnstile.claim.stopped"] == "drain"
+    release = one(found, "turnstile.release")
+    assert parent_of(release) == hex_span(claims[0].context.span_id)
+    complete = one(found, "turnstile.complete")
+    assert parent_of(complete) == hex_span(claims[1].context.span_id)
+
+
 async def test_a_model_call_has_the_genai_attributes(
     engine: AsyncEngine, spans: InMemorySpanExporter
 ) -> None:

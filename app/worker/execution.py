@@ -155,9 +155,11 @@ class ExecutionContext:
         # nothing. Marked finishing first, so a heartbeat does not take it for one either.
         outcome_unknown = self.finishing
         self.finishing = True
-        outcome = await self.queue.release(self.lease, graceful=graceful, reason=reason)
-        if isinstance(outcome, Fenced) and not outcome_unknown:
-            await self.stop_fenced("release")
+        with tracing.transition("release", {"turnstile.release.graceful": graceful}) as span:
+            outcome = await self.queue.release(self.lease, graceful=graceful, reason=reason)
+            span.set({"turnstile.transition.written": isinstance(outcome, Written)})
+            if isinstance(outcome, Fenced) and not outcome_unknown:
+                await self.stop_fenced("release")
 
     async def stop_fenced(self, during: str) -> None:
         """The run is someone else's: record `run.fenced` (once) and stop writing."""
