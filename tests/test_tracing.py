@@ -140,6 +140,20 @@ def test_tracing_is_on_only_when_the_standard_settings_say_so(
     assert wanted(environ) is on
 
 
+def test_configured_from_the_settings_it_is_on_until_its_shutdown() -> None:
+    stop = tracing.configure_from_env("worker", {"OTEL_TRACES_EXPORTER": "console"})
+    assert stop is not None
+    try:
+        assert tracing.enabled()
+        # Already on: a second configuration (another app in this process) changes nothing.
+        assert tracing.configure_from_env("serve", {"OTEL_TRACES_EXPORTER": "console"}) is None
+    finally:
+        stop()
+    assert not tracing.enabled()
+    assert tracing.configure_from_env("serve", {"OTEL_TRACES_EXPORTER": "zipkin"}) is None
+    assert not tracing.enabled()
+
+
 def test_off_neither_the_sdk_nor_an_exporter_is_imported() -> None:
     """With the OTEL_* settings unset, loading the whole service and calling every hook imports
     neither the OpenTelemetry SDK nor an exporter (a fresh interpreter: this one has them)."""

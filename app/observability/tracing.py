@@ -216,6 +216,12 @@ def configure_from_env(
         if name == "otlp":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
+            protocol = environ.get(
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+            )
+            if protocol.strip() not in ("", "http/protobuf"):
+                log.warning("OTLP protocol %r not supported: exporting http/protobuf", protocol)
+
             exporters.append(OTLPSpanExporter())  # endpoint, headers, timeout: OTEL_EXPORTER_*
         elif name == "console":
             from opentelemetry.sdk.trace.export import ConsoleSpanExporter
