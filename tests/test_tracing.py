@@ -335,6 +335,9 @@ async def test_a_fenced_write_is_an_event_on_the_span_of_the_write(
         claim = await eventually(closed, what="the claim's span to end")
 
     found = spans.get_finished_spans()
+    submit = one(found, "turnstile.submit")
+    cancel = one(found, "turnstile.cancel")  # the terminal transition, made by the API
+    assert parent_of(cancel) == hex_span(submit.context.span_id)
     write = one(found, "turnstile.complete")
     assert hex_trace(write) == CALLER_TRACE
     assert parent_of(write) == hex_span(claim.context.span_id)

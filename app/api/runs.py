@@ -304,4 +304,6 @@ async def cancel(run_id: UUID, request: Request, caller: CallerDep) -> Any:
         tenant_id=caller.tenant_id,
         principal=visible_principal(caller),
     )
+    if outcome.changed:
+        tracing.mark("turnstile.cancel", outcome.run.traceparent, {"turnstile.run.id": str(run_id)})
     return outcome.run.to_document()

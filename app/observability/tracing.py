@@ -325,6 +325,15 @@ def transition(name: str, attributes: Attributes | None = None) -> Span:
     )
 
 
+def mark(name: str, traceparent: str | None, attributes: Attributes | None = None) -> None:
+    """A transition made outside any claim (a cancellation), recorded after the fact as a
+    span of no length in the trace the run keeps; nothing when the run keeps none."""
+    if _tracer is None or traceparent is None:
+        return
+    with _LiveSpan(_tracer, name, kind="INTERNAL", parent=traceparent, attributes=attributes):
+        pass
+
+
 def note(attributes: Attributes) -> None:
     """Set attributes on the current span (a tool call's outcome, for one)."""
     if _tracer is None:
