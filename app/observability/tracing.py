@@ -4,8 +4,9 @@ for them, and then the only module that touches OpenTelemetry.
 The rest of the code calls the small interface below and never imports OpenTelemetry itself:
 `submission` (the API's span around a submission; its `traceparent` is what the run keeps),
 `claim` (one claim of a run, a child of the trace context the run keeps), `tool`, `model_call`
-(GenAI semantic conventions), `transition` (the write that ends a hold), and `note` / `event`
-(attributes and events on whatever span is current, e.g. the `turnstile.fenced` event).
+(GenAI semantic conventions), `transition` (the write that ends a hold), `mark` (a transition
+made outside any claim, such as a cancellation), and `note` / `event` (attributes and events on
+whatever span is current, e.g. the `turnstile.fenced` event).
 
 Off (the default, or without the `turnstile[otel]` extra), every call returns the one shared
 no-op span and nothing of OpenTelemetry is imported: the cost is a function call. The run still
@@ -210,7 +211,7 @@ def configure_from_env(
             "pip install 'turnstile[otel]'; tracing stays off"
         )
         return None
-    names = [n.strip() for n in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
+    names = [n.strip().lower() for n in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
     exporters: list[SpanExporter] = []
     for name in names:
         if name == "otlp":
