@@ -7,8 +7,9 @@ WORKDIR /src
 COPY pyproject.toml setup.py MANIFEST.in README.md alembic.ini ./
 COPY app ./app
 COPY alembic ./alembic
-# Wheels are built here, so the final image needs no compilers.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# Wheels are built here, so the final image needs no compilers. The otel extra is in: tracing
+# stays off (and unloaded) until OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_TRACES_EXPORTER is set.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[otel]"
 
 FROM python:3.12-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 TURNSTILE_HOST=0.0.0.0

@@ -24,6 +24,7 @@ from app.config import Settings, get_settings
 from app.db.engine import create_engine
 from app.db.resolve import ResolvedDatabase, resolve_database
 from app.maintenance.maintainer import Maintainer
+from app.observability import tracing
 from app.observability.metrics import HttpMetrics, Metrics
 from app.queue.core import Clock, Queue, QueueConfig
 from app.queue.reads import Reads
@@ -141,6 +142,8 @@ async def services(
     )
     pool: WorkerPool | None = None
     maintainer: Maintainer | None = None
+    # Traces, when the standard OTEL_* settings ask for them (off by default, nothing imported).
+    stop_tracing = tracing.configure_from_env(role)
     try:
         await notifier.start()
         # Every process registers in `workers`; an API-only one with no slot groups.
@@ -188,6 +191,9 @@ async def services(
         await notifier.stop()
         await http_client.aclose()
         await engine.dispose()
+        if stop_tracing is not None:
+            # Last, so the drain's spans go too; the flush sends, so off the event loop.
+            await asyncio.to_thread(stop_tracing)
 
 
 def create_app(

@@ -24,7 +24,7 @@ remembered) and the caller maps it to the same errors as before (`app/queue/subm
 Sessionless runs (`POST /runs`) take steps 1, 3 (create) and 4.
 
 Revision ID: 0007
-Revises: 0003
+Revises: 0006
 Create Date: 2026-11-30
 """
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0007"
-down_revision = "0003"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
@@ -58,6 +58,7 @@ CREATE FUNCTION turnstile_submit(
     p_scheduled_for timestamptz,
     p_input jsonb,
     p_max_attempts integer,
+    p_traceparent text,            -- the W3C trace context the run's work continues (or NULL)
     OUT outcome text,              -- created, delivered or replayed
     OUT the_run runs,              -- the run created or delivered to (NULL on a replay)
     OUT stored_status integer,     -- on a replay: the stored answer
@@ -164,6 +165,8 @@ BEGIN
                 UPDATE runs r
                 SET status = 'queued',
                     question = NULL,
+                    -- an answer that brings its own trace moves the rest of the run into it
+                    traceparent = coalesce(p_traceparent, r.traceparent),
                     inputs_count = r.inputs_count + 1,
                     last_event_seq = r.last_event_seq + 1,
                     updated_at = v_now
@@ -205,11 +208,11 @@ BEGIN
         WITH created AS (
             INSERT INTO runs AS r (id, tenant_id, principal, session_id, status, priority,
                                    agent, input, max_attempts, scheduled_for, last_event_seq,
-                                   inputs_count, created_at, updated_at)
+                                   inputs_count, traceparent, created_at, updated_at)
             VALUES (p_run_id, p_tenant, v_owner, p_session, 'queued',
                     coalesce(p_priority, p_default_priority),
                     coalesce(p_agent, p_default_agent), p_input, p_max_attempts,
-                    p_scheduled_for, 1, 1, v_now, v_now)
+                    p_scheduled_for, 1, 1, p_traceparent, v_now, v_now)
             ON CONFLICT (session_id) WHERE status IN ('queued', 'running', 'waiting_for_user')
             DO NOTHING
             RETURNING r.*

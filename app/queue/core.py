@@ -270,6 +270,7 @@ class Queue:
                 "scheduled_for": new.scheduled_for,
                 "resubmitted_from": new.resubmitted_from,
                 "actor": new.actor,
+                "traceparent": new.traceparent,
             },
             conn,
         )
@@ -551,12 +552,19 @@ class Queue:
         value: JSON,
         *,
         principal: str,
+        traceparent: str | None = None,
         conn: AsyncConnection | None = None,
     ) -> Run:
-        """Store the user's answer as the run's next input and requeue the same run."""
+        """Store the user's answer as the run's next input and requeue the same run (joining
+        the answer's trace, when it names one)."""
         rows = await self._rows(
             "deliver_input",
-            {"run_id": run_id, "input": dump_json(value), "principal": principal},
+            {
+                "run_id": run_id,
+                "input": dump_json(value),
+                "principal": principal,
+                "traceparent": traceparent,
+            },
             conn,
         )
         if rows:

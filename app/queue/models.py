@@ -92,6 +92,9 @@ class Run:
     started_at: datetime | None
     finished_at: datetime | None
     dismissed_at: datetime | None
+    # The W3C trace context the run's work joins (app/observability/tracing.py); internal, not
+    # part of the run's document.
+    traceparent: str | None = None
 
     @property
     def priority_class(self) -> PriorityClass:
@@ -183,6 +186,7 @@ class NewRun:
     max_attempts: int | None = None
     resubmitted_from: UUID | None = None
     actor: str | None = None  # the key that submitted it, recorded in run.created
+    traceparent: str | None = None  # the trace its work joins (a valid W3C traceparent)
 
 
 @dataclass(frozen=True)

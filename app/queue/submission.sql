@@ -138,4 +138,5 @@ FROM turnstile_submit(
     p_actor => $5, p_session => $6, p_key => $7, p_request_hash => $8, p_ttl_seconds => $9,
     p_wait_ms => $10, p_lock_timeout_ms => $11, p_run_id => $12, p_agent => $13,
     p_default_agent => $14, p_priority => $15, p_default_priority => $16,
-    p_scheduled_for => $17, p_input => $18, p_max_attempts => $19) r;
+    p_scheduled_for => $17, p_input => $18, p_max_attempts => $19,
+    p_traceparent => $20) r;

@@ -63,6 +63,9 @@ class RunSpec:
     agent: str | None = None
     priority: PriorityClass | None = None
     scheduled_for: datetime | None = None
+    # The W3C trace context the run's work joins; not part of the request's hash (a retry
+    # from another span of the caller is the same request).
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -262,6 +265,7 @@ class Submissions:
             spec.scheduled_for,
             dump_json(spec.input),
             self.queue.config.max_attempts,
+            spec.traceparent,
         )
         # A keyed submission may be sent again after its connection died mid-call: the key
         # makes a second call a replay of whatever the first committed.
