@@ -91,6 +91,8 @@ class Run:
     started_at: datetime | None
     finished_at: datetime | None
     dismissed_at: datetime | None
+    schedule_id: UUID | None  # set on a schedule's ticks (app/queue/schedules.py)
+    fire_at: datetime | None  # the tick's fire time; a catch-up run keeps its first missed one
 
     @property
     def priority_class(self) -> PriorityClass:
@@ -127,6 +129,8 @@ class Run:
             "started_at": _iso(self.started_at),
             "finished_at": _iso(self.finished_at),
             "dismissed_at": _iso(self.dismissed_at),
+            "schedule_id": str(self.schedule_id) if self.schedule_id else None,
+            "fire_at": _iso(self.fire_at),
         }
 
 
