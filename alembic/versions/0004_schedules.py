@@ -57,14 +57,10 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name="pk_schedules"),
         sa.CheckConstraint("priority BETWEEN 0 AND 29", name="priority_band"),
     )
-    op.create_index(
-        "ix_schedules_tenant_id_created_at", "schedules", ["tenant_id", "created_at"]
-    )
+    op.create_index("ix_schedules_tenant_id_created_at", "schedules", ["tenant_id", "created_at"])
     op.add_column("runs", sa.Column("schedule_id", pg.UUID(as_uuid=True), nullable=True))
     op.add_column("runs", sa.Column("fire_at", sa.DateTime(timezone=True), nullable=True))
-    op.create_check_constraint(
-        "schedule_tick", "runs", "(schedule_id IS NULL) = (fire_at IS NULL)"
-    )
+    op.create_check_constraint("schedule_tick", "runs", "(schedule_id IS NULL) = (fire_at IS NULL)")
     op.create_unique_constraint("uq_runs_schedule_id_fire_at", "runs", ["schedule_id", "fire_at"])
 
 
