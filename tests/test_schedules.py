@@ -147,13 +147,18 @@ async def test_with_no_tick_waiting_the_missed_stretch_fires_once(
     # an hour.
     await queue.claim("w-test", [PriorityClass.ASYNC])
     clock.now = START + timedelta(hours=1, seconds=30)
-    scheduler = Scheduler(queue, holder="m-test", interval=1, metrics=Metrics())
+    metrics = Metrics()
+    scheduler = Scheduler(queue, holder="m-test", interval=1, metrics=metrics)
     stats = await scheduler.run_once()
     assert stats.active == 1
     assert stats.without_tick == 0
+    gauge = metrics.registry.get_sample_value
+    assert gauge("turnstile_schedules", {"state": "active"}) == 1
+    assert gauge("turnstile_schedule_ticks_repaired_total") == 1  # the pool had not
     rows = await ticks(engine, schedule.id)
     assert [r["fire_at"] for r in rows] == [START + timedelta(minutes=m) for m in (1, 2)]
     assert stats.most_overdue_seconds == pytest.approx(3600 - 120 + 30)
+    assert gauge("turnstile_schedule_most_overdue_seconds") == pytest.approx(3600 - 120 + 30)
     # The one catch-up run is due at once; once it starts, the next is ahead, not behind.
     assert len(await start_due(queue, schedules)) == 1
     assert await start_due(queue, schedules) == []
