@@ -163,6 +163,7 @@ async def services(
                 queue, settings, metrics, holder=pool.worker_id, on_success=succeeded
             )
             maintainer.start()
+        submissions = submissions_for(queue, settings)
         state = AppState(
             settings=settings,
             database=database,
@@ -170,9 +171,9 @@ async def services(
             queue=queue,
             notifier=notifier,
             pool=pool,
-            submissions=submissions_for(queue, settings),
+            submissions=submissions,
             reads=Reads(queue),
-            schedules=Schedules(queue),
+            schedules=Schedules(queue, keys=submissions),
             agents=registry.agent_names(),
             metrics=metrics,
             streams=StreamLimits(

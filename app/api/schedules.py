@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 from uuid import UUID
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
 
 from app.api.auth import OperatorDep, visible_tenant
 from app.api.problems import ApiProblem, responses
@@ -22,6 +23,7 @@ from app.api.schemas import (
     run_page_document,
 )
 from app.api.services import state_of
+from app.api.sessions import IdempotencyHeader, idempotency_of
 from app.queue.schedules import NewSchedule
 
 router = APIRouter(tags=["schedules"])
@@ -36,17 +38,27 @@ router = APIRouter(tags=["schedules"])
         "Exactly one run per tick, whatever the number of processes: the next tick is queued "
         "ahead (`scheduled_for` = its fire time) and unique in the database. After downtime a "
         "schedule fires once for the ticks it missed, not once per missed tick. A bad `cron` "
-        "or `timezone` is 422 naming the field."
+        "or `timezone` is 422 naming the field. With `Idempotency-Key`, a retry of the same "
+        "request replays the first answer (`Idempotent-Replayed: true`), never a second schedule."
     ),
     responses={
         **responses(
-            "unauthorized", "forbidden", "invalid-request", "malformed-json", "body-too-large"
+            "unauthorized",
+            "forbidden",
+            "invalid-request",
+            "malformed-json",
+            "body-too-large",
+            "idempotency-key-reused",
+            "idempotency-key-in-flight",
         ),
         201: {"headers": {"Location": {"schema": {"type": "string"}}}},
     },
 )
 async def create_schedule(
-    body: ScheduleRequest, request: Request, caller: OperatorDep, response: Response
+    body: ScheduleRequest,
+    request: Request,
+    caller: OperatorDep,
+    idempotency_key: IdempotencyHeader = None,
 ) -> Any:
     state = state_of(request)
     agent = body.agent or state.settings.default_agent
@@ -56,19 +68,25 @@ async def create_schedule(
             f"body.agent: unknown agent {agent!r} (known: {', '.join(sorted(state.agents))})",
             errors=[{"loc": ["body", "agent"], "msg": "unknown agent", "type": "unknown_agent"}],
         )
-    schedule = await state.schedules.create(
-        NewSchedule(
-            tenant_id=caller.tenant_id,
-            principal=caller.principal,
-            cron=body.cron,
-            timezone=body.timezone,
-            agent=agent,
-            input=body.input,
-            priority=body.class_.base,
-        )
+    new = NewSchedule(
+        tenant_id=caller.tenant_id,
+        principal=caller.principal,
+        cron=body.cron,
+        timezone=body.timezone,
+        agent=agent,
+        input=body.input,
+        priority=body.class_.base,
     )
-    response.headers["Location"] = f"/schedules/{schedule.id}"
-    return schedule.to_document()
+    idempotency = await idempotency_of(request, idempotency_key)
+    if idempotency is None:
+        document = (await state.schedules.create(new)).to_document()
+        replayed = False
+    else:
+        document, replayed = await state.schedules.create_once(new, idempotency)
+    headers = {"Location": f"/schedules/{document['id']}"}
+    if replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return JSONResponse(document, status_code=201, headers=headers)
 
 
 @router.get(

@@ -50,6 +50,7 @@ from app.queue.errors import InvalidScheduleError, ScheduleNotFoundError
 from app.queue.models import JSON, Run
 from app.queue.pages import RunsPage, decode_cursor, encode_cursor, fetch_runs_page
 from app.queue.sql import q
+from app.queue.submit import IdempotencyKey, Submissions, Submitter
 
 log = logging.getLogger("turnstile.schedules")
 
@@ -148,11 +149,16 @@ class ScheduleStats:
     most_overdue_seconds: float = 0.0  # how late the most overdue tick ahead is
 
 
-class Schedules:
-    """The one way in to schedules for the API, the CLI, the worker pool and the scheduler."""
+CREATED = 201
 
-    def __init__(self, queue: Queue) -> None:
+
+class Schedules:
+    """The one way in to schedules for the API, the CLI, the worker pool and the scheduler.
+    `keys` (the submissions' idempotency keys) lets `create` honour an `Idempotency-Key`."""
+
+    def __init__(self, queue: Queue, keys: Submissions | None = None) -> None:
         self.queue = queue
+        self.keys = keys
 
     def _params(self, **params: Any) -> dict[str, Any]:
         return {"now": self.queue.clock(), **params}
@@ -163,22 +169,44 @@ class Schedules:
     # --- changes ------------------------------------------------------------------------------
     async def create(self, new: NewSchedule) -> Schedule:
         """A new active schedule and its first tick, in one transaction."""
-        parse_cron(new.cron, new.timezone)
         async with self.queue.engine.begin() as conn:
-            rows = await self._rows(
-                conn,
-                "create_schedule",
-                id=uuid.uuid4(),
-                tenant_id=new.tenant_id,
-                principal=new.principal,
-                cron=" ".join(new.cron.split()),
-                timezone=new.timezone,
-                agent=new.agent,
-                input=dump_json(new.input),
-                priority=new.priority,
-            )
-            # Not visible to anyone before this commits: no lock needed to create its tick.
-            await self._create_next_ticks(conn, rows)
+            return await self._create(conn, new)
+
+    async def create_once(
+        self, new: NewSchedule, idempotency: IdempotencyKey
+    ) -> tuple[dict[str, JSON], bool]:
+        """`create` under an Idempotency-Key (scoped to the tenant and principal, as on every
+        submission): a retry of the same request replays the first answer, never a second
+        schedule; the same key with another request is IdempotencyKeyReusedError. Returns the
+        schedule's document and whether it was replayed."""
+        if self.keys is None:
+            raise RuntimeError("Schedules built without idempotency keys")
+        who = Submitter(new.tenant_id, new.principal)
+        async with self.queue.engine.begin() as conn:
+            replay = await self.keys.take_key(conn, who, idempotency)
+            if replay is not None:
+                return replay.document, True
+            schedule = await self._create(conn, new)
+            document = schedule.to_document()
+            await self.keys.store_key(conn, who, idempotency, document, None, status=CREATED)
+        return document, False
+
+    async def _create(self, conn: AsyncConnection, new: NewSchedule) -> Schedule:
+        parse_cron(new.cron, new.timezone)
+        rows = await self._rows(
+            conn,
+            "create_schedule",
+            id=uuid.uuid4(),
+            tenant_id=new.tenant_id,
+            principal=new.principal,
+            cron=" ".join(new.cron.split()),
+            timezone=new.timezone,
+            agent=new.agent,
+            input=dump_json(new.input),
+            priority=new.priority,
+        )
+        # Not visible to anyone before this commits: no lock needed to create its tick.
+        await self._create_next_ticks(conn, rows)
         return Schedule.from_row(rows[0])
 
     async def pause(self, schedule_id: UUID, *, tenant_id: str | None) -> Schedule:
