@@ -15,7 +15,7 @@ from app.db.embedded import free_port
 from tests.support.processes import Child, turnstile
 from tests.support.waiting import eventually
 
-SERVICES = ("sweeper", "idempotency-pruner", "run-retention", "queue-metrics")
+SERVICES = ("sweeper", "idempotency-pruner", "run-retention", "queue-metrics", "scheduler")
 
 
 async def maintained(port: int) -> set[str]:
@@ -43,6 +43,7 @@ def worker(database_url: str, port: int) -> AbstractAsyncContextManager[Child]:
             "TURNSTILE_PRUNE_INTERVAL_SECONDS": "0.5",
             "TURNSTILE_RETENTION_INTERVAL_SECONDS": "0.5",
             "TURNSTILE_QUEUE_METRICS_INTERVAL_SECONDS": "0.5",
+            "TURNSTILE_SCHEDULE_INTERVAL_SECONDS": "0.5",
         },
     )
 
