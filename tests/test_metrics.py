@@ -3,6 +3,7 @@ the series and labels the operations guide names."""
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import string
 from typing import Any
@@ -173,11 +174,15 @@ async def test_http_labels_come_from_fixed_sets(database_url: str, engine: Async
     http = [dict(labels) for (name, labels) in found if name == "turnstile_http_requests_total"]
     assert {labels["method"] for labels in http} <= {*HTTP_METHODS, "other"}
     assert {labels["route"] for labels in http} <= templates
+    # httptools (uvicorn's parser when installed, as it is here) refuses methods it does not
+    # know with a 400 before the app sees them; h11 hands them to the app, which answers 405
+    # and counts them as `other`. Either way they add no series of their own.
+    expected = None if importlib.util.find_spec("httptools") is not None else 51
     assert (
         value(
             found, "turnstile_http_requests_total", route="/healthz", method="other", status="405"
         )
-        == 51
+        == expected
     )
     assert len(scraped) < baseline + 16_000  # a few new series, not one per method
 
