@@ -70,6 +70,7 @@ class Run:
     tenant_id: str
     principal: str
     session_id: UUID | None
+    session_run_no: int | None  # the run's number within its session (None: sessionless)
     status: str
     priority: int
     agent: str
@@ -110,6 +111,7 @@ class Run:
         return {
             "id": str(self.id),
             "session_id": str(self.session_id) if self.session_id else None,
+            "session_run_no": self.session_run_no,
             "status": self.status,
             "class": self.priority_class.value,
             "priority": self.priority,
