@@ -15,7 +15,13 @@ from app.db.embedded import free_port
 from tests.support.processes import Child, turnstile
 from tests.support.waiting import eventually
 
-SERVICES = ("sweeper", "idempotency-pruner", "run-retention", "queue-metrics")
+SERVICES = (
+    "sweeper",
+    "idempotency-pruner",
+    "run-retention",
+    "session-retention",
+    "queue-metrics",
+)
 
 
 async def maintained(port: int) -> set[str]:

@@ -226,3 +226,40 @@ class ToolCall:
     idempotency_class: str
     idempotency_key: str | None = None
     args: JSON = field(default=None)
+
+
+@dataclass(frozen=True)
+class TranscriptEntry:
+    """One entry of a session's conversation (`session_transcript`), ordered by (run_no, seq).
+
+    role/kind: user/input (the turn that created the run), user/answer (an answer delivered to
+    it), assistant/question, assistant/final, tool/tool_call (`tool` holds name, step, args,
+    status; `content` the outcome), system/failed and system/cancelled (the run's end)."""
+
+    run_no: int
+    seq: int
+    run_id: UUID
+    role: str
+    kind: str
+    content: JSON
+    tool: JSON
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> TranscriptEntry:
+        return cls(**{name: row[name] for name in cls.__dataclass_fields__})
+
+    def to_json(self) -> dict[str, JSON]:
+        """JSON-ready (the API's item, and what agents receive as history)."""
+        document: dict[str, JSON] = {
+            "run_no": self.run_no,
+            "seq": self.seq,
+            "run_id": str(self.run_id),
+            "role": self.role,
+            "kind": self.kind,
+            "content": self.content,
+            "created_at": _iso(self.created_at),
+        }
+        if self.tool is not None:
+            document["tool"] = self.tool
+        return document

@@ -119,6 +119,7 @@ class Submissions:
                     "session_id": session_id,
                     "tenant_id": who.tenant_id,
                     "principal": who.principal if who.own_sessions_only else None,
+                    "now": self.queue.clock(),
                 },
             )
             session = locked.one_or_none()
@@ -193,6 +194,7 @@ class Submissions:
                         "session_id": seen.session_id,
                         "tenant_id": seen.tenant_id,
                         "principal": None,
+                        "now": self.queue.clock(),
                     },
                 )
             locked = (
