@@ -1,10 +1,13 @@
 """Sessions as conversations: the transcript (`GET /sessions/{id}/messages`) derived from run
 inputs and events, its pages and its visibility; what failed, cancelled and uncertain runs
-leave in it; the history the scripted agent is given; and session retention, which deletes
-idle sessions whole and keeps active conversations whole."""
+leave in it; the history the scripted agent is given; a run recovered after its worker process
+was killed seeing the same history; and session retention, which deletes idle sessions whole
+and keeps active conversations whole."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,8 +26,10 @@ from app.queue.submit import RunSpec, Submissions, Submitter
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, SimulatedCrash, default_registry
 from tests.support.api import Api, running_api
 from tests.support.clock import ManualClock
+from tests.support.processes import turnstile
 from tests.support.runtime import current, execute_once, recover
 from tests.support.servers import running_server
+from tests.support.waiting import eventually
 
 DAY = 86_400.0
 
@@ -339,3 +344,112 @@ async def test_a_turn_moves_the_sessions_last_activity(queue: Queue, clock: Manu
     assert (await sessions.run_once()).sessions == 0
     clock.advance(29 * DAY)
     assert (await sessions.run_once()).sessions == 1
+
+
+# --- memory survives a killed worker -------------------------------------------------------------
+async def test_a_run_recovered_after_its_worker_is_killed_sees_the_same_history(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    """Real worker processes, the `openai` agent against a fake endpoint on loopback: turn 2's
+    worker is killed (SIGKILL) inside a tool call; another worker recovers the run, and its
+    request to the model carries the same history as the first worker's."""
+    requests: list[list[dict[str, Any]]] = []
+    hits: list[int] = []
+    hold = asyncio.Event()  # never set: the first tool call hangs until its worker dies
+    fake = FastAPI()
+
+    def say(content: str) -> dict[str, Any]:
+        return {"choices": [{"message": {"role": "assistant", "content": content}}]}
+
+    @fake.post("/v1/chat/completions")
+    async def complete(request: Request) -> dict[str, Any]:
+        sent: list[dict[str, Any]] = (await request.json())["messages"]
+        requests.append(sent)
+        last = sent[-1]
+        if last["role"] == "tool":
+            return say("Your name is Bob.")
+        if last["content"] == "what is my name?":
+            call = {"method": "GET", "url": f"{base}/lookup"}
+            return {
+                "choices": [
+                    {
+                        "message": {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": "lookup-1",
+                                    "type": "function",
+                                    "function": {
+                                        "name": "http_request",
+                                        "arguments": json.dumps(call),
+                                    },
+                                }
+                            ],
+                        }
+                    }
+                ]
+            }
+        return say("Hello Bob")
+
+    @fake.get("/lookup")
+    async def lookup() -> dict[str, bool]:
+        hits.append(len(hits) + 1)
+        if len(hits) == 1:
+            await hold.wait()
+        return {"found": True}
+
+    async with running_server(fake) as base:
+        env = {
+            "DATABASE_URL": database_url,
+            "TURNSTILE_OPENAI_BASE_URL": f"{base}/v1",
+            "TURNSTILE_HTTP_ALLOWED_HOSTS": "127.0.0.1",
+            "TURNSTILE_LEASE_SECONDS": "3",
+            "TURNSTILE_HEARTBEAT_SECONDS": "1",
+            "TURNSTILE_SWEEP_INTERVAL_SECONDS": "0.5",
+            "TURNSTILE_RETRY_BACKOFF_BASE_SECONDS": "0",
+            "TURNSTILE_RETRY_BACKOFF_MAX_SECONDS": "0",
+            "TURNSTILE_POLL_INTERVAL_SECONDS": "0.5",
+            "TURNSTILE_DRAIN_GRACE_SECONDS": "0",
+        }
+        queue = Queue(engine)
+        reads, submit = Reads(queue), submissions(queue)
+        alice = Submitter(tenant_id="t", principal="alice")
+        session = await reads.create_session(tenant_id="t", principal="alice")
+
+        async def finished(run_id: Any) -> bool:
+            return (await current(queue, run_id)).status == "succeeded"
+
+        async def in_the_tool_call() -> bool:
+            return bool(hits)
+
+        async with turnstile("worker", ready=b"running slots", env=env) as first:
+            one = await submit.submit_turn(
+                alice, session.id, RunSpec(input={"text": "my name is Bob"}, agent="openai")
+            )
+            await eventually(lambda: finished(one.run_id), within=30, what="turn 1")
+            two = await submit.submit_turn(
+                alice, session.id, RunSpec(input={"text": "what is my name?"}, agent="openai")
+            )
+            await eventually(in_the_tool_call, within=30, what="turn 2's tool call")
+            first.process.kill()  # SIGKILL: no drain, no release, the lease just lapses
+            await first.process.wait()
+        async with turnstile("worker", ready=b"running slots", env=env):
+            await eventually(lambda: finished(two.run_id), within=60, what="recovery")
+        hold.set()
+
+    done = await current(queue, two.run_id)
+    assert done.result["final"] == "Your name is Bob."
+    claims = [e.epoch for e in await queue.events(two.run_id) if e.type == "run.claimed"]
+    assert claims == [1, 2]
+    assert len(hits) == 2  # the safe GET ran again on recovery
+    history = [
+        {"role": "user", "content": "my name is Bob"},
+        {"role": "assistant", "content": "Hello Bob"},
+        {"role": "user", "content": "what is my name?"},
+    ]
+    # Turn 1's request, then turn 2's from the killed worker, then from the one that recovered.
+    assert requests[0] == [{"role": "user", "content": "my name is Bob"}]
+    assert requests[1] == history
+    assert requests[-1][:3] == history
+    assert [m["role"] for m in requests[-1][3:]] == ["assistant", "tool"]
