@@ -139,6 +139,7 @@ LIMIT :limit;
 -- so the first :limit entries after the cursor lie within the next :limit runs: the window
 -- bounds the work of a page whatever the session's length.
 WITH session_runs AS MATERIALIZED (
+    -- uq_runs_session_id_session_run_no: the window's runs, in order.
     SELECT id, session_run_no FROM runs
     WHERE session_id = :session_id
       AND session_run_no
@@ -146,15 +147,20 @@ WITH session_runs AS MATERIALIZED (
               AND least(greatest(CAST(:after_run_no AS bigint), CAST(:from_run_no AS bigint))
                             + CAST(:limit AS bigint),
                         coalesce(CAST(:through_run_no AS bigint), 2147483647))
-),
-entries AS (
-    SELECT r.session_run_no AS run_no, i.event_seq AS seq, r.id AS run_id, 'user' AS role,
+)
+SELECT r.session_run_no AS run_no, x.seq, r.id AS run_id, x.role, x.kind, x.content, x.tool,
+       x.created_at
+FROM session_runs r
+-- Per run, by its primary keys (LATERAL): the planner cannot see how few runs the window
+-- holds, and otherwise hashes every run's events to join a page's.
+CROSS JOIN LATERAL (
+    SELECT i.event_seq AS seq, 'user' AS role,
            CASE WHEN i.idx = 1 THEN 'input' ELSE 'answer' END AS kind,
            i.input AS content, CAST(NULL AS jsonb) AS tool, i.created_at
-    FROM session_runs r
-    JOIN run_inputs i ON i.run_id = r.id
+    FROM run_inputs i
+    WHERE i.run_id = r.id
     UNION ALL
-    SELECT r.session_run_no, e.seq, r.id,
+    SELECT e.seq,
            CASE e.type WHEN 'tool.finished' THEN 'tool'
                        WHEN 'run.failed' THEN 'system'
                        WHEN 'run.cancelled' THEN 'system'
@@ -181,23 +187,20 @@ entries AS (
                'name', e.data -> 'tool', 'step', e.data -> 'step',
                'status', e.data -> 'outcome_status',
                'idempotency_class', e.data -> 'idempotency_class',
-               'args', started.args) END,
+               'args', (
+                   -- The latest 'started' entry of the step before its outcome (a recovered
+                   -- safe call starts twice).
+                   SELECT j.args FROM tool_journal j
+                   WHERE j.run_id = e.run_id AND j.step = CAST(e.data ->> 'step' AS integer)
+                     AND j.entry = 'started' AND j.event_seq < e.seq
+                   ORDER BY j.event_seq DESC
+                   LIMIT 1)) END,
            e.created_at
-    FROM session_runs r
-    JOIN run_events e ON e.run_id = r.id
-    LEFT JOIN LATERAL (
-        -- The latest 'started' entry of the step before its outcome (a recovered safe call
-        -- starts twice); ix_tool_journal_run_id_step finds it.
-        SELECT j.args FROM tool_journal j
-        WHERE j.run_id = e.run_id AND j.step = CAST(e.data ->> 'step' AS integer)
-          AND j.entry = 'started' AND j.event_seq < e.seq
-        ORDER BY j.event_seq DESC
-        LIMIT 1
-    ) started ON e.type = 'tool.finished'
-    WHERE e.type IN ('run.succeeded', 'run.waiting', 'tool.finished', 'run.failed',
+    FROM run_events e
+    WHERE e.run_id = r.id
+      AND e.type IN ('run.succeeded', 'run.waiting', 'tool.finished', 'run.failed',
                      'run.cancelled')
-)
-SELECT run_no, seq, run_id, role, kind, content, tool, created_at FROM entries
-WHERE (run_no, seq) > (CAST(:after_run_no AS integer), CAST(:after_seq AS bigint))
-ORDER BY run_no, seq
+) x
+WHERE (r.session_run_no, x.seq) > (CAST(:after_run_no AS integer), CAST(:after_seq AS bigint))
+ORDER BY r.session_run_no, x.seq
 LIMIT :limit;
