@@ -85,7 +85,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
     settings, embedded = _migrated(settings)
     asyncio.run(first_start_key(settings, embedded))
     print(f"turnstile: serving on http://{settings.host}:{settings.port}/docs", file=sys.stderr)
-    serve(settings)
+    try:
+        serve(settings)  # returns once the lifespan has drained the pool and disposed the engine
+    finally:
+        if embedded is not None:
+            embedded.release()
 
 
 def _check_plugins(settings: Settings) -> None:
@@ -236,7 +240,7 @@ def _key_json(info: KeyInfo) -> dict[str, object]:
 def cmd_worker(args: argparse.Namespace) -> None:
     """The worker pool and the sweeper with no HTTP server, for more machines. SIGTERM or SIGINT
     drains it: no new claims, running steps get the grace period, the rest are released."""
-    from app.roles import WorkerStartError, run_worker
+    from app.roles import WorkerStartError, event_loop_run, run_worker
 
     settings = _settings(run_workers=True)
     configure_logging(settings.log_level)
@@ -252,8 +256,18 @@ def cmd_worker(args: argparse.Namespace) -> None:
     def say(line: str) -> None:
         print(f"turnstile: {line}", file=sys.stderr, flush=True)
 
+    embedded = None
+    if not settings.database_url:
+        from app.db.resolve import resolve_database
+
+        # The embedded server is started here, so that it is released (below) only after the
+        # pool has drained and its engine is disposed, as `serve` does.
+        database = resolve_database(settings)
+        embedded = database.embedded
+        settings = settings.model_copy(update={"database_url": database.url})
     try:
-        ran = asyncio.run(
+        # uvloop's event loop: the worker's loops, its sockets and its timers cost less CPU.
+        ran = event_loop_run(
             run_worker(
                 settings,
                 metrics_port=args.metrics_port,
@@ -267,6 +281,9 @@ def cmd_worker(args: argparse.Namespace) -> None:
         )
     except WorkerStartError as exc:
         raise CommandError(str(exc)) from None
+    finally:
+        if embedded is not None:
+            embedded.release()
     say("worker stopped" if ran else "worker stopped before the database was reachable")
 
 
@@ -279,6 +296,7 @@ class Runbook:
     reads: Reads
     submissions: Submissions
     actor: Submitter
+    stale_seconds: float  # a worker process not seen for this long is not live (a lease)
 
 
 RunbookCommand = Callable[[Runbook, argparse.Namespace], Awaitable[object]]
@@ -305,6 +323,7 @@ def _runbook(command: RunbookCommand) -> Callable[[argparse.Namespace], None]:
                 reads=Reads(queue),
                 submissions=submissions_for(queue, settings),
                 actor=Submitter("cli", "cli", actor=f"cli:{os.environ.get('USER', 'operator')}"),
+                stale_seconds=settings.lease_seconds,
             )
             try:
                 return await command(runbook, args)
@@ -336,10 +355,22 @@ def _print_result(result: object, *, as_json: bool) -> None:
 
 async def queue_stats(runbook: Runbook, args: argparse.Namespace) -> object:
     """`turnstile queue stats`: every class and status, zeros included (an empty queue is a
-    table of zeros, not nothing)."""
+    table of zeros, not nothing), with the slots of the live worker processes that can claim
+    each class; a class with queued runs and no live slot anywhere is `unserved` (a fleet of
+    partial layouts that leaves it out, docs/adr/0005), and said so on stderr too."""
+    from app.queue.reads import coverage_of
     from app.queue.statuses import ACTIVE
 
     depth = await runbook.reads.depth(tenant_id=args.tenant)
+    slots = await runbook.reads.live_slots(stale_seconds=runbook.stale_seconds)
+    coverage = {klass: coverage_of(entry, slots[klass]) for klass, entry in depth.items()}
+    for klass, seen in coverage.items():
+        if seen.unserved:
+            print(
+                f"turnstile: {klass.value} has {seen.queued} queued runs and no live worker "
+                f"slot serves it: start a worker whose TURNSTILE_SLOTS include {klass.value}",
+                file=sys.stderr,
+            )
     return [
         {
             "class": klass.value,
@@ -348,6 +379,8 @@ async def queue_stats(runbook: Runbook, args: argparse.Namespace) -> object:
             "oldest_eligible_age_seconds": (
                 entry.oldest_eligible_age_seconds if status == "queued" else None
             ),
+            "live_slots": coverage[klass].live_slots,
+            "unserved": coverage[klass].unserved,
         }
         for klass, entry in depth.items()
         for status in ACTIVE

@@ -163,6 +163,11 @@ class Settings(BaseSettings):
         default="interactive:4,async:4,maintenance:1",
         description="Slot groups, e.g. 'interactive:4,async+interactive:2,maintenance:1'.",
     )
+    partial_layout: bool = Field(
+        default=False,
+        description="Let `slots` leave classes out, for a process dedicated to some classes "
+        "(docs/adr/0005); the fleet must then cover every class.",
+    )
     run_workers: bool = Field(default=True, description="Run the worker pool inside serve.")
     poll_interval_seconds: float = Field(default=2.0, gt=0)
     drain_grace_seconds: float = Field(default=10.0, ge=0)
@@ -188,14 +193,16 @@ class Settings(BaseSettings):
     def _check_slots(cls, value: str) -> str:
         from app.queue.layout import parse_slots
 
-        parse_slots(value)
+        # The syntax here; whether every class is covered depends on partial_layout, checked
+        # with the other fields in _check_cross_field.
+        parse_slots(value, partial=True)
         return value
 
     @property
     def slot_groups(self) -> tuple[SlotGroup, ...]:
         from app.queue.layout import parse_slots
 
-        return parse_slots(self.slots)
+        return parse_slots(self.slots, partial=self.partial_layout)
 
     @property
     def total_slots(self) -> int:
@@ -215,6 +222,13 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_cross_field(self) -> Settings:
+        from app.queue.layout import SlotLayoutError
+
+        try:
+            self.slot_groups  # noqa: B018 (validated for its error)
+        except SlotLayoutError as exc:
+            hint = "" if self.partial_layout else "; see TURNSTILE_PARTIAL_LAYOUT"
+            raise ValueError(f"slots: {exc}{hint}") from None
         # A heartbeat must land well inside the lease, or a healthy but briefly delayed worker
         # loses its run to the sweeper; three heartbeats per lease leaves room for two misses.
         if self.heartbeat_seconds * 3 > self.lease_seconds:

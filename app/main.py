@@ -24,6 +24,7 @@ from app.config import Settings, get_settings
 from app.db.engine import create_engine
 from app.db.resolve import ResolvedDatabase, resolve_database
 from app.maintenance.maintainer import Maintainer
+from app.observability import tracing
 from app.observability.metrics import HttpMetrics, Metrics
 from app.queue.core import Clock, Queue, QueueConfig
 from app.queue.reads import Reads
@@ -72,6 +73,7 @@ def queue_config(settings: Settings) -> QueueConfig:
         max_attempts=settings.max_attempts,
         backoff_base_seconds=settings.retry_backoff_base_seconds,
         backoff_max_seconds=settings.retry_backoff_max_seconds,
+        direct_calls=not settings.pgbouncer,
     )
 
 
@@ -142,6 +144,8 @@ async def services(
     )
     pool: WorkerPool | None = None
     maintainer: Maintainer | None = None
+    # Traces, when the standard OTEL_* settings ask for them (off by default, nothing imported).
+    stop_tracing = tracing.configure_from_env(role)
     try:
         await notifier.start()
         # Every process registers in `workers`; an API-only one with no slot groups.
@@ -189,6 +193,9 @@ async def services(
         await notifier.stop()
         await http_client.aclose()
         await engine.dispose()
+        if stop_tracing is not None:
+            # Last, so the drain's spans go too; the flush sends, so off the event loop.
+            await asyncio.to_thread(stop_tracing)
 
 
 def create_app(

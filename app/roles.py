@@ -10,8 +10,9 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from types import FrameType
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI
@@ -35,6 +36,19 @@ def serve(settings: Settings) -> None:
     """Serve the API (and its worker pool) until SIGINT or SIGTERM, then drain and return."""
     app = create_app(settings)
     _server(server_config(settings, app), app.state.shutdown).run()
+
+
+T = TypeVar("T")
+
+
+def event_loop_run(main: Coroutine[Any, Any, T]) -> T:
+    """Run a role's coroutine on uvloop where it is installed (a dependency everywhere but
+    Windows), else on asyncio's own loop. `turnstile serve` gets the same from uvicorn."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - Windows
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def server_config(settings: Settings, app: FastAPI) -> uvicorn.Config:

@@ -483,6 +483,20 @@ async def api(dbs: Databases, profile: Profile, logs: Path) -> dict[str, Any]:
                         raise
                     await asyncio.sleep(0.1)
             cpu_before = cpu_seconds(server.pid) or 0.0
+            # BENCH_PROFILE_API=FILE.svg samples the API process with py-spy while it serves
+            # the load (where the time goes, for docs/performance.md); its CPU figure then
+            # includes the sampler's cost, so profile in a run whose figures are not published.
+            sampler = None
+            if profile_to := os.environ.get("BENCH_PROFILE_API"):
+                sampler = await asyncio.create_subprocess_exec(
+                    str(Path(sys.executable).with_name("py-spy")),
+                    "record",
+                    *("--format", "raw" if profile_to.endswith(".txt") else "flamegraph"),
+                    *("-o", profile_to, "--pid", str(server.pid), "-r", "250"),
+                    *("-d", str(int(profile.api_seconds))),
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.DEVNULL,
+                )
             with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as listing:
                 listing.write("\n".join(str(row["id"]) for row in sessions))
             try:
@@ -506,6 +520,8 @@ async def api(dbs: Databases, profile: Profile, logs: Path) -> dict[str, Any]:
                 os.unlink(listing.name)
             result: dict[str, Any] = json.loads(out)
             cpu = (cpu_seconds(server.pid) or 0.0) - cpu_before
+            if sampler is not None:
+                await sampler.wait()
             # The server's CPU time per request, warm-up requests included.
             result["server_cpu_ms_per_request"] = round(cpu * 1000 / result["requests_total"], 3)
             result["server_peak_rss_mb"] = peak_rss_mb(server.pid)

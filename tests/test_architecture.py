@@ -3,6 +3,11 @@
 - The queue core (app/queue) imports none of the edges or the layers above it: api, ui,
   runtime, worker, maintenance, cli, nor the settings (the app factory builds its services).
 - The runtime imports no api; the api imports no worker.
+- The client (app/client) imports no other package of the server.
+- Observability (metrics, logs, traces) is a leaf every layer may call: it imports none of the
+  layers that call it. Only app/observability/tracing.py imports OpenTelemetry (the optional
+  `turnstile[otel]` extra), and only inside functions, so nothing of it loads while tracing is
+  off.
 - Only the tables' owners load named statements: app/queue its own (app.queue.sql), app/security
   its own (app.db.statements). api, ui, cli, worker, runtime and maintenance import no
   statement loader: they call the owners' typed services.
@@ -49,6 +54,40 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("app.runtime", ("app.api",)),
+    # The client is for programs that only call the API: nothing of the server, so importing it
+    # costs httpx and httpx-sse alone (tests/test_client.py checks the modules it loads).
+    (
+        "app.client",
+        (
+            "app.api",
+            "app.ui",
+            "app.cli",
+            "app.roles",
+            "app.worker",
+            "app.runtime",
+            "app.maintenance",
+            "app.queue",
+            "app.db",
+            "app.security",
+            "app.observability",
+            "app.main",
+            "app.config",
+        ),
+    ),
+    (
+        "app.observability",
+        (
+            "app.api",
+            "app.ui",
+            "app.runtime",
+            "app.worker",
+            "app.maintenance",
+            "app.cli",
+            "app.roles",
+            "app.main",
+            "app.db",
+        ),
+    ),
     ("app.api", ("app.worker",)),
     *[(edge, LOADERS) for edge in EDGES],
 ]
@@ -141,3 +180,29 @@ def test_the_runtime_writes_only_through_its_execution() -> None:
         if isinstance(node, ast.Attribute) and node.attr == "queue"
     ]
     assert not offending, "\n".join(offending)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+def test_only_tracing_imports_opentelemetry_and_only_when_on(path: Path) -> None:
+    """OpenTelemetry is optional: one module may import it, and never at module level (the
+    hooks are no-ops, importing nothing, until the OTEL_* settings turn tracing on)."""
+    importer = module_name(path)
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    # Imports under `if TYPE_CHECKING:` are for the type checker only.
+    typing_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+        for node in ast.walk(block)
+    }
+    module_level = {id(node) for node in tree.body}
+    broken = [
+        f"{path.relative_to(ROOT)}:{line}: {importer} imports {imported}"
+        + (" at module level" if importer == "app.observability.tracing" else "")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in typing_only
+        for line, imported in imports_in(ast.unparse(node), importer)
+        if within(imported, "opentelemetry")
+        and (importer != "app.observability.tracing" or id(node) in module_level)
+    ]
+    assert not broken, "\n".join(broken)

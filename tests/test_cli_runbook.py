@@ -51,6 +51,8 @@ async def test_runbook_commands(database_url: str, engine: AsyncEngine) -> None:
         "status": "running",
         "runs": 1,
         "oldest_eligible_age_seconds": None,
+        "live_slots": 0,  # no worker process runs in this test
+        "unserved": False,  # nothing of async is queued
     } in stats
 
     code, out, _ = await cli(database_url, "runs", "show", str(failed.id), "--json")

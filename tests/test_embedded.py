@@ -5,16 +5,29 @@ server for everything else, so this test is what keeps the default from rotting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
 import shutil
+import signal
+import sys
 import tempfile
 from pathlib import Path
 
 import asyncpg
+import httpx
 import pytest
 
-from app.db.embedded import LocalCluster, free_port, pgserver_bin_dir, start_embedded
+from app.db.embedded import (
+    LocalCluster,
+    free_port,
+    pgserver_bin_dir,
+    start_embedded,
+    system_bin_dir,
+)
 from app.db.engine import plain_url
 from app.db.migrate import head_revision, upgrade
+from tests.support.waiting import eventually
 
 
 async def test_embedded_start_migrate_query_stop_restart() -> None:
@@ -68,3 +81,183 @@ def test_a_cluster_starts_from_binaries_under_a_private_folder(tmp_path: Path) -
         assert cluster.running()
     finally:
         cluster.stop("immediate")
+
+
+def error_lines(log: str) -> list[str]:
+    """The lines of a process's stderr that report an error: a JSON log line at level error or
+    critical, a traceback, or a plain line that says error."""
+    found = []
+    for line in log.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            if str(record.get("level", "")).lower() in ("error", "critical"):
+                found.append(line)
+        elif "error" in line.lower() or "traceback" in line.lower():
+            found.append(line)
+    return found
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+async def test_a_service_on_the_embedded_server_stops_cleanly_on_a_group_signal(
+    stop_signal: signal.Signals, tmp_path: Path
+) -> None:
+    """`make run` stopped from the terminal (SIGINT to the foreground process group) or by a
+    supervisor (SIGTERM to the group), with a run executing and a long poll open: the pool
+    drains and releases the run, the long poll answers, the engine is disposed, and only then
+    is the embedded server stopped; the process exits 0 with no error line. The embedded server
+    runs in a session of its own, so the group's signal never reaches it directly."""
+    data_dir = tmp_path / "data"
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "app.cli",
+        "serve",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env={
+            **{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+            "TURNSTILE_DATA_DIR": str(data_dir),
+            "TURNSTILE_PORT": str(port),
+            "TURNSTILE_DRAIN_GRACE_SECONDS": "1",
+        },
+        start_new_session=True,  # its own process group, as a shell gives `make run`
+    )
+    log = bytearray()
+    stderr = process.stderr
+    assert stderr is not None
+
+    async def read_log() -> None:
+        while chunk := await stderr.read(65536):
+            log.extend(chunk)
+
+    reading = asyncio.create_task(read_log())
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+
+            async def ready() -> bool:
+                with contextlib.suppress(httpx.TransportError):
+                    return (await client.get("/readyz")).status_code == 200
+                assert process.returncode is None, log.decode(errors="replace")
+                return False
+
+            await eventually(ready, within=120, what="the service on the embedded server")
+            key = (data_dir / "dev-key").read_text().strip()
+            client.headers["Authorization"] = f"Bearer {key}"
+            slow = (
+                await client.post(
+                    "/runs",
+                    json={"input": {"script": [{"call": "sleep", "args": {"seconds": 60}}]}},
+                )
+            ).json()
+            later = (
+                await client.post(
+                    "/runs", json={"input": 1, "scheduled_for": "2099-01-01T00:00:00Z"}
+                )
+            ).json()
+
+            async def executing() -> bool:
+                events = (await client.get(f"/runs/{slow['id']}/events")).json()["events"]
+                return any(event["type"] == "tool.started" for event in events)
+
+            await eventually(executing, within=30, what="the run's tool call")
+            sent = asyncio.Event()
+
+            async def mark_sent(request: httpx.Request) -> None:
+                sent.set()
+
+            async with httpx.AsyncClient(
+                base_url=base,
+                timeout=60,
+                headers=client.headers,
+                event_hooks={"request": [mark_sent]},
+            ) as polling:
+                poll = asyncio.create_task(
+                    polling.get(f"/runs/{later['id']}", params={"wait": 55, "status": "queued"})
+                )
+                await asyncio.wait_for(sent.wait(), 10)
+                await client.get("/healthz")  # a round trip later, the poll is being served
+                signalled = asyncio.get_running_loop().time()
+                os.killpg(process.pid, stop_signal)
+                status = await asyncio.wait_for(process.wait(), 60)
+                assert status == 0, log.decode(errors="replace")
+                # Answered by the shutdown (well before its 55 s), as it stood: still queued.
+                answered = await asyncio.wait_for(poll, 30)
+                assert answered.status_code == 200
+                assert answered.json()["status"] == "queued"
+                assert asyncio.get_running_loop().time() - signalled < 50
+        await reading
+        text = log.decode(errors="replace")
+        assert error_lines(text) == [], text
+        # The order: the pool drained and the lifespan finished before the server was let go.
+        drained = text.index("worker pool stopped")
+        finished = text.index("Application shutdown complete")
+        if pgserver_bin_dir() is not None:
+            released = text.index("cleaning last handle for server")
+            assert drained < finished < released, text
+            pgdata = LocalCluster(
+                bin_dir=pgserver_bin_dir() or Path(), data_dir=data_dir / "pgdata"
+            )
+            assert not pgdata.running()  # this process was its only user: stopped
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        reading.cancel()
+        # Whatever happened, leave no server running on the test's folder.
+        for folder in ("pgdata", "pgdata-system"):
+            bin_dir = pgserver_bin_dir() or system_bin_dir()
+            if bin_dir is not None and (data_dir / folder).exists():
+                LocalCluster(bin_dir=bin_dir, data_dir=data_dir / folder).stop("immediate")
+
+
+async def test_a_worker_on_the_embedded_server_releases_it_after_draining(
+    tmp_path: Path,
+) -> None:
+    """`turnstile worker` with no DATABASE_URL: the embedded server it started is let go only
+    after its pool drained, and stops, since nothing else holds it."""
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+        "TURNSTILE_DATA_DIR": str(tmp_path / "data"),
+    }
+    try:
+        migrate = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "app.cli", "migrate", env=env, stderr=asyncio.subprocess.PIPE
+        )
+        _, err = await asyncio.wait_for(migrate.communicate(), 120)
+        assert migrate.returncode == 0, err.decode()
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "app.cli",
+            "worker",
+            env=env,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        stderr = worker.stderr
+        assert stderr is not None
+        log = bytearray()
+        while b"running slots" not in (line := await asyncio.wait_for(stderr.readline(), 60)):
+            assert line, log.decode(errors="replace")
+            log.extend(line)
+        os.killpg(worker.pid, signal.SIGTERM)
+        log.extend(await asyncio.wait_for(stderr.read(), 60))
+        assert await worker.wait() == 0, log.decode(errors="replace")
+        text = log.decode(errors="replace")
+        assert error_lines(text) == [], text
+        if pgserver_bin_dir() is not None:
+            assert text.index("worker pool stopped") < text.index("cleaning last handle"), text
+            pgdata = LocalCluster(
+                bin_dir=pgserver_bin_dir() or Path(), data_dir=tmp_path / "data/pgdata"
+            )
+            assert not pgdata.running()
+    finally:
+        bin_dir = pgserver_bin_dir() or system_bin_dir()
+        for folder in ("pgdata", "pgdata-system"):
+            if bin_dir is not None and (tmp_path / "data" / folder).exists():
+                LocalCluster(bin_dir=bin_dir, data_dir=tmp_path / "data" / folder).stop("immediate")

@@ -22,7 +22,7 @@ async def test_a_worker_logs_json_lines_with_the_run_context(
     queue = Queue(engine)
     env = {
         "DATABASE_URL": database_url,
-        "TURNSTILE_LOG_LEVEL": "info",
+        "TURNSTILE_LOG_LEVEL": "debug",
         "TURNSTILE_OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
         "TURNSTILE_OPENAI_API_KEY": SECRET,
     }
@@ -54,5 +54,5 @@ async def test_a_worker_logs_json_lines_with_the_run_context(
         assert line["slot_group"] == "interactive"
         assert line["worker_id"]
         assert "session_id" in line
-        assert line["level"] in ("info", "warning", "error")
+        assert line["level"] in ("debug", "info", "warning", "error")
     assert any(line.get("kind") == "unknown_tool" for line in about_run)

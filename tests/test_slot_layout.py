@@ -73,3 +73,36 @@ async def test_model_clients_give_every_slot_a_connection_in_bounded_shards() ->
         assert len({id(shards.next()) for _ in range(64)}) == 32  # handed out in turn
     finally:
         await shards.aclose()
+
+
+@pytest.mark.parametrize(
+    ("spec", "served"),
+    [
+        ("async:32", [ASYNC]),
+        ("interactive:2,async:2,async+interactive:2", [INTERACTIVE, ASYNC]),
+        ("maintenance:1", [MAINTENANCE]),
+        ("interactive:4,async:4,maintenance:1", [INTERACTIVE, ASYNC, MAINTENANCE]),
+    ],
+)
+def test_a_partial_layout_may_leave_classes_out(spec: str, served: list[PriorityClass]) -> None:
+    groups = parse_slots(spec, partial=True)
+    assert sorted({k for g in groups for k in g.classes}, key=lambda k: k.base) == served
+    if len(served) < len(PriorityClass):
+        with pytest.raises(SlotLayoutError, match="partial layout"):
+            parse_slots(spec)
+
+
+def test_a_partial_layout_still_reserves_each_class_it_serves() -> None:
+    # async would be served only behind interactive here: it could starve in this process.
+    with pytest.raises(SlotLayoutError, match="async is served only in groups headed by"):
+        parse_slots("interactive+async:4", partial=True)
+
+
+def test_settings_take_a_partial_layout_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNSTILE_SLOTS", "async:32")
+    with pytest.raises(ValidationError, match="TURNSTILE_PARTIAL_LAYOUT"):
+        Settings()
+    monkeypatch.setenv("TURNSTILE_PARTIAL_LAYOUT", "true")
+    settings = Settings()
+    assert [g.classes for g in settings.slot_groups] == [(ASYNC,)]
+    assert settings.total_slots == 32

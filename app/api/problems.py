@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.api.json_responses import FastJSONResponse
 from app.queue.errors import (
     AnswerConflictError,
     IdempotencyKeyInFlightError,
@@ -159,7 +160,7 @@ def problem_response(
     if instance is not None:
         body["instance"] = instance
     body.update(extra)
-    return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
+    return FastJSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
 
 
 class ApiProblem(Exception):

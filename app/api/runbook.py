@@ -24,6 +24,7 @@ from app.api.schemas import (
 )
 from app.api.services import state_of
 from app.api.sessions import IdempotencyHeader, idempotency_of, submitted_response
+from app.queue.reads import coverage_of
 
 runbook = APIRouter(tags=["runbook"])
 
@@ -31,17 +32,25 @@ runbook = APIRouter(tags=["runbook"])
 @runbook.get(
     "/queue/stats",
     response_model=QueueStats,
-    summary="Queue depth per class and status, and the oldest eligible queued run's age",
+    summary="Queue depth per class and status, the oldest eligible age, the live slots",
     description="Operator keys see their tenant; admin keys see the whole queue.",
     responses=responses("unauthorized", "forbidden"),
 )
 async def queue_stats(request: Request, caller: OperatorDep) -> Any:
     tenant = visible_tenant(caller)
-    depth = await state_of(request).reads.depth(tenant_id=tenant)
+    state = state_of(request)
+    depth = await state.reads.depth(tenant_id=tenant)
+    # A worker process not seen for a lease period has stopped beating: not live.
+    slots = await state.reads.live_slots(stale_seconds=state.settings.lease_seconds)
     return QueueStats(
         scope="all" if tenant is None else f"tenant:{tenant}",
         classes={
-            klass.value: ClassDepth(**dataclasses.asdict(entry)) for klass, entry in depth.items()
+            klass.value: ClassDepth(
+                **dataclasses.asdict(entry),
+                live_slots=slots[klass],
+                unserved=coverage_of(entry, slots[klass]).unserved,
+            )
+            for klass, entry in depth.items()
         },
     )
 

@@ -12,10 +12,11 @@ from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.api.auth import CallerDep, submitter_of, visible_principal, visible_tenant
+from app.api.json_responses import FastJSONResponse
 from app.api.problems import ApiProblem, responses
 from app.api.schemas import (
     EventPage,
@@ -25,8 +26,10 @@ from app.api.schemas import (
 from app.api.services import state_of
 from app.api.sessions import (
     IdempotencyHeader,
+    TraceparentHeader,
     idempotency_of,
     spec_from,
+    submitted_attributes,
     submitted_response,
 )
 from app.api.watch import (
@@ -36,6 +39,7 @@ from app.api.watch import (
     recheck_seconds,
     wait_for_change,
 )
+from app.observability import tracing
 from app.queue.core import Queue
 from app.queue.errors import RunNotFoundError
 from app.queue.models import Run
@@ -91,13 +95,16 @@ async def submit_run(
     request: Request,
     caller: CallerDep,
     idempotency_key: IdempotencyHeader = None,
+    traceparent: TraceparentHeader = None,
 ) -> Any:
     state = state_of(request)
-    outcome = await state.submissions.submit_run(
-        submitter_of(caller),
-        spec_from(body, caller, state.agents),
-        await idempotency_of(request, idempotency_key),
-    )
+    with tracing.submission("run", traceparent) as span:
+        outcome = await state.submissions.submit_run(
+            submitter_of(caller),
+            spec_from(body, caller, state.agents, span.traceparent),
+            await idempotency_of(request, idempotency_key),
+        )
+        span.set(submitted_attributes(outcome))
     return submitted_response(outcome)
 
 
@@ -153,7 +160,7 @@ async def get_run(
     etag = etag_of(document)
     if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
         return Response(status_code=304, headers={"ETag": etag})
-    return JSONResponse(document, headers={"ETag": etag})
+    return FastJSONResponse(document, headers={"ETag": etag})
 
 
 @router.get(
@@ -298,4 +305,6 @@ async def cancel(run_id: UUID, request: Request, caller: CallerDep) -> Any:
         tenant_id=caller.tenant_id,
         principal=visible_principal(caller),
     )
+    if outcome.changed:
+        tracing.mark("turnstile.cancel", outcome.run.traceparent, {"turnstile.run.id": str(run_id)})
     return outcome.run.to_document()

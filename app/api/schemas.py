@@ -187,6 +187,16 @@ class ClassDepth(BaseModel):
     running: int = 0
     waiting_for_user: int = 0
     oldest_eligible_age_seconds: float | None = None
+    live_slots: int = Field(
+        default=0,
+        description="Slots of the live worker processes (all tenants share them) that can "
+        "claim this class.",
+    )
+    unserved: bool = Field(
+        default=False,
+        description="Queued runs and no live slot anywhere: they wait for a worker that serves "
+        "this class (docs/adr/0005).",
+    )
 
 
 class QueueStats(BaseModel):

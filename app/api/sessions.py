@@ -12,6 +12,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api.auth import CallerDep, submitter_of, visible_principal
+from app.api.json_responses import FastJSONResponse
 from app.api.problems import ApiProblem, responses
 from app.api.schemas import (
     MessagePage,
@@ -23,6 +24,7 @@ from app.api.schemas import (
     run_page_document,
 )
 from app.api.services import state_of
+from app.observability import tracing
 from app.queue.classes import PriorityClass
 from app.queue.errors import SessionNotFoundError
 from app.queue.reads import Reads, SessionView
@@ -40,9 +42,21 @@ IdempotencyHeader = Annotated[
         description="Makes retries safe: the same key and body replay the first outcome.",
     ),
 ]
+TraceparentHeader = Annotated[
+    str | None,
+    Header(
+        alias="traceparent",
+        description=(
+            "W3C Trace Context: the run's work (every claim, tool and model call) joins this "
+            "trace. An invalid value is ignored, as the W3C spec asks."
+        ),
+    ),
+]
 
 
-def spec_from(body: TurnRequest, caller: Caller, agents: frozenset[str]) -> RunSpec:
+def spec_from(
+    body: TurnRequest, caller: Caller, agents: frozenset[str], traceparent: str | None = None
+) -> RunSpec:
     """Validate what the core cannot know (agents registered here, scopes) and build a spec."""
     if body.agent is not None and body.agent not in agents:
         raise ApiProblem(
@@ -54,7 +68,11 @@ def spec_from(body: TurnRequest, caller: Caller, agents: frozenset[str]) -> RunS
     if priority is PriorityClass.MAINTENANCE and not caller.is_operator:
         raise ApiProblem("forbidden", "maintenance runs need a key with the operator scope")
     return RunSpec(
-        input=body.input, agent=body.agent, priority=priority, scheduled_for=body.scheduled_for
+        input=body.input,
+        agent=body.agent,
+        priority=priority,
+        scheduled_for=body.scheduled_for,
+        traceparent=traceparent,
     )
 
 
@@ -80,11 +98,20 @@ async def visible_session(request: Request, session_id: UUID, caller: Caller) ->
     return session
 
 
+def submitted_attributes(outcome: Submitted) -> dict[str, str | None]:
+    """What the submission's span records of its outcome."""
+    return {
+        "turnstile.run.id": str(outcome.run_id),
+        "turnstile.submission.routed": outcome.routed,
+        "turnstile.session.id": str(outcome.document.get("session_id") or "") or None,
+    }
+
+
 def submitted_response(outcome: Submitted) -> JSONResponse:
     headers = {"Location": f"/runs/{outcome.run_id}"}
     if outcome.replayed:
         headers["Idempotent-Replayed"] = "true"
-    return JSONResponse(outcome.document, status_code=outcome.status_code, headers=headers)
+    return FastJSONResponse(outcome.document, status_code=outcome.status_code, headers=headers)
 
 
 @router.post(
@@ -198,13 +225,17 @@ async def submit_turn(
     request: Request,
     caller: CallerDep,
     idempotency_key: IdempotencyHeader = None,
+    traceparent: TraceparentHeader = None,
 ) -> Any:
     state = state_of(request)
-    spec = spec_from(body, caller, state.agents)
-    outcome = await state.submissions.submit_turn(
-        submitter_of(caller),
-        session_id,
-        spec,
-        await idempotency_of(request, idempotency_key),
-    )
+    # The submission's span: the run keeps its context, so the run's work joins this trace.
+    with tracing.submission("turn", traceparent) as span:
+        spec = spec_from(body, caller, state.agents, span.traceparent)
+        outcome = await state.submissions.submit_turn(
+            submitter_of(caller),
+            session_id,
+            spec,
+            await idempotency_of(request, idempotency_key),
+        )
+        span.set(submitted_attributes(outcome))
     return submitted_response(outcome)

@@ -7,6 +7,11 @@ With no `DATABASE_URL`, Turnstile runs on a PostgreSQL of its own:
    `/usr/lib/postgresql/<version>/bin`), started the same way by `LocalCluster`;
 3. otherwise `EmbeddedUnavailableError`, whose message says how to set `DATABASE_URL`.
 
+The embedded server is a separate process tree in a session of its own (pg_ctl calls setsid()),
+so a signal to the service's process group (Ctrl-C in a terminal, SIGTERM from a supervisor)
+never reaches it: the service drains its pool and disposes its engine first, then releases the
+server (`EmbeddedDatabase.release`), which pgserver stops once no process holds it.
+
 `LocalCluster` is also what tests use to start throwaway clusters they may stop, restart or break
 without touching the machine's own server.
 """
@@ -23,6 +28,7 @@ import subprocess
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 SET_DATABASE_URL_HINT = (
@@ -231,6 +237,17 @@ class EmbeddedDatabase:
     kind: str  # "pgserver" or "system binaries"
     data_dir: Path
     _cluster: LocalCluster | None = None
+    _handle: Any = None  # pgserver's PostgresServer, shared by every process that uses it
+
+    def release(self) -> None:
+        """Give this process's hold on the server back, once nothing in it uses the server any
+        more (the pool drained, the engine disposed): pgserver stops the server when the last
+        process holding it lets go, and leaves it to the others otherwise. Without this call
+        pgserver does the same at interpreter exit; calling it is what makes the order
+        explicit. A server of system binaries keeps running for the next start."""
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            handle.cleanup()  # pgserver's own release: a no-op again at exit
 
     def stop(self) -> None:
         """Stop the server now (pgserver would otherwise stop it when this process exits)."""
@@ -256,7 +273,9 @@ def start_embedded(data_dir: Path) -> EmbeddedDatabase:
         info = server.get_postmaster_info()
         url = _socket_url(Path(info.socket_dir), int(info.port or 5432), "postgres", "postgres")
         handle = LocalCluster(bin_dir=Path(str(pgserver_bin_dir())), data_dir=data_dir / "pgdata")
-        return EmbeddedDatabase(url=url, kind="pgserver", data_dir=data_dir, _cluster=handle)
+        return EmbeddedDatabase(
+            url=url, kind="pgserver", data_dir=data_dir, _cluster=handle, _handle=server
+        )
     bin_dir = system_bin_dir()
     if bin_dir is None:
         raise EmbeddedUnavailableError(

@@ -20,12 +20,16 @@ MIGRATION_LOCK_KEY = 0x7475726E  # "turn"
 
 
 def migrations_root() -> Path:
-    """Where alembic.ini and alembic/ are: beside the package in a source checkout, else the
-    working directory (the container image keeps them in its WORKDIR)."""
-    for candidate in (Path(__file__).resolve().parents[2], Path.cwd()):
+    """Where alembic.ini and alembic/ are: inside the installed package (a wheel carries a copy
+    in app/migrations/, see setup.py), else beside the package in a source checkout (the top
+    of the repository, where they are kept), else the working directory."""
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package / "migrations", package.parent, Path.cwd()):
         if (candidate / "alembic.ini").is_file() and (candidate / "alembic").is_dir():
             return candidate
-    raise FileNotFoundError("alembic.ini and alembic/ not found beside the package or here")
+    raise FileNotFoundError(
+        "alembic.ini and alembic/ not found in the package, beside it, or in this folder"
+    )
 
 
 def alembic_config(url: str | None = None, *, pgbouncer: bool = False) -> Config:

@@ -20,6 +20,7 @@ from sqlalchemy import (
     MetaData,
     PrimaryKeyConstraint,
     SmallInteger,
+    String,
     Table,
     Text,
     UniqueConstraint,
@@ -100,6 +101,9 @@ runs = Table(
     _ts("started_at"),
     _ts("finished_at"),
     _ts("dismissed_at"),
+    # The W3C trace context the run's work joins (docs/operations.md, "Tracing"): the
+    # submission's, or the answer's that resumed the run; NULL when the caller sent none.
+    Column("traceparent", String(55), nullable=True),
     CheckConstraint(
         "status IN ('queued', 'running', 'waiting_for_user', 'succeeded', 'failed', 'cancelled')",
         name="status",

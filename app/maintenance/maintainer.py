@@ -44,6 +44,8 @@ class Maintainer:
                 metrics,
                 holder=holder,
                 interval=settings.queue_metrics_interval_seconds,
+                # A worker process not seen for a lease period has stopped beating: not live.
+                stale_seconds=settings.lease_seconds,
                 on_success=on_success,
             ),
             RunRetention(

@@ -1,5 +1,6 @@
-"""Queue metrics from the database (depth, oldest eligible age, stuck runs, the NOTIFY queue's
-fill level), computed by one process at a time into that process's gauges."""
+"""Queue metrics from the database (depth, oldest eligible age, stuck runs, the live slots per
+class and the classes no live process serves, the NOTIFY queue's fill level), computed by one
+process at a time into that process's gauges."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Callable
 from app.maintenance.service import MaintenanceService
 from app.observability.metrics import Metrics
 from app.queue.core import Queue
-from app.queue.reads import STUCK_REASONS, Reads
+from app.queue.reads import STUCK_REASONS, Reads, coverage_of
 from app.queue.statuses import ACTIVE
 
 
@@ -25,18 +26,21 @@ class QueueMetrics(MaintenanceService):
         *,
         holder: str,
         interval: float,
+        stale_seconds: float = 30,
         queued_seconds: float = 300,
         waiting_seconds: float = 86_400,
         on_success: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(queue, holder=holder, interval=interval, on_success=on_success)
         self.metrics = metrics
+        self.stale_seconds = stale_seconds
         self.queued_seconds = queued_seconds
         self.waiting_seconds = waiting_seconds
 
     async def run_once(self) -> None:
         reads = Reads(self.queue)
         depth = await reads.depth(tenant_id=None)
+        live_slots = await reads.live_slots(stale_seconds=self.stale_seconds)
         stuck = await reads.stuck(
             tenant_id=None,
             queued_seconds=self.queued_seconds,
@@ -51,6 +55,10 @@ class QueueMetrics(MaintenanceService):
                 self.metrics.queue_depth.labels(klass.value, status).set(getattr(entry, status))
             if entry.oldest_eligible_age_seconds is not None:
                 self.metrics.oldest_age.labels(klass.value).set(entry.oldest_eligible_age_seconds)
+        for klass, slots in live_slots.items():
+            self.metrics.live_slots.labels(klass.value).set(slots)
+            unserved = coverage_of(depth[klass], slots).unserved
+            self.metrics.unserved.labels(klass.value).set(1 if unserved else 0)
         counts = dict.fromkeys(STUCK_REASONS, 0)
         for item in stuck:
             counts[item.reason] += 1

@@ -90,6 +90,21 @@ class Metrics:
             ["class"],
             registry=self.registry,
         )
+        self.live_slots = Gauge(
+            "turnstile_class_live_slots",
+            "Slots of the live worker processes that can claim each class (every process, "
+            "from the worker registry).",
+            ["class"],
+            registry=self.registry,
+        )
+        self.unserved = Gauge(
+            "turnstile_class_unserved",
+            "1 when a class has queued runs and no live slot anywhere (a fleet of partial "
+            "layouts that leaves it out, or no worker at all): its runs wait for a process "
+            "that serves it.",
+            ["class"],
+            registry=self.registry,
+        )
         self.stuck = Gauge(
             "turnstile_stuck_runs",
             "Runs stuck per reason: lease_expired, queued_too_long, waiting_too_long.",

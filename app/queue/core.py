@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any, Protocol
 from uuid import UUID
 
+import asyncpg
 from sqlalchemy import RowMapping
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.queue.classes import PriorityClass, priorities_of
@@ -42,7 +45,7 @@ from app.queue.models import (
     WriteOutcome,
     Written,
 )
-from app.queue.sql import q
+from app.queue.sql import q, statements
 
 Clock = Callable[[], datetime | None]
 
@@ -50,6 +53,21 @@ DEADLOCK_RETRIES = 3
 """How often a multi-row fenced statement is retried after PostgreSQL chose it as a deadlock
 victim. Its transaction rolled back whole, so a retry cannot write twice; the id-ordered lock
 step makes deadlocks between our own batches impossible, and this covers any other session."""
+
+
+@cache
+def positional(name: str) -> tuple[str, tuple[str, ...]]:
+    """A named statement as the driver takes it: `$n` placeholders, and the parameter names
+    in their order (compiled once, by SQLAlchemy's own asyncpg dialect)."""
+    compiled = statements()[name].clause.compile(dialect=asyncpg_dialect())  # type: ignore[no-untyped-call]
+    return compiled.string, tuple(compiled.positiontup or ())
+
+
+_REFUSALS = ("TS404", "TS409")
+"""SQLSTATEs our own functions raise for a refusal (migration 0007)."""
+
+_SERVER_GOING = ("57P01", "57P02", "57P03")
+"""Admin shutdown, crash shutdown, cannot connect now: the connection is gone or going."""
 
 
 def failed_with(exc: DBAPIError, sqlstate: str, message: str) -> bool:
@@ -98,6 +116,10 @@ class QueueConfig:
     max_attempts: int = 3
     backoff_base_seconds: float = 5.0
     backoff_max_seconds: float = 300.0
+    # The hot submission runs on the driver's own connection, outside SQLAlchemy's
+    # transaction handling (Queue.call). Behind PgBouncer in transaction mode, where a
+    # transaction must set its own timeouts, it goes through an ordinary transaction.
+    direct_calls: bool = True
 
 
 class Queue:
@@ -126,9 +148,77 @@ class Queue:
         self, name: str, params: dict[str, Any], conn: AsyncConnection | None = None
     ) -> list[RowMapping]:
         params.setdefault("now", self.clock())
+        if conn is None and self.config.direct_calls:
+            # A statement that is its own transaction: one round trip on the driver's
+            # connection (its implicit transaction), no BEGIN and COMMIT around it.
+            sql, names = positional(name)
+            return await self._direct(sql, [params[n] for n in names])
         async with self._tx(conn) as tx:
             result = await tx.execute(q(name), params)
             return list(result.mappings().all())
+
+    async def call(
+        self,
+        name: str,
+        args: Sequence[Any],
+        *,
+        retry_on_disconnect: bool,
+        refusals: Callable[[str, dict[str, Any]], Exception],
+    ) -> Mapping[str, Any]:
+        """One round trip: the named statement (positional `$n` parameters, one row back) on
+        the driver's own connection, where asyncpg prepares it once per connection and runs it
+        in its implicit transaction: no BEGIN and COMMIT round trips, no SQLAlchemy compilation.
+        A refusal raised by the statement (SQLSTATE TS404/TS409, the problem's name as the
+        message, its fields as JSON in the detail) becomes `refusals(name, fields)`. A lost
+        connection is dropped from the pool and raised as OperationalError; with
+        `retry_on_disconnect` (the statement is safe to send twice) it is tried once more on a
+        fresh connection first."""
+        sql = statements()[name].sql
+        for attempt in range(2):
+            try:
+                if self.config.direct_calls:
+                    return await self._call_direct(sql, args)
+                async with self.engine.begin() as conn:
+                    result = await conn.exec_driver_sql(sql, tuple(args))
+                    return dict(result.mappings().one())
+            except OperationalError:
+                if not retry_on_disconnect or attempt == 1:
+                    raise
+            except (DBAPIError, asyncpg.PostgresError) as exc:
+                # Directly, the driver's error; through SQLAlchemy, the cause of its wrapper.
+                cause = exc.orig and exc.orig.__cause__ if isinstance(exc, DBAPIError) else exc
+                if isinstance(cause, asyncpg.PostgresError) and cause.sqlstate in _REFUSALS:
+                    raise refusals(cause.message, json.loads(cause.detail or "{}")) from None
+                raise
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def _call_direct(self, sql: str, args: Sequence[Any]) -> Mapping[str, Any]:
+        rows = await self._direct(sql, args)
+        if len(rows) != 1:
+            raise AssertionError(f"{sql[:40]!r} returned {len(rows)} rows, not one")
+        found: Mapping[str, Any] = rows[0]
+        return found
+
+    async def _direct(self, sql: str, args: Sequence[Any]) -> list[Any]:
+        """The statement on the driver's own connection, prepared once per connection (the
+        driver's statement cache), its errors raised as SQLAlchemy's would be: callers and the
+        API's handlers see one kind of error whichever path ran."""
+        async with self.engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            driver: asyncpg.Connection = raw.driver_connection
+            try:
+                rows: list[Any] = await driver.fetch(sql, *args)
+                return rows
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate in _REFUSALS:
+                    raise  # mapped by the caller, as from the other path
+                if exc.sqlstate.startswith("08") or exc.sqlstate in _SERVER_GOING:
+                    await conn.invalidate()
+                    raise OperationalError(sql, None, exc, connection_invalidated=True) from exc
+                raise DBAPIError(sql, None, exc) from exc
+            except (asyncpg.InterfaceError, OSError) as exc:
+                await conn.invalidate()
+                raise OperationalError(sql, None, exc, connection_invalidated=True) from exc
 
     async def _batch_rows(self, name: str, params: dict[str, Any]) -> list[RowMapping]:
         """A multi-row fenced statement in a transaction of its own, retried when it was a
@@ -181,6 +271,7 @@ class Queue:
                 "scheduled_for": new.scheduled_for,
                 "resubmitted_from": new.resubmitted_from,
                 "actor": new.actor,
+                "traceparent": new.traceparent,
             },
             conn,
         )
@@ -462,12 +553,19 @@ class Queue:
         value: JSON,
         *,
         principal: str,
+        traceparent: str | None = None,
         conn: AsyncConnection | None = None,
     ) -> Run:
-        """Store the user's answer as the run's next input and requeue the same run."""
+        """Store the user's answer as the run's next input and requeue the same run (joining
+        the answer's trace, when it names one)."""
         rows = await self._rows(
             "deliver_input",
-            {"run_id": run_id, "input": dump_json(value), "principal": principal},
+            {
+                "run_id": run_id,
+                "input": dump_json(value),
+                "principal": principal,
+                "traceparent": traceparent,
+            },
             conn,
         )
         if rows:

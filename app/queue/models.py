@@ -7,8 +7,9 @@ where continuing would be wrong. The only thing to do with it is stop, and recor
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -92,6 +93,9 @@ class Run:
     started_at: datetime | None
     finished_at: datetime | None
     dismissed_at: datetime | None
+    # The W3C trace context the run's work joins (app/observability/tracing.py); internal, not
+    # part of the run's document.
+    traceparent: str | None = None
 
     @property
     def priority_class(self) -> PriorityClass:
@@ -102,8 +106,24 @@ class Run:
         return self.scheduled_for or self.created_at
 
     @classmethod
-    def from_row(cls, row: RowMapping) -> Run:
+    def from_row(cls, row: RowMapping | Mapping[str, Any]) -> Run:
         return cls(**{name: row[name] for name in _RUN_FIELDS})
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> Run:
+        """The run from its row as PostgreSQL's `to_jsonb` spelled it (ids and times as
+        strings; times in the session's zone, brought back to UTC as the driver gives them)."""
+        # An answer stored before a column existed (migration 0005) spells no value for it.
+        values: dict[str, Any] = {
+            name: row.get(name) if name in _LATER_FIELDS else row[name] for name in _RUN_FIELDS
+        }
+        for name in _UUID_FIELDS:
+            if values[name] is not None:
+                values[name] = UUID(values[name])
+        for name in _TIME_FIELDS:
+            if values[name] is not None:
+                values[name] = datetime.fromisoformat(values[name]).astimezone(UTC)
+        return cls(**values)
 
     def to_document(self) -> dict[str, JSON]:
         """The run as clients see it (GET /runs/{id}), JSON-ready; idempotent replays return
@@ -137,6 +157,17 @@ def _iso(value: datetime | None) -> str | None:
 
 
 _RUN_FIELDS = [f for f in Run.__dataclass_fields__]
+_LATER_FIELDS = frozenset({"session_run_no", "traceparent"})
+_UUID_FIELDS = ("id", "session_id", "resubmitted_from")
+_TIME_FIELDS = (
+    "scheduled_for",
+    "lease_expires_at",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "finished_at",
+    "dismissed_at",
+)
 
 
 @dataclass(frozen=True)
@@ -161,6 +192,7 @@ class NewRun:
     max_attempts: int | None = None
     resubmitted_from: UUID | None = None
     actor: str | None = None  # the key that submitted it, recorded in run.created
+    traceparent: str | None = None  # the trace its work joins (a valid W3C traceparent)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,20 @@ class ClassDepth:
 
 
 @dataclass(frozen=True)
+class ClassCoverage:
+    """Whether a class is served: the slots of live worker processes that can claim it, beside
+    its queued runs. A class with queued runs and no live slot anywhere is `unserved`, which
+    only a fleet of partial layouts can cause (docs/adr/0005), or a fleet with no worker."""
+
+    live_slots: int
+    queued: int
+
+    @property
+    def unserved(self) -> bool:
+        return self.queued > 0 and self.live_slots == 0
+
+
+@dataclass(frozen=True)
 class StuckRun:
     reason: str  # one of STUCK_REASONS
     run: Run
@@ -68,6 +82,11 @@ class Overview:
     recoveries: dict[str, int]
     dead_letter: int
     slot_groups: list[dict[str, Any]] = field(default_factory=list)
+    coverage: dict[PriorityClass, ClassCoverage] = field(default_factory=dict)
+
+    @property
+    def unserved(self) -> list[PriorityClass]:
+        return [klass for klass, seen in self.coverage.items() if seen.unserved]
 
 
 class Reads:
@@ -87,6 +106,18 @@ class Reads:
                 .all()
             )
         return _depth(rows)
+
+    async def live_slots(self, *, stale_seconds: float) -> dict[PriorityClass, int]:
+        """Every class, with the slots of the live worker processes that can claim it (zero
+        where none can); a process not seen for `stale_seconds` is not live."""
+        async with self.queue.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    q("live_slots_per_class"), self._params(stale_seconds=stale_seconds)
+                )
+            ).mappings()
+            slots = {str(row["class"]): int(row["slots"]) for row in rows}
+        return {klass: slots.get(klass.value, 0) for klass in PriorityClass}
 
     async def stuck(
         self,
@@ -249,8 +280,21 @@ class Reads:
                 .mappings()
                 .all()
             )
+            live = {
+                str(row["class"]): int(row["slots"])
+                for row in (
+                    await conn.execute(
+                        q("live_slots_per_class"), self._params(stale_seconds=stale_seconds)
+                    )
+                ).mappings()
+            }
+        classes = _depth(depth)
         return Overview(
-            depth=_depth(depth),
+            depth=classes,
+            coverage={
+                klass: coverage_of(classes[klass], live.get(klass.value, 0))
+                for klass in PriorityClass
+            },
             throughput=[dict(row) for row in throughput],
             recoveries=recoveries,
             dead_letter=int(dead_letter),
@@ -272,6 +316,10 @@ class Reads:
                 await conn.execute(q("ui_worker_hosts"), {"ids": sorted(worker_ids)})
             ).mappings()
             return {row["id"]: f"{row['host']}, pid {row['pid']}" for row in rows}
+
+
+def coverage_of(depth: ClassDepth, live_slots: int) -> ClassCoverage:
+    return ClassCoverage(live_slots=live_slots, queued=depth.queued)
 
 
 def _depth(rows: Any) -> dict[PriorityClass, ClassDepth]:

@@ -44,7 +44,7 @@ WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
 run AS (
     INSERT INTO runs (id, tenant_id, principal, session_id, session_run_no, status, priority,
                       agent, input, max_attempts, scheduled_for, last_event_seq, inputs_count,
-                      resubmitted_from, created_at, updated_at)
+                      resubmitted_from, traceparent, created_at, updated_at)
     SELECT :id, :tenant_id, :principal, :session_id,
            CASE WHEN CAST(:session_id AS uuid) IS NOT NULL THEN
                (SELECT coalesce(max(n.session_run_no), 0) + 1 FROM runs n
@@ -52,7 +52,7 @@ run AS (
            END,
            'queued', :priority, :agent,
            CAST(:input AS jsonb), :max_attempts, :scheduled_for, 1, 1,
-           :resubmitted_from, clock.now, clock.now
+           :resubmitted_from, :traceparent, clock.now, clock.now
     FROM clock
     RETURNING *
 ),
@@ -815,6 +815,9 @@ run AS (
     UPDATE runs r
     SET status = 'queued',
         question = NULL,
+        -- The answer's trace, when it sent one, is the one the resumed work joins: the
+        -- caller waiting on this answer follows it there.
+        traceparent = coalesce(CAST(:traceparent AS text), r.traceparent),
         inputs_count = r.inputs_count + 1,
         last_event_seq = r.last_event_seq + 1,
         updated_at = clock.now

@@ -133,3 +133,19 @@ INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
 SELECT run.id, run.last_event_seq, :type, run.lease_epoch, CAST(:data AS jsonb), clock.now
 FROM run, clock
 RETURNING seq;
+
+
+-- name: submit
+-- A turn or a sessionless run in one round trip: `turnstile_submit` (alembic/versions/0007)
+-- takes the key, locks the session, routes, enqueues or delivers, and stores the answer, each
+-- step a statement with a fresh snapshot. Positional parameters: it runs on the driver's own
+-- connection (Queue.call), prepared once per connection. The run's columns are spread out so
+-- the driver decodes them by type, as for every other run row.
+SELECT r.outcome, r.stored_status, r.stored_body, r.stored_run_id, (r.the_run).*
+FROM turnstile_submit(
+    p_now => $1, p_tenant => $2, p_principal => $3, p_own_sessions_only => $4,
+    p_actor => $5, p_session => $6, p_key => $7, p_request_hash => $8, p_ttl_seconds => $9,
+    p_wait_ms => $10, p_lock_timeout_ms => $11, p_run_id => $12, p_agent => $13,
+    p_default_agent => $14, p_priority => $15, p_default_priority => $16,
+    p_scheduled_for => $17, p_input => $18, p_max_attempts => $19,
+    p_traceparent => $20) r;

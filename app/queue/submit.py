@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
 from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.queue.classes import PriorityClass
@@ -62,6 +63,9 @@ class RunSpec:
     agent: str | None = None
     priority: PriorityClass | None = None
     scheduled_for: datetime | None = None
+    # The W3C trace context the run's work joins; not part of the request's hash (a retry
+    # from another span of the caller is the same request).
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -110,65 +114,14 @@ class Submissions:
         spec: RunSpec,
         idempotency: IdempotencyKey | None = None,
     ) -> Submitted:
-        async with self.queue.engine.begin() as conn:
-            if idempotency and (replay := await self._take_key(conn, who, idempotency)):
-                return replay
-            locked = await conn.execute(
-                q("lock_session"),
-                {
-                    "session_id": session_id,
-                    "tenant_id": who.tenant_id,
-                    "principal": who.principal if who.own_sessions_only else None,
-                    "now": self.queue.clock(),
-                },
-            )
-            session = locked.one_or_none()
-            if session is None:
-                raise SessionNotFoundError(session_id)
-            # The run belongs to the session's owner; the key that posted it is its actor.
-            owner = Submitter(who.tenant_id, str(session.principal), who.actor)
-            # Routing reads the active run, then acts on it. The session lock keeps every other
-            # submission out, but a cancel takes the run row alone: one that commits between
-            # the read and a delivery leaves the delivery nothing to update. Then the session
-            # has no active run, and routing again (a fresh statement, a fresh snapshot) gives
-            # the turn the new run it should get, not a 409.
-            for routing in range(2):
-                active = (
-                    (await conn.execute(q("active_run_of_session"), {"session_id": session_id}))
-                    .mappings()
-                    .one_or_none()
-                )
-                if active is None:
-                    run = await self._create(
-                        conn, owner, spec, session_id, PriorityClass.INTERACTIVE
-                    )
-                    routed = "created"
-                elif active["status"] == "waiting_for_user":
-                    waiting = Run.from_row(active)
-                    self._check_answer(waiting, spec)
-                    try:
-                        run = await self.queue.deliver_input(
-                            waiting.id, spec.input, principal=who.principal, conn=conn
-                        )
-                    except RunNotWaitingError:
-                        if routing == 0:
-                            continue
-                        raise
-                    routed = "delivered"
-                else:
-                    raise SessionBusyError(session_id, active["id"], active["status"])
-                return await self._finish(conn, who, idempotency, run, routed)
-            raise AssertionError("unreachable: the second routing returns or raises")
+        """A user's turn: routed to a new run or to the session's waiting run, in one call."""
+        return await self._submit(who, spec, session_id, PriorityClass.INTERACTIVE, idempotency)
 
     async def submit_run(
         self, who: Submitter, spec: RunSpec, idempotency: IdempotencyKey | None = None
     ) -> Submitted:
         """A sessionless run for back-end services (async by default)."""
-        async with self.queue.engine.begin() as conn:
-            if idempotency and (replay := await self._take_key(conn, who, idempotency)):
-                return replay
-            run = await self._create(conn, who, spec, None, PriorityClass.ASYNC)
-            return await self._finish(conn, who, idempotency, run, "created")
+        return await self._submit(who, spec, None, PriorityClass.ASYNC, idempotency)
 
     async def resubmit(
         self,
@@ -283,54 +236,50 @@ class Submissions:
             return current  # already dismissed
 
     # --- internals ----------------------------------------------------------------------------
-    async def _create(
+    async def _submit(
         self,
-        conn: AsyncConnection,
         who: Submitter,
         spec: RunSpec,
         session_id: UUID | None,
         default_class: PriorityClass,
-    ) -> Run:
-        new = NewRun(
-            tenant_id=who.tenant_id,
-            principal=who.principal,
-            agent=spec.agent or self.default_agent,
-            input=spec.input,
-            priority=(spec.priority or default_class).base,
-            session_id=session_id,
-            scheduled_for=spec.scheduled_for,
-            actor=who.actor or None,
+        idempotency: IdempotencyKey | None,
+    ) -> Submitted:
+        """One round trip to `turnstile_submit` (migration 0007 says what it does, step by
+        step). A refusal comes back as SQLSTATE TS404/TS409 and rolls the whole call back."""
+        args = (
+            self.queue.clock(),
+            who.tenant_id,
+            who.principal,
+            who.own_sessions_only,
+            who.actor or None,
+            session_id,
+            idempotency.key if idempotency else None,
+            idempotency.request_hash if idempotency else None,
+            self.ttl,
+            self.wait_ms,
+            self.lock_timeout_ms,
+            uuid.uuid4(),
+            spec.agent,
+            self.default_agent,
+            spec.priority.base if spec.priority else None,
+            default_class.base,
+            spec.scheduled_for,
+            dump_json(spec.input),
+            self.queue.config.max_attempts,
+            spec.traceparent,
         )
-        savepoint = await conn.begin_nested()
-        try:
-            run = await self.queue.enqueue(new, conn=conn)
-        except IntegrityError as exc:
-            # The backstop: another active run in this session got past the routing.
-            await savepoint.rollback()
-            if "uq_runs_session_id_active" not in str(exc.orig) or session_id is None:
-                raise
-            active = (
-                (await conn.execute(q("active_run_of_session"), {"session_id": session_id}))
-                .mappings()
-                .one()
-            )
-            raise SessionBusyError(session_id, active["id"], active["status"]) from None
-        await savepoint.commit()
-        return run
-
-    @staticmethod
-    def _check_answer(waiting: Run, spec: RunSpec) -> None:
-        """An answer resumes the waiting run: fields it sets must match the run's."""
-        if spec.agent is not None and spec.agent != waiting.agent:
-            raise AnswerConflictError("agent", waiting.agent, spec.agent)
-        if spec.priority is not None and spec.priority != waiting.priority_class:
-            raise AnswerConflictError("priority", waiting.priority_class.value, spec.priority.value)
-        if spec.scheduled_for is not None and spec.scheduled_for != waiting.scheduled_for:
-            raise AnswerConflictError(
-                "scheduled_for",
-                waiting.scheduled_for.isoformat() if waiting.scheduled_for else None,
-                spec.scheduled_for.isoformat(),
-            )
+        # A keyed submission may be sent again after its connection died mid-call: the key
+        # makes a second call a replay of whatever the first committed.
+        row = await self.queue.call(
+            "submit", args, retry_on_disconnect=idempotency is not None, refusals=_refusal
+        )
+        outcome = row["outcome"]
+        if outcome == "replayed":
+            return _replayed(row["stored_status"], row["stored_body"], row["stored_run_id"])
+        run = Run.from_row(row)
+        if outcome == "created":
+            self.queue.observer.transition("enqueued", run.priority)
+        return Submitted(ACCEPTED, run.to_document(), run.id, False, outcome)
 
     async def _take_key(
         self, conn: AsyncConnection, who: Submitter, idempotency: IdempotencyKey
@@ -363,13 +312,7 @@ class Submissions:
         stored = (await conn.execute(q("idempotency_stored"), params)).mappings().one()
         if stored["request_hash"] != idempotency.request_hash:
             raise IdempotencyKeyReusedError(idempotency.key)
-        return Submitted(
-            status_code=int(stored["response_status"]),
-            document=stored["response_body"],
-            run_id=stored["run_id"],
-            replayed=True,
-            routed="replayed",
-        )
+        return _replayed(stored["response_status"], stored["response_body"], stored["run_id"])
 
     async def _finish(
         self,
@@ -403,3 +346,47 @@ class Submissions:
                 "run_id": run_id,
             },
         )
+
+
+def _replayed(status: int, body: dict[str, JSON], run_id: UUID) -> Submitted:
+    """A stored answer, replayed. `turnstile_submit` keeps the run row it answered with (the
+    document is rendered from it, as it was the first time); resubmissions and answers stored
+    before migration 0007 keep the document itself."""
+    document = Run.from_json(body["run"]).to_document() if "run" in body else body
+    return Submitted(int(status), document, run_id, True, "replayed")
+
+
+def _refusal(name: str, detail: dict[str, Any]) -> Exception:
+    """The core error for a refusal `turnstile_submit` raised (its message names it)."""
+    if name == "session-not-found":
+        return SessionNotFoundError(UUID(detail["session_id"]))
+    if name == "session-busy":
+        return SessionBusyError(
+            UUID(detail["session_id"]), UUID(detail["active_run_id"]), detail["status"]
+        )
+    if name == "idempotency-key-in-flight":
+        return IdempotencyKeyInFlightError(detail["key"])
+    if name == "idempotency-key-reused":
+        return IdempotencyKeyReusedError(detail["key"])
+    if name == "run-not-waiting":
+        return RunNotWaitingError(UUID(detail["run_id"]), "not waiting")
+    if name == "answer-conflict":
+        if detail["field"] == "priority":
+            return AnswerConflictError(
+                "priority",
+                PriorityClass.of(detail["run_priority"]).value,
+                PriorityClass.of(detail["given_priority"]).value,
+            )
+        run_value, given = detail["run_value"], detail["given"]
+        if detail["field"] == "scheduled_for":
+            run_value = _iso_utc(run_value)
+            given = _iso_utc(given)
+        return AnswerConflictError(detail["field"], run_value, given)
+    raise ValueError(f"turnstile_submit raised an unknown refusal {name!r}")
+
+
+def _iso_utc(value: str | None) -> str | None:
+    """A timestamp as PostgreSQL's JSON spelled it, in the API's spelling (UTC isoformat)."""
+    if value is None:
+        return None
+    return datetime.fromisoformat(value).astimezone(UTC).isoformat()

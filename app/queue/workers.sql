@@ -112,3 +112,19 @@ gone AS (
     RETURNING id
 )
 SELECT (SELECT count(*) FROM gone) AS sessions, (SELECT count(*) FROM gone_runs) AS runs;
+
+
+-- name: live_slots_per_class
+-- The slots of the live worker processes (registered, not stopped, seen within
+-- :stale_seconds) that can claim each class: a group's slots count for every class it lists.
+-- A class missing from the answer has no live slot anywhere (docs/adr/0005): its queued runs
+-- wait until a process that serves it starts.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now)
+SELECT c.value AS class, sum(CAST(g.value ->> 'size' AS integer)) AS slots
+FROM workers w
+CROSS JOIN clock
+CROSS JOIN LATERAL jsonb_array_elements(w.slot_groups) AS g(value)
+CROSS JOIN LATERAL jsonb_array_elements_text(g.value -> 'classes') AS c(value)
+WHERE w.stopped_at IS NULL
+  AND w.last_seen_at >= clock.now - make_interval(secs => :stale_seconds)
+GROUP BY 1;

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.observability import tracing
 from app.queue.models import JSON, UNKNOWN_OUTCOME, JournalEntry, ToolCall
 from app.runtime.agents import Agent, AgentError, Ask, CallTool, Finish
 from app.runtime.state import RunState, ToolRecord
@@ -159,9 +160,10 @@ class RuntimeExecutor:
         )
         self._crash("before_started", step)
         ctx.ensure_may_continue()  # journal nothing this worker may not go on to run
-        await ctx.tool_started(record)
-        self._crash("after_started", step)
-        return await self._run_and_record(ctx, state, clock, tool, record)
+        with tracing.tool(tool.name, klass, step):
+            await ctx.tool_started(record)
+            self._crash("after_started", step)
+            return await self._run_and_record(ctx, state, clock, tool, record)
 
     async def _run_and_record(
         self,
@@ -189,6 +191,7 @@ class RuntimeExecutor:
                     return False
                 raise
             except PermanentToolError as exc:
+                tracing.note({"turnstile.tool.outcome": "failed"})
                 await self._fail(ctx, "tool_error", f"{record.tool}: {exc}")
                 return False
             except TransientToolError as exc:
@@ -198,6 +201,7 @@ class RuntimeExecutor:
                     status = "uncertain"
                     break
                 if attempt > self.limits.transient_retries:
+                    tracing.note({"turnstile.tool.outcome": "transient_error"})
                     if not repeatable:
                         # Provably never sent: close the entry as not sent, so that recovery
                         # neither takes the step as done nor reports it uncertain; the next
@@ -213,6 +217,7 @@ class RuntimeExecutor:
                         self.limits.retry_backoff_seconds * 2 ** (attempt - 1),
                     )
                 )
+        tracing.note({"turnstile.tool.outcome": status, "turnstile.tool.attempts": attempt})
         self._crash("after_tool", record.step)
         await self._record(ctx, state, clock, record, status, outcome)
         self._crash("after_outcome", record.step)
@@ -270,17 +275,24 @@ class RuntimeExecutor:
             idempotency_key=pending.idempotency_key,
             args=pending.args,
         )
+        recovered = {"turnstile.tool.recovered": True}
         if pending.idempotency_class == "unsafe":
-            await self._record(ctx, state, clock, record, "uncertain", {"message": UNKNOWN_OUTCOME})
+            with tracing.tool(pending.tool, pending.idempotency_class, pending.step) as span:
+                span.set({**recovered, "turnstile.tool.outcome": "uncertain"})
+                await self._record(
+                    ctx, state, clock, record, "uncertain", {"message": UNKNOWN_OUTCOME}
+                )
             return
         tool = self.registry.tools.get(pending.tool)
         if tool is None:
             await self._fail(ctx, "unknown_tool", f"no tool named {pending.tool!r}")
             raise StopExecution("unknown tool")
         # Safe: run it again. Keyed: again, with the key recorded in the journal.
-        await ctx.tool_started(record)
-        if not await self._run_and_record(ctx, state, clock, tool, record):
-            raise StopExecution("recovery ended the run")
+        with tracing.tool(pending.tool, pending.idempotency_class, pending.step) as span:
+            span.set(recovered)
+            await ctx.tool_started(record)
+            if not await self._run_and_record(ctx, state, clock, tool, record):
+                raise StopExecution("recovery ended the run")
 
     # --- endings ------------------------------------------------------------------------------
     async def _fail(self, ctx: ExecutionContext, kind: str, message: str) -> None:

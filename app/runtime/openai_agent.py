@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from app.observability import tracing
 from app.queue.models import JSON
 from app.runtime.agents import AgentError, Ask, CallTool, Decision, Finish
 from app.runtime.history import UNKNOWN_RESULT, chat_messages, trim_history
@@ -87,7 +88,9 @@ class OpenAIAgent:
         deferred = self._deferred_question(state, turns)
         if deferred is not None:
             return deferred
-        reply = await self._complete(self._messages(state, turns))
+        with tracing.model_call("openai", "chat", self.model, httpx.URL(self.url).host) as span:
+            reply = await self._complete(self._messages(state, turns))
+            span.set(_genai_attributes(reply))
         usage = reply.get("usage") or {}
         totals = state.agent.setdefault(
             "usage", {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
@@ -410,3 +413,27 @@ def _retry_after(response: httpx.Response, ceiling: float) -> float:
         return min(max(float(value), 0.0), ceiling)
     except ValueError:
         return 0.0
+
+
+def _genai_attributes(reply: dict[str, JSON]) -> dict[str, tracing.AttributeValue | None]:
+    """The GenAI semantic conventions' response attributes of one chat completion."""
+    usage = reply.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    choices = reply.get("choices")
+    reasons = [
+        str(c["finish_reason"])
+        for c in (choices if isinstance(choices, list) else [])
+        if isinstance(c, dict) and c.get("finish_reason")
+    ]
+
+    def tokens(name: str) -> int | None:
+        value = usage.get(name)
+        return value if isinstance(value, int) else None
+
+    return {
+        "gen_ai.response.model": str(reply["model"]) if reply.get("model") else None,
+        "gen_ai.response.id": str(reply["id"]) if reply.get("id") else None,
+        "gen_ai.response.finish_reasons": tuple(reasons) if reasons else None,
+        "gen_ai.usage.input_tokens": tokens("prompt_tokens"),
+        "gen_ai.usage.output_tokens": tokens("completion_tokens"),
+    }

@@ -207,6 +207,8 @@ async def overview_context(request: Request, caller: Caller) -> dict[str, Any]:
         "recoveries": seen.recoveries,
         "dead_letter": seen.dead_letter,
         "slots": seen.slot_groups,
+        "coverage": {klass.value: entry for klass, entry in seen.coverage.items()},
+        "unserved": [klass.value for klass in seen.unserved],
         "window_minutes": WINDOW_MINUTES,
         "generated": views.when(datetime.now(UTC)),
     }

@@ -15,6 +15,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from app.observability import tracing
 from app.queue.core import Queue, ResumeState
 from app.queue.models import JSON, ClaimedRun, Fenced, Lease, ToolCall, WriteOutcome, Written
 from app.worker.completions import CompletionBatcher
@@ -126,10 +127,12 @@ class ExecutionContext:
         marked finishing before it is sent, `ended` once it committed, and on `Fenced` the one
         stop path (`checked`)."""
         self.finishing = True
-        outcome = await write
-        if isinstance(outcome, Written):
-            self.ended = True
-        return await self.checked(outcome, during)
+        with tracing.transition(during) as span:
+            outcome = await write
+            if isinstance(outcome, Written):
+                self.ended = True
+            span.set({"turnstile.transition.written": self.ended})
+            return await self.checked(outcome, during)
 
     # --- what the pool tells the execution, and the releases it asks of it ---------------------
     def lost(self) -> None:
@@ -163,9 +166,11 @@ class ExecutionContext:
         # nothing. Marked finishing first, so a heartbeat does not take it for one either.
         outcome_unknown = self.finishing
         self.finishing = True
-        outcome = await self.queue.release(self.lease, graceful=graceful, reason=reason)
-        if isinstance(outcome, Fenced) and not outcome_unknown:
-            await self.stop_fenced("release")
+        with tracing.transition("release", {"turnstile.release.graceful": graceful}) as span:
+            outcome = await self.queue.release(self.lease, graceful=graceful, reason=reason)
+            span.set({"turnstile.transition.written": isinstance(outcome, Written)})
+            if isinstance(outcome, Fenced) and not outcome_unknown:
+                await self.stop_fenced("release")
 
     async def stop_fenced(self, during: str) -> None:
         """The run is someone else's: record `run.fenced` (once) and stop writing."""
@@ -174,6 +179,10 @@ class ExecutionContext:
             if self._fenced_recorded:
                 return
             self._fenced_recorded = True
+        tracing.event(
+            "turnstile.fenced",
+            {"turnstile.fenced.during": during, "turnstile.lease.epoch": self.lease.epoch},
+        )
         await self.queue.record_fenced(self.lease, during=during)
 
     async def checked(self, outcome: WriteOutcome, during: str) -> WriteOutcome:

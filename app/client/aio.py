@@ -1,0 +1,224 @@
+"""`AsyncTurnstile`: the asyncio client of the Turnstile API, on httpx.
+
+Submissions carry an `Idempotency-Key` (one is made when the caller gives none) and are
+retried with that same key (app/client/retry.py), so a turn whose answer was lost is replayed,
+never run twice. `wait` follows a run with the API's long poll; `events` follows its log over
+Server-Sent Events (httpx-sse) and, when the connection drops, reconnects with
+`Last-Event-ID`, so no event is missed or repeated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Collection
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+import httpx
+from httpx_sse import aconnect_sse
+
+from app.client import calls
+from app.client.calls import RunRef, SessionRef
+from app.client.errors import StreamEndedError, WaitTimeoutError, problem_from
+from app.client.models import JSON, SETTLED_STATUSES, Event, PriorityClass, Run, Session
+from app.client.retry import (
+    RETRIED_TRANSPORT_ERRORS,
+    RetryPolicy,
+    retry_after_of,
+    retryable_answer,
+)
+
+USER_AGENT = "turnstile-client"
+
+
+class AsyncTurnstile:
+    """The API at `base_url`, as the holder of `api_key`. Use it as an async context manager,
+    or call `aclose()` when done."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.retry = retry or RetryPolicy()
+        self.timeout = timeout
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            headers={"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    async def __aenter__(self) -> AsyncTurnstile:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # --- sessions and submissions --------------------------------------------------------------
+    async def create_session(self) -> Session:
+        return calls.as_session(await self._send(calls.create_session()))
+
+    async def get_session(self, session: SessionRef) -> Session:
+        return calls.as_session(await self._send(calls.get_session(session)))
+
+    async def submit_turn(
+        self,
+        session: SessionRef,
+        input: JSON,
+        *,
+        agent: str | None = None,
+        priority: PriorityClass | None = None,
+        scheduled_for: datetime | str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Run:
+        """A user's turn: a new run, or, when the session's run waits for the user, the answer
+        that sends that same run back to the queue. Raises `SessionBusyError` (with
+        `active_run_id`) when the session's run is queued or running."""
+        body = calls.submission_body(input, agent, priority, scheduled_for)
+        key = idempotency_key or calls.new_idempotency_key()
+        return calls.as_run(await self._send(calls.submit_turn(session, body, key)))
+
+    async def answer(self, run: Run, input: JSON, *, idempotency_key: str | None = None) -> Run:
+        """Answer the question of a run waiting for the user: its session's next turn."""
+        if run.session_id is None:
+            raise ValueError("only a session's run can be answered")
+        return await self.submit_turn(run.session_id, input, idempotency_key=idempotency_key)
+
+    async def submit_run(
+        self,
+        input: JSON,
+        *,
+        agent: str | None = None,
+        priority: PriorityClass | None = None,
+        scheduled_for: datetime | str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Run:
+        """A sessionless run (back-end work, `async` unless `priority` says otherwise)."""
+        body = calls.submission_body(input, agent, priority, scheduled_for)
+        key = idempotency_key or calls.new_idempotency_key()
+        return calls.as_run(await self._send(calls.submit_run(body, key)))
+
+    # --- runs ----------------------------------------------------------------------------------
+    async def get_run(self, run: RunRef) -> Run:
+        return calls.as_run(await self._send(calls.get_run(run)))
+
+    async def wait(
+        self,
+        run: RunRef,
+        timeout: float | None = None,  # noqa: ASYNC109 (the deadline spans many long polls)
+        *,
+        until: Collection[str] = SETTLED_STATUSES,
+    ) -> Run:
+        """The run once its status is one of `until` (by default: finished, or waiting for the
+        user), following it with long polls of at most a minute each. Raises
+        `WaitTimeoutError` (carrying the run as last seen) after `timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        current = run if isinstance(run, Run) else await self.get_run(run)
+        while current.status not in until:
+            remaining = calls.MAX_WAIT_SECONDS if deadline is None else deadline - loop.time()
+            if remaining <= 0:
+                raise WaitTimeoutError(current, timeout or 0.0)
+            seconds = min(remaining, calls.MAX_WAIT_SECONDS)
+            current = calls.as_run(
+                await self._send(calls.poll_run(current, current.status, seconds, self.timeout))
+            )
+        return current
+
+    async def cancel(self, run: RunRef) -> Run:
+        """Cancel from any non-terminal status; a cancelled run answers again. Raises
+        `RunFinishedError` for a run that succeeded or failed."""
+        return calls.as_run(await self._send(calls.cancel(run)))
+
+    async def events(self, run: RunRef, *, after: int = 0) -> AsyncGenerator[Event, None]:
+        """The run's events after sequence number `after`, in order, as they happen; ends after
+        the run's terminal event. A dropped connection is resumed with `Last-Event-ID`, so each
+        event comes exactly once."""
+        last = after
+        failures = 0
+        while True:
+            fresh = False
+            try:
+                async with aconnect_sse(
+                    self._http,
+                    "GET",
+                    calls.events_path(run),
+                    headers=calls.stream_headers(last),
+                    timeout=httpx.Timeout(self.timeout, read=calls.STREAM_READ_TIMEOUT),
+                ) as source:
+                    response = source.response
+                    if response.is_error:
+                        await response.aread()
+                        retry_after = retry_after_of(response)
+                        failures += 1
+                        if not retryable_answer(response) or failures >= self.retry.attempts:
+                            raise problem_from(response, retry_after=retry_after)
+                        await asyncio.sleep(self.retry.delay(failures, retry_after))
+                        continue
+                    async for message in source.aiter_sse():
+                        if not message.data:
+                            continue
+                        event = calls.decode_event(message.data)
+                        if event.seq <= last:
+                            continue  # already delivered before a reconnect
+                        last, fresh, failures = event.seq, True, 0
+                        yield event
+                        if event.terminal:
+                            return
+            except RETRIED_TRANSPORT_ERRORS:
+                failures += 1
+                if failures >= self.retry.attempts:
+                    raise
+                await asyncio.sleep(self.retry.delay(failures, None))
+                continue
+            # The stream ended cleanly before the terminal event: the API process is stopping
+            # (reconnect, maybe to another), or the run finished with nothing left to send.
+            if not fresh:
+                if (await self.get_run(run)).finished:
+                    return
+                failures += 1
+                if failures >= self.retry.attempts:
+                    raise StreamEndedError(f"the event stream of run {calls.run_id(run)} ended")
+                await asyncio.sleep(self.retry.delay(failures, None))
+
+    # --- sending -------------------------------------------------------------------------------
+    async def _send(self, call: calls.Call) -> Any:
+        """The answer's JSON; retried as the policy says, else a ProblemError."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = await self._http.request(
+                    call.method,
+                    call.path,
+                    json=call.json,
+                    params=call.params,
+                    headers=call.headers,
+                    timeout=self.timeout if call.timeout is None else call.timeout,
+                )
+            except RETRIED_TRANSPORT_ERRORS:
+                if not call.retry or attempt >= self.retry.attempts:
+                    raise
+                await asyncio.sleep(self.retry.delay(attempt, None))
+                continue
+            if response.is_success:
+                return response.json()
+            retry_after = retry_after_of(response)
+            if call.retry and retryable_answer(response) and attempt < self.retry.attempts:
+                await asyncio.sleep(self.retry.delay(attempt, retry_after))
+                continue
+            raise problem_from(response, retry_after=retry_after)

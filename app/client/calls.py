@@ -1,0 +1,133 @@
+"""The API's routes as request descriptions (`Call`), and what both clients share around them:
+naming runs and sessions, the long poll's timing, and the event stream's resume rules. The
+async and the sync client differ only in how they send a `Call`."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from app.client.models import JSON, Event, Run, Session
+
+MAX_WAIT_SECONDS = 60.0  # the API's cap on one long poll (app/api/runs.py)
+# Above the API's keep-alive comments (every 15 s), so a silent stream is a dead one.
+STREAM_READ_TIMEOUT = 45.0
+
+RunRef = Run | UUID | str
+SessionRef = Session | UUID | str
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request: `retry` says whether repeating it unchanged is safe."""
+
+    method: str
+    path: str
+    json: Any = None
+    params: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout: float | None = None  # None: the client's own
+    retry: bool = True
+
+
+def run_id(run: RunRef) -> str:
+    return str(run.id if isinstance(run, Run) else UUID(str(run)))
+
+
+def session_id(session: SessionRef) -> str:
+    return str(session.id if isinstance(session, Session) else UUID(str(session)))
+
+
+def new_idempotency_key() -> str:
+    return f"turnstile-client-{uuid.uuid4()}"
+
+
+def submission_body(
+    input: JSON,
+    agent: str | None,
+    priority: str | None,
+    scheduled_for: datetime | str | None,
+) -> dict[str, Any]:
+    """A turn's or run's body; fields left out take the server's defaults (or, for an answer,
+    the waiting run's values)."""
+    body: dict[str, Any] = {"input": input}
+    if agent is not None:
+        body["agent"] = agent
+    if priority is not None:
+        body["priority"] = priority
+    if scheduled_for is not None:
+        if isinstance(scheduled_for, datetime):
+            if scheduled_for.tzinfo is None:
+                raise ValueError("scheduled_for needs a time zone (the API takes RFC 3339)")
+            scheduled_for = scheduled_for.isoformat()
+        body["scheduled_for"] = scheduled_for
+    return body
+
+
+def create_session() -> Call:
+    # A retry after a lost answer may leave one unused, empty session behind: harmless, since a
+    # session holds nothing until a turn.
+    return Call("POST", "/sessions")
+
+
+def get_session(session: SessionRef) -> Call:
+    return Call("GET", f"/sessions/{session_id(session)}")
+
+
+def submit_turn(session: SessionRef, body: dict[str, Any], key: str) -> Call:
+    return Call(
+        "POST",
+        f"/sessions/{session_id(session)}/turns",
+        json=body,
+        headers={"Idempotency-Key": key},
+    )
+
+
+def submit_run(body: dict[str, Any], key: str) -> Call:
+    return Call("POST", "/runs", json=body, headers={"Idempotency-Key": key})
+
+
+def get_run(run: RunRef) -> Call:
+    return Call("GET", f"/runs/{run_id(run)}")
+
+
+def poll_run(run: RunRef, status: str, seconds: float, read_timeout: float) -> Call:
+    """A long poll: answers when the run's status is no longer `status`, or after `seconds`."""
+    return Call(
+        "GET",
+        f"/runs/{run_id(run)}",
+        params={"wait": f"{seconds:.3f}", "status": status},
+        timeout=seconds + read_timeout,
+    )
+
+
+def cancel(run: RunRef) -> Call:
+    # Cancelling a cancelled run answers 200 again, so a retry is safe.
+    return Call("POST", f"/runs/{run_id(run)}/cancel")
+
+
+def events_path(run: RunRef) -> str:
+    return f"/runs/{run_id(run)}/events"
+
+
+def stream_headers(last_seq: int) -> dict[str, str]:
+    headers = {"Accept": "text/event-stream"}
+    if last_seq > 0:
+        headers["Last-Event-ID"] = str(last_seq)
+    return headers
+
+
+def decode_event(data: str) -> Event:
+    return Event.from_document(json.loads(data))
+
+
+def as_run(document: Any) -> Run:
+    return Run.from_document(document)
+
+
+def as_session(document: Any) -> Session:
+    return Session.from_document(document)

@@ -1,0 +1,168 @@
+"""The client's exceptions: every problem+json answer (RFC 9457) becomes a `ProblemError`
+carrying its fields, or the subclass named after its `type`, so callers catch what they can
+handle (`SessionBusyError` and its `active_run_id`) and let the rest rise."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import httpx
+
+
+class ClientError(Exception):
+    """The root of the client's own exceptions (transport errors stay httpx's)."""
+
+
+class ProblemError(ClientError):
+    """The API answered with an error. `type`, `title`, `status`, `detail` and `instance` are
+    the problem's fields; `body` is the whole document (extensions such as `errors` included);
+    `retry_after` is the `Retry-After` header in seconds, when the answer had one."""
+
+    slug: str | None = None  # the `/problems/<slug>` a subclass stands for
+
+    def __init__(self, body: dict[str, Any], *, retry_after: float | None = None) -> None:
+        self.body = body
+        self.type = str(body.get("type", "about:blank"))
+        self.title = str(body.get("title", ""))
+        self.status = int(body.get("status", 0))
+        detail = body.get("detail")
+        self.detail = None if detail is None else str(detail)
+        instance = body.get("instance")
+        self.instance = None if instance is None else str(instance)
+        self.retry_after = retry_after
+        super().__init__(f"{self.status} {self.type}: {self.detail or self.title}")
+
+
+class InvalidRequestError(ProblemError):
+    """422 `invalid-request` (and 400 `malformed-json`): `errors` lists each problem."""
+
+    slug = "invalid-request"
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        return list(self.body.get("errors", []))
+
+
+class UnauthorizedError(ProblemError):
+    slug = "unauthorized"
+
+
+class ForbiddenError(ProblemError):
+    slug = "forbidden"
+
+
+class NotFoundError(ProblemError):
+    """404: no such session or run, or not one this key may see."""
+
+    slug = "not-found"
+
+
+class SessionBusyError(ProblemError):
+    """409 `session-busy`: the session's run is queued or running; `active_run_id` names it
+    (wait for it, or cancel it, then send the turn again)."""
+
+    slug = "session-busy"
+
+    def __init__(self, body: dict[str, Any], *, retry_after: float | None = None) -> None:
+        super().__init__(body, retry_after=retry_after)
+        self.active_run_id = UUID(str(body["active_run_id"]))
+        self.active_run_status: str | None = body.get("active_run_status")
+
+
+class RunFinishedError(ProblemError):
+    """409 `run-finished`: a succeeded or failed run cannot be cancelled."""
+
+    slug = "run-finished"
+
+
+class AnswerConflictError(ProblemError):
+    """422 `answer-conflict`: an answer tried to change the waiting run's agent, class or
+    schedule; `field` names which."""
+
+    slug = "answer-conflict"
+
+
+class IdempotencyKeyReusedError(ProblemError):
+    """422: this Idempotency-Key was used with another request; use a new key."""
+
+    slug = "idempotency-key-reused"
+
+
+class IdempotencyKeyInFlightError(ProblemError):
+    """409: the first request with this key is still being processed (retried by the client
+    until its attempts run out)."""
+
+    slug = "idempotency-key-in-flight"
+
+
+class TooManyStreamsError(ProblemError):
+    """429: this key or API process holds too many event streams and long polls."""
+
+    slug = "too-many-streams"
+
+
+class ServiceUnavailableError(ProblemError):
+    """503 `database-busy` or `database-unavailable`: nothing was written; retried."""
+
+
+_BY_SLUG: dict[str, type[ProblemError]] = {
+    cls.slug: cls
+    for cls in (
+        InvalidRequestError,
+        UnauthorizedError,
+        ForbiddenError,
+        NotFoundError,
+        SessionBusyError,
+        RunFinishedError,
+        AnswerConflictError,
+        IdempotencyKeyReusedError,
+        IdempotencyKeyInFlightError,
+        TooManyStreamsError,
+    )
+    if cls.slug is not None
+} | {
+    "malformed-json": InvalidRequestError,
+    "database-busy": ServiceUnavailableError,
+    "database-unavailable": ServiceUnavailableError,
+}
+
+
+def slug_of(problem_type: str) -> str:
+    """`/problems/session-busy` -> `session-busy`."""
+    return problem_type.rstrip("/").rsplit("/", 1)[-1]
+
+
+def problem_from(response: httpx.Response, *, retry_after: float | None) -> ProblemError:
+    """The exception for an error answer that has been read. A body that is not a problem
+    document (a proxy's HTML page, say) still gives a ProblemError with the status."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or "type" not in body:
+        body = {
+            "type": "about:blank",
+            "title": response.reason_phrase,
+            "status": response.status_code,
+            "detail": response.text[:500] or None,
+        }
+    body.setdefault("status", response.status_code)
+    cls = _BY_SLUG.get(slug_of(str(body["type"])), ProblemError)
+    try:
+        return cls(body, retry_after=retry_after)
+    except (KeyError, ValueError):  # a subclass's own field missing: keep the plain problem
+        return ProblemError(body, retry_after=retry_after)
+
+
+class WaitTimeoutError(ClientError, TimeoutError):
+    """`wait` ran out of time before the run settled; `run` is how it was last seen."""
+
+    def __init__(self, run: Any, timeout: float) -> None:
+        super().__init__(f"run {run.id} still {run.status} after {timeout:g} s")
+        self.run = run
+
+
+class StreamEndedError(ClientError):
+    """A run's event stream kept ending before the run's terminal event, and the client gave up
+    reconnecting (the API processes were stopping, say)."""
