@@ -1,4 +1,7 @@
-"""The `turnstile` command line: serve, migrate, and (as they land) the operator commands.
+"""The `turnstile` command line: serve, worker, migrate, keys, and the operator commands.
+
+The operator commands (runs, queue, schedules) act on the configured database through the
+queue's services.
 
 Thin by design: each command parses its flags, calls into the app, and prints one line on
 error (exit status 2) rather than a traceback.
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
 
     from app.queue.core import Queue
     from app.queue.reads import Reads
+    from app.queue.schedules import Schedules
     from app.queue.submit import Submissions, Submitter
     from app.security.api_keys import KeyInfo
 
@@ -297,6 +301,8 @@ class Runbook:
     submissions: Submissions
     actor: Submitter
     stale_seconds: float  # a worker process not seen for this long is not live (a lease)
+    schedules: Schedules
+    settings: Settings
 
 
 RunbookCommand = Callable[[Runbook, argparse.Namespace], Awaitable[object]]
@@ -311,6 +317,7 @@ def _runbook(command: RunbookCommand) -> Callable[[argparse.Namespace], None]:
         from app.queue.core import Queue
         from app.queue.errors import TurnstileError
         from app.queue.reads import Reads
+        from app.queue.schedules import Schedules
         from app.queue.submit import Submitter
 
         settings = _settings()
@@ -324,6 +331,8 @@ def _runbook(command: RunbookCommand) -> Callable[[argparse.Namespace], None]:
                 submissions=submissions_for(queue, settings),
                 actor=Submitter("cli", "cli", actor=f"cli:{os.environ.get('USER', 'operator')}"),
                 stale_seconds=settings.lease_seconds,
+                schedules=Schedules(queue),
+                settings=settings,
             )
             try:
                 return await command(runbook, args)
@@ -437,11 +446,98 @@ async def runs_dismiss(runbook: Runbook, args: argparse.Namespace) -> object:
     return dismissed.to_document()
 
 
-def _uuid(value: str) -> uuid.UUID:
+async def schedules_create(runbook: Runbook, args: argparse.Namespace) -> object:
+    from app.queue.classes import PriorityClass
+    from app.queue.schedules import NewSchedule
+
+    try:
+        value = json.loads(args.input)
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"--input is not JSON: {exc}") from None
+    agent = args.agent or runbook.settings.default_agent
+    known = _agent_names(runbook.settings)
+    if agent not in known:
+        raise CommandError(f"unknown agent {agent!r} (known: {', '.join(sorted(known))})")
+    schedule = await runbook.schedules.create(
+        NewSchedule(
+            tenant_id=args.tenant,
+            principal=args.principal,
+            cron=args.cron,
+            timezone=args.timezone,
+            agent=agent,
+            input=value,
+            priority=PriorityClass(args.klass).base,
+        )
+    )
+    return schedule.to_document()
+
+
+def _agent_names(settings: Settings) -> frozenset[str]:
+    """The agents a process with these settings runs: built in, the plugins', and the
+    OpenAI-compatible one when configured."""
+    from app.runtime.executor import default_registry
+    from app.runtime.plugins import load_plugins
+
+    registry = default_registry([])
+    load_plugins(settings.plugins, registry)
+    names = set(registry.agent_names())
+    if settings.openai_base_url:
+        names.add("openai")
+    return frozenset(names)
+
+
+async def schedules_list(runbook: Runbook, args: argparse.Namespace) -> object:
+    page = await runbook.schedules.page(tenant_id=args.tenant, cursor=None, limit=args.limit)
+    return [
+        {
+            "id": str(s.id),
+            "state": s.state,
+            "cron": s.cron,
+            "timezone": s.timezone,
+            "class": s.priority_class.value,
+            "tenant": s.tenant_id,
+        }
+        for s in page.schedules
+    ]
+
+
+async def schedules_show(runbook: Runbook, args: argparse.Namespace) -> object:
+    detail = await runbook.schedules.detail(
+        _uuid(args.schedule_id, "schedule"), tenant_id=args.tenant
+    )
+    return {
+        **detail.schedule.to_document(),
+        "tenant": detail.schedule.tenant_id,
+        "next_fire_times": [t.isoformat() for t in detail.next_fire_times],
+        "runs": [{"id": str(r.id), "fire_at": r.fire_at, "status": r.status} for r in detail.runs],
+    }
+
+
+async def schedules_pause(runbook: Runbook, args: argparse.Namespace) -> object:
+    schedule = await runbook.schedules.pause(
+        _uuid(args.schedule_id, "schedule"), tenant_id=args.tenant
+    )
+    return schedule.to_document()
+
+
+async def schedules_resume(runbook: Runbook, args: argparse.Namespace) -> object:
+    schedule = await runbook.schedules.resume(
+        _uuid(args.schedule_id, "schedule"), tenant_id=args.tenant
+    )
+    return schedule.to_document()
+
+
+async def schedules_delete(runbook: Runbook, args: argparse.Namespace) -> object:
+    schedule_id = _uuid(args.schedule_id, "schedule")
+    dropped = await runbook.schedules.delete(schedule_id, tenant_id=args.tenant)
+    return {"id": str(schedule_id), "deleted": True, "dropped_runs": dropped}
+
+
+def _uuid(value: str, what: str = "run") -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise CommandError(f"not a run id: {value!r}") from None
+        raise CommandError(f"not a {what} id: {value!r}") from None
 
 
 def cmd_migrate(args: argparse.Namespace) -> None:
@@ -516,6 +612,49 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--tenant")
     stats.add_argument("--json", action="store_true")
     stats.set_defaults(func=_runbook(queue_stats))
+
+    schedules = sub.add_parser("schedules", help="recurring runs: one run per cron tick")
+    schedules_sub = schedules.add_subparsers(dest="schedules_command", required=True)
+    create_schedule = schedules_sub.add_parser(
+        "create", help="a schedule of sessionless runs, and its first tick"
+    )
+    create_schedule.add_argument("--tenant", required=True)
+    create_schedule.add_argument(
+        "--principal", default="cli", help="whose runs its ticks are (default cli)"
+    )
+    create_schedule.add_argument(
+        "--cron",
+        required=True,
+        help="five fields, or six with seconds first ('0 3 * * *', '*/2 * * * * *')",
+    )
+    create_schedule.add_argument("--timezone", default="UTC", help="IANA time zone (UTC)")
+    create_schedule.add_argument("--agent", help="default: the service's default agent")
+    create_schedule.add_argument("--input", default="{}", help="each run's input, JSON")
+    create_schedule.add_argument(
+        "--class",
+        dest="klass",
+        default="async",
+        choices=["interactive", "async", "maintenance"],
+        help="the runs' class (async)",
+    )
+    create_schedule.add_argument("--json", action="store_true")
+    create_schedule.set_defaults(func=_runbook(schedules_create))
+    list_schedules = schedules_sub.add_parser("list", help="schedules, newest first")
+    list_schedules.add_argument("--tenant")
+    list_schedules.add_argument("--limit", type=int, default=100)
+    list_schedules.add_argument("--json", action="store_true")
+    list_schedules.set_defaults(func=_runbook(schedules_list))
+    for name, text, command in (
+        ("show", "a schedule, its next fire times and latest runs", schedules_show),
+        ("pause", "no more ticks; the tick queued ahead is removed", schedules_pause),
+        ("resume", "tick again from now on (no catch-up for the pause)", schedules_resume),
+        ("delete", "delete it and its ticks not started yet", schedules_delete),
+    ):
+        action = schedules_sub.add_parser(name, help=text)
+        action.add_argument("schedule_id")
+        action.add_argument("--tenant", help="only if the schedule belongs to this tenant")
+        action.add_argument("--json", action="store_true")
+        action.set_defaults(func=_runbook(command))
 
     migrate = sub.add_parser("migrate", help="upgrade the database schema to this version")
     migrate.set_defaults(func=cmd_migrate)

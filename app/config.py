@@ -85,6 +85,12 @@ class Settings(BaseSettings):
     prune_interval_seconds: float = Field(default=60.0, gt=0)
     queue_metrics_interval_seconds: float = Field(default=15.0, gt=0)
     retention_interval_seconds: float = Field(default=300.0, gt=0)
+    schedule_interval_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often the scheduler creates any schedule tick the worker pool did not "
+        "(a process died between a tick's claim and its successor's creation).",
+    )
     idempotency_wait_seconds: float = Field(
         default=5.0, gt=0, description="How long a request waits for its in-flight twin."
     )

@@ -28,6 +28,7 @@ from app.observability import tracing
 from app.observability.metrics import HttpMetrics, Metrics
 from app.queue.core import Clock, Queue, QueueConfig
 from app.queue.reads import Reads
+from app.queue.schedules import Schedules
 from app.queue.submit import Submissions
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
 from app.runtime.openai_agent import OpenAIAgent
@@ -50,6 +51,7 @@ class AppState:
     pool: WorkerPool | None
     submissions: Submissions
     reads: Reads
+    schedules: Schedules
     agents: frozenset[str]
     metrics: Metrics
     streams: StreamLimits
@@ -167,6 +169,7 @@ async def services(
                 queue, settings, metrics, holder=pool.worker_id, on_success=succeeded
             )
             maintainer.start()
+        submissions = submissions_for(queue, settings)
         state = AppState(
             settings=settings,
             database=database,
@@ -174,8 +177,9 @@ async def services(
             queue=queue,
             notifier=notifier,
             pool=pool,
-            submissions=submissions_for(queue, settings),
+            submissions=submissions,
             reads=Reads(queue),
+            schedules=Schedules(queue, keys=submissions),
             agents=registry.agent_names(),
             metrics=metrics,
             streams=StreamLimits(
@@ -232,7 +236,7 @@ def create_app(
         swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.shutdown = shutdown
-    from app.api import health, problems, runbook, runs, sessions
+    from app.api import health, problems, runbook, runs, schedules, sessions
     from app.api.forwarded import ForwardedProto
     from app.api.limits import BodyLimit
 
@@ -246,6 +250,7 @@ def create_app(
     # The runbook's fixed paths (/runs/stuck, /runs/failed) before /runs/{run_id}.
     app.include_router(runbook.runbook)
     app.include_router(runs.router)
+    app.include_router(schedules.router)
     from app.ui import routes as ui
 
     ui.install(app)
@@ -256,7 +261,8 @@ API_DESCRIPTION = """
 Chat clients post a user's turn to a session (`POST /sessions/{id}/turns`, with an
 `Idempotency-Key`) and poll the run (`GET /runs/{id}?wait=30`) or follow its events
 (`GET /runs/{id}/events` with `Accept: text/event-stream`). Back-end services submit
-sessionless runs (`POST /runs`). Operators use the runbook endpoints. Every error is
+sessionless runs (`POST /runs`) and schedules of them (`POST /schedules`). Operators use the
+runbook endpoints. Every error is
 `application/problem+json` with a stable `type`. Authenticate with `Authorization: Bearer <key>`
 (`turnstile keys create`).
 """

@@ -9,8 +9,8 @@ of its own started the way its documentation says (bench/peer_apps.py):
 - single enqueues: N jobs enqueued one at a time by one client on one connection, no worker;
 - backlog: N jobs of 50 ms queued for one worker process, then high-priority probes at 20/s;
   a probe's latency runs from just before its enqueue call to the first line of its job (the
-  job prints the time; Turnstile's is the worker's `executing run` log line, written when the
-  run starts executing), both on this machine's clock;
+  job prints the time; Turnstile's is the worker's `executing run` log line, at debug, written
+  when the run starts executing), both on this machine's clock;
 - commits and WAL bytes per job of the drain (bulk enqueue included) and of the single
   enqueues: deltas of pg_stat_database.xact_commit for the database (less this process's own
   polling statements) and of pg_current_wal_lsn() (the whole server's WAL: on a shared server
@@ -126,10 +126,13 @@ class Turnstile(System):
     def worker(self, url: str, log_path: Path, purpose: str) -> subprocess.Popen[bytes]:
         async_slots = IN_FLIGHT - 1 if purpose == "backlog" else IN_FLIGHT
         layout = f"interactive:1,async:{async_slots},maintenance:1"
+        # The probe's first line is the worker's `executing run` line, logged at debug: the
+        # backlog's worker logs at debug (a line for every run, probes and backlog alike).
+        level = "debug" if purpose == "backlog" else "info"
         with log_path.open("wb") as out:
             return subprocess.Popen(
                 [TURNSTILE, "worker"],
-                env=service_env(url, slots=layout),
+                env=service_env(url, slots=layout, log_level=level),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,

@@ -92,3 +92,54 @@ async def test_runbook_errors_are_one_line(database_url: str, engine: AsyncEngin
         assert err.startswith("turnstile: ")
         assert says in err
         assert err.strip().count("\n") == 0, err
+
+
+async def test_schedule_commands(database_url: str, engine: AsyncEngine) -> None:
+    code, out, err = await cli(
+        database_url,
+        "schedules",
+        "create",
+        "--tenant",
+        "acme",
+        "--cron",
+        "0 3 * * *",
+        "--timezone",
+        "Europe/Paris",
+        "--input",
+        '{"script": [{"final": "nightly"}]}',
+        "--json",
+    )
+    assert code == 0, err
+    created = json.loads(out)
+    assert created["state"] == "active"
+    assert created["class"] == "async"
+    schedule_id = created["id"]
+
+    code, out, _ = await cli(database_url, "schedules", "list", "--tenant", "acme", "--json")
+    assert [s["id"] for s in json.loads(out)] == [schedule_id]
+    code, out, _ = await cli(database_url, "schedules", "show", schedule_id, "--json")
+    shown = json.loads(out)
+    assert len(shown["next_fire_times"]) == 5
+    assert shown["next_fire_times"][0].endswith("T02:00:00+00:00")  # 03:00 in Paris, winter
+    assert [r["status"] for r in shown["runs"]] == ["queued"]
+
+    code, out, _ = await cli(database_url, "schedules", "pause", schedule_id, "--json")
+    assert json.loads(out)["state"] == "paused"
+    code, out, _ = await cli(database_url, "schedules", "resume", schedule_id, "--json")
+    assert json.loads(out)["state"] == "active"
+    code, out, _ = await cli(database_url, "schedules", "show", schedule_id, "--tenant", "globex")
+    assert code == 2
+    code, out, _ = await cli(database_url, "schedules", "delete", schedule_id, "--json")
+    assert json.loads(out) == {"id": schedule_id, "deleted": True, "dropped_runs": 1}
+
+    # Bad input: one line naming what is wrong, exit status 2.
+    for args, message in (
+        (("--cron", "every day"), "cron:"),
+        (("--cron", "* * * * *", "--timezone", "Nowhere/Else"), "timezone:"),
+        (("--cron", "* * * * *", "--agent", "nobody"), "unknown agent"),
+        (("--cron", "* * * * *", "--input", "{oops"), "--input is not JSON"),
+    ):
+        code, out, err = await cli(database_url, "schedules", "create", "--tenant", "acme", *args)
+        assert code == 2
+        assert message in err
+        assert len(err.strip().splitlines()) == 1

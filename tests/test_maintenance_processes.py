@@ -21,6 +21,7 @@ SERVICES = (
     "run-retention",
     "session-retention",
     "queue-metrics",
+    "scheduler",
 )
 
 
@@ -49,6 +50,7 @@ def worker(database_url: str, port: int) -> AbstractAsyncContextManager[Child]:
             "TURNSTILE_PRUNE_INTERVAL_SECONDS": "0.5",
             "TURNSTILE_RETENTION_INTERVAL_SECONDS": "0.5",
             "TURNSTILE_QUEUE_METRICS_INTERVAL_SECONDS": "0.5",
+            "TURNSTILE_SCHEDULE_INTERVAL_SECONDS": "0.5",
         },
     )
 

@@ -37,6 +37,8 @@ NOTIFYING = {
     "sweep_expired",
     "deliver_input",
     "cancel",
+    # A schedule's next tick is an enqueue (app/queue/schedules.sql).
+    "create_ticks",
 }
 REQUEUE_PATHS = {"sweep_expired", "release_graceful", "release_early", "deliver_input"}
 

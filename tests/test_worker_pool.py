@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -448,3 +449,38 @@ async def test_two_executions_of_one_run_in_one_process_are_two_holds(
     assert [(e.epoch, e.data["during"]) for e in fenced] == [(1, "heartbeat")]
     assert [e.epoch for e in events if e.type == "run.succeeded"] == [2]
     assert await check_all_runs(engine) == 1
+
+
+async def test_scheduled_and_backed_off_runs_start_on_time_despite_a_long_poll(
+    make_pool: Callable[..., Any], fast_queue: Queue, engine: AsyncEngine
+) -> None:
+    """A run that becomes eligible by its time gets no notification then: the idle claim loop
+    sleeps until the earliest such run is due (`Queue.next_due`), not a whole poll interval."""
+    # A backed-off run: claimed by a worker that gives it back early (backoff 1 s).
+    backed_off = await fast_queue.enqueue(new_run(ASYNC))
+    [claimed] = await fast_queue.claim("w-gone", [ASYNC])
+    await fast_queue.release(claimed.lease, graceful=False, reason="transient errors")
+    await make_pool(CompletingExecutor(), poll=30.0)
+    async with engine.connect() as conn:
+        now = (await conn.execute(text("SELECT clock_timestamp()"))).scalar_one()
+    scheduled = await fast_queue.enqueue(new_run(ASYNC, scheduled_for=now + timedelta(seconds=1.5)))
+
+    async def finished(run_id: UUID) -> Run | None:
+        run = await status_of(fast_queue, run_id)
+        return run if run.status == "succeeded" else None
+
+    for run_id in (scheduled.id, backed_off.id):
+        run = await eventually(lambda r=run_id: finished(r), within=10, what="the run done")
+        assert run.scheduled_for is not None
+        async with engine.connect() as conn:
+            claimed_at = (
+                await conn.execute(
+                    text(
+                        "SELECT max(created_at) FROM run_events "
+                        "WHERE run_id = :id AND type = 'run.claimed'"
+                    ),
+                    {"id": run_id},
+                )
+            ).scalar_one()
+        # Liveness, not speed: well before the 30 s poll interval.
+        assert timedelta(0) <= claimed_at - run.scheduled_for < timedelta(seconds=3)

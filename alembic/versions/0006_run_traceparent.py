@@ -6,7 +6,7 @@ Nullable and unconstrained beyond its length: most runs carry none, and the API 
 header it parsed as valid (version 00, 55 characters).
 
 Revision ID: 0006
-Revises: 0003
+Revises: 0004
 Create Date: 2026-11-30
 """
 
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0006"
-down_revision = "0003"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 

@@ -24,10 +24,12 @@ from app.queue.errors import (
     IdempotencyKeyInFlightError,
     IdempotencyKeyReusedError,
     InvalidCursorError,
+    InvalidScheduleError,
     RunFinishedError,
     RunNotFailedError,
     RunNotFoundError,
     RunNotWaitingError,
+    ScheduleNotFoundError,
     SessionBusyError,
     SessionNotFoundError,
     TurnstileError,
@@ -199,7 +201,7 @@ def responses(*slugs: str) -> dict[int | str, dict[str, Any]]:
 
 def _core_problem(exc: TurnstileError, request: Request) -> JSONResponse:
     path = request.url.path
-    if isinstance(exc, RunNotFoundError | SessionNotFoundError):
+    if isinstance(exc, RunNotFoundError | SessionNotFoundError | ScheduleNotFoundError):
         return problem_response("not-found", str(exc), instance=path)
     if isinstance(exc, SessionBusyError):
         return problem_response(
@@ -232,6 +234,15 @@ def _core_problem(exc: TurnstileError, request: Request) -> JSONResponse:
             str(exc),
             instance=path,
             errors=[{"loc": ["query", "cursor"], "msg": "invalid cursor", "type": "cursor"}],
+        )
+    if isinstance(exc, InvalidScheduleError):
+        return problem_response(
+            "invalid-request",
+            f"body.{exc.field}: {exc.message}",
+            instance=path,
+            errors=[
+                {"loc": ["body", exc.field], "msg": exc.message, "type": f"invalid_{exc.field}"}
+            ],
         )
     log.error("unmapped core error", exc_info=exc)
     return problem_response("internal-error", instance=path)

@@ -128,6 +128,12 @@ class RunDocument(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     dismissed_at: datetime | None
+    schedule_id: UUID | None = Field(
+        default=None, description="The schedule whose tick this run is (GET /schedules/{id})."
+    )
+    fire_at: datetime | None = Field(
+        default=None, description="The schedule's fire time this run is for."
+    )
     model_config = ConfigDict(populate_by_name=True)
 
 
@@ -211,6 +217,69 @@ class StuckRun(BaseModel):
 
 class StuckRuns(BaseModel):
     runs: list[StuckRun]
+
+
+class ScheduleRequest(Strict):
+    """A schedule of sessionless runs: every tick of `cron` in `timezone` queues one run."""
+
+    cron: str = Field(
+        min_length=1,
+        max_length=200,
+        description="Five fields (minute hour day-of-month month day-of-week), or six with "
+        "seconds first: `0 3 * * *` is 03:00 every day, `*/2 * * * * *` every two seconds.",
+        examples=["0 3 * * *"],
+    )
+    timezone: str = Field(
+        default="UTC",
+        min_length=1,
+        max_length=64,
+        description="An IANA time zone the cron fields are read in (default UTC). A wall time "
+        "skipped by daylight saving fires when the gap ends; a repeated one fires once, at its "
+        "first occurrence.",
+        examples=["Europe/Paris"],
+    )
+    agent: str | None = Field(
+        default=None, min_length=1, max_length=200, description="Default: the service's."
+    )
+    input: StorableJson = Field(description="Anything JSON: every tick's run gets it.")
+    class_: PriorityClass = Field(
+        default=PriorityClass.ASYNC, alias="class", description="The runs' class (async)."
+    )
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ScheduleDocument(BaseModel):
+    id: UUID
+    state: Literal["active", "paused"]
+    cron: str
+    timezone: str
+    agent: str
+    input: JsonValue
+    class_: PriorityClass = Field(alias="class")
+    priority: int
+    principal: str = Field(description="Who created it: its runs are this principal's.")
+    paused_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class ScheduleDetailDocument(ScheduleDocument):
+    next_fire_times: list[datetime] = Field(
+        description="The next fire times, the tick already queued first; none while paused."
+    )
+    runs: list[RunDocument] = Field(description="Its latest runs, newest fire time first.")
+
+
+class SchedulePageDocument(BaseModel):
+    schedules: list[ScheduleDocument]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page.")
+
+
+class ScheduleDeleted(BaseModel):
+    id: UUID
+    deleted: Literal[True] = True
+    dropped_runs: int = Field(description="Ticks created ahead and not started, removed with it.")
 
 
 def run_document(document: dict[str, Any]) -> RunDocument:

@@ -16,6 +16,7 @@ from app.config import Settings
 from app.observability.metrics import Metrics
 from app.queue.core import Queue
 from app.queue.reads import Reads
+from app.queue.schedules import Schedules
 from app.queue.submit import Submissions
 
 
@@ -44,6 +45,9 @@ class ServiceState(Protocol):
 
     @property
     def reads(self) -> Reads: ...
+
+    @property
+    def schedules(self) -> Schedules: ...
 
     @property
     def agents(self) -> frozenset[str]: ...

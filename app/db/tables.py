@@ -104,6 +104,10 @@ runs = Table(
     # The W3C trace context the run's work joins (docs/operations.md, "Tracing"): the
     # submission's, or the answer's that resumed the run; NULL when the caller sent none.
     Column("traceparent", String(55), nullable=True),
+    # A schedule's tick (app/queue/schedules.py): the schedule and the fire time it is for.
+    # No foreign key: a deleted schedule's runs keep its id, so an operator can still find them.
+    Column("schedule_id", UUID(as_uuid=True), nullable=True),
+    _ts("fire_at"),
     CheckConstraint(
         "status IN ('queued', 'running', 'waiting_for_user', 'succeeded', 'failed', 'cancelled')",
         name="status",
@@ -167,11 +171,37 @@ runs = Table(
     ),
     Index("ix_runs_tenant_id_status_created_at", "tenant_id", "status", "created_at"),
     # Retention and the dead letter read finished runs by age.
+    CheckConstraint("(schedule_id IS NULL) = (fire_at IS NULL)", name="schedule_tick"),
+    # Exactly one run per tick, whatever the number of processes creating ticks. Its index
+    # also serves "the latest tick of a schedule" (backwards, LIMIT 1) and a schedule's runs.
+    UniqueConstraint("schedule_id", "fire_at"),
     Index(
         "ix_runs_finished_at",
         "finished_at",
         postgresql_where=text("finished_at IS NOT NULL"),
     ),
+)
+
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")),
+    Column("tenant_id", Text, nullable=False),
+    # Who created it: its runs are this principal's.
+    Column("principal", Text, nullable=False),
+    Column("cron", Text, nullable=False),
+    Column("timezone", Text, nullable=False, server_default=text("'UTC'")),
+    Column("agent", Text, nullable=False),
+    Column("input", JSONB, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    # Creation or last resume: no tick at or before it fires (a resumed schedule does not
+    # catch up on what it skipped while paused).
+    _ts("anchor_at", nullable=False),
+    _ts("paused_at"),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("updated_at", nullable=False, default_now=True),
+    CheckConstraint("priority BETWEEN 0 AND 29", name="priority_band"),
+    Index("ix_schedules_tenant_id_created_at", "tenant_id", "created_at"),
 )
 
 run_events = Table(

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from app.config import Settings
 from app.maintenance.pruners import IdempotencyPruner, RunRetention, SessionRetention
 from app.maintenance.queue_metrics import QueueMetrics
+from app.maintenance.scheduler import Scheduler
 from app.maintenance.service import MaintenanceService
 from app.maintenance.sweeper import Sweeper
 from app.observability.metrics import Metrics
@@ -46,6 +47,13 @@ class Maintainer:
                 interval=settings.queue_metrics_interval_seconds,
                 # A worker process not seen for a lease period has stopped beating: not live.
                 stale_seconds=settings.lease_seconds,
+                on_success=on_success,
+            ),
+            Scheduler(
+                queue,
+                holder=holder,
+                interval=settings.schedule_interval_seconds,
+                metrics=metrics,
                 on_success=on_success,
             ),
             RunRetention(

@@ -119,6 +119,32 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.schedules = Gauge(
+            "turnstile_schedules",
+            "Schedules per state (active, paused), from the database, by the process holding "
+            "the scheduler lease.",
+            ["state"],
+            registry=self.registry,
+        )
+        self.schedules_without_tick = Gauge(
+            "turnstile_schedules_without_tick",
+            "Active schedules with no tick queued ahead. Normally 0: a tick's successor is "
+            "created as it starts.",
+            registry=self.registry,
+        )
+        self.schedule_overdue = Gauge(
+            "turnstile_schedule_most_overdue_seconds",
+            "How long past its fire time the most overdue tick ahead still waits to start "
+            "(0 when every due tick has started).",
+            registry=self.registry,
+        )
+        self.schedule_ticks_repaired = Counter(
+            "turnstile_schedule_ticks_repaired",
+            "Schedule ticks the scheduler had to create because the worker pool had not "
+            "(a process died between a tick's start and its successor's creation).",
+            registry=self.registry,
+        )
+
     # --- the queue core's observer ------------------------------------------------------------
     def transition(self, name: str, priority: int, count: int = 1) -> None:
         if count:

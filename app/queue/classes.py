@@ -26,13 +26,15 @@ class PriorityClass(StrEnum):
 
     @classmethod
     def of(cls, priority: int) -> PriorityClass:
-        for klass in cls:
-            if priority in klass.band:
-                return klass
-        raise ValueError(f"priority {priority} is in no class band (0-29)")
+        # A table lookup: called for every claimed and completed run (metrics, documents).
+        klass = _OF_PRIORITY.get(priority)
+        if klass is None:
+            raise ValueError(f"priority {priority} is in no class band (0-29)")
+        return klass
 
 
 _BASE = {PriorityClass.INTERACTIVE: 0, PriorityClass.ASYNC: 10, PriorityClass.MAINTENANCE: 20}
+_OF_PRIORITY = {p: klass for klass in PriorityClass for p in klass.band}
 
 
 def priorities_of(classes: Iterable[PriorityClass]) -> list[int]:

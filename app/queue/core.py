@@ -344,6 +344,14 @@ class Queue:
                 self.observer.claimed(item.run.priority, waited.total_seconds())
         return sorted(claimed, key=lambda c: (c.run.priority, c.run.eligible_at))
 
+    async def next_due(self, classes: Sequence[PriorityClass]) -> float | None:
+        """Seconds until the earliest queued run of `classes` that is not eligible yet becomes
+        eligible (scheduled, a schedule's tick, backed off); None when there is none."""
+        rows = await self._rows("next_due", {"priorities": priorities_of(classes)})
+        if not rows or rows[0]["seconds"] is None:
+            return None
+        return max(float(rows[0]["seconds"]), 0.0)
+
     # --- fenced writes ------------------------------------------------------------------------
     async def heartbeat(self, lease: Lease, *, lease_seconds: float | None = None) -> bool:
         """Extend one lease. False means fenced: the run is someone else's now (decision 4).

@@ -93,3 +93,18 @@ class InvalidCursorError(TurnstileError):
 
     def __init__(self) -> None:
         super().__init__("cursor: not a cursor this API returned")
+
+
+class ScheduleNotFoundError(TurnstileError):
+    def __init__(self, schedule_id: UUID) -> None:
+        super().__init__(f"schedule {schedule_id} not found")
+        self.schedule_id = schedule_id
+
+
+class InvalidScheduleError(TurnstileError):
+    """A schedule's cron expression or time zone is refused; `field` names which."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message

@@ -93,6 +93,8 @@ class Run:
     started_at: datetime | None
     finished_at: datetime | None
     dismissed_at: datetime | None
+    schedule_id: UUID | None  # set on a schedule's ticks (app/queue/schedules.py)
+    fire_at: datetime | None  # the tick's fire time; a catch-up run keeps its first missed one
     # The W3C trace context the run's work joins (app/observability/tracing.py); internal, not
     # part of the run's document.
     traceparent: str | None = None
@@ -149,6 +151,8 @@ class Run:
             "started_at": _iso(self.started_at),
             "finished_at": _iso(self.finished_at),
             "dismissed_at": _iso(self.dismissed_at),
+            "schedule_id": str(self.schedule_id) if self.schedule_id else None,
+            "fire_at": _iso(self.fire_at),
         }
 
 
@@ -158,9 +162,10 @@ def _iso(value: datetime | None) -> str | None:
 
 _RUN_FIELDS = [f for f in Run.__dataclass_fields__]
 _LATER_FIELDS = frozenset({"session_run_no", "traceparent"})
-_UUID_FIELDS = ("id", "session_id", "resubmitted_from")
+_UUID_FIELDS = ("id", "session_id", "resubmitted_from", "schedule_id")
 _TIME_FIELDS = (
     "scheduled_for",
+    "fire_at",
     "lease_expires_at",
     "created_at",
     "updated_at",

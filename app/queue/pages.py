@@ -18,7 +18,11 @@ from app.queue.errors import InvalidCursorError
 from app.queue.models import Run, TranscriptEntry
 
 # The keyset statements name their "before" parameter after the column they are ordered by.
-BEFORE_PARAMETER = {"created_at": "before_created", "finished_at": "before_finished"}
+BEFORE_PARAMETER = {
+    "created_at": "before_created",
+    "finished_at": "before_finished",
+    "fire_at": "before_fire",
+}
 
 
 def encode_cursor(created_at: datetime, run_id: UUID) -> str:

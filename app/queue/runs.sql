@@ -192,6 +192,26 @@ event AS (
 SELECT * FROM claimed;
 
 
+-- name: next_due
+-- How long until the earliest queued run of the given priorities that is not eligible yet
+-- becomes eligible (a scheduled run, a schedule's tick, a backed-off retry); NULL when there is
+-- none. A claim loop that found nothing sleeps until then rather than a whole poll interval,
+-- so such runs start on time without a notification each. One probe of the claim index per
+-- priority (its leading column), reading its first row past now: no scan of the queue.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now)
+SELECT extract(epoch FROM min(due.at) - clock.now) AS seconds
+FROM clock, unnest(CAST(:priorities AS smallint[])) AS p(priority)
+CROSS JOIN LATERAL (
+    SELECT coalesce(q.scheduled_for, q.created_at) AS at FROM runs q
+    WHERE q.status = 'queued'
+      AND q.priority = p.priority
+      AND coalesce(q.scheduled_for, q.created_at) > clock.now
+    ORDER BY coalesce(q.scheduled_for, q.created_at)
+    LIMIT 1
+) AS due
+GROUP BY clock.now;
+
+
 -- name: heartbeat_many
 -- fenced
 -- One statement per worker process per beat, whatever its number of runs; each run is fenced

@@ -1,9 +1,9 @@
 """The queue's named statements, in the format of app/db/statements.py, one file per concern:
 `runs.sql` (the transitions of runs: claims, fenced writes, the sweep, cancel), `reads.sql`
 (runs, their events, the runbook), `submission.sql` (sessions, idempotency keys, turn routing,
-operator actions), `workers.sql` (the worker registry, maintenance leases, prunes) and
-`dashboard.sql` (the dashboard's read models). Names are unique across them (the loader refuses
-a duplicate). Only app/queue executes them."""
+operator actions), `workers.sql` (the worker registry, maintenance leases, prunes),
+`dashboard.sql` (the dashboard's read models) and `schedules.sql` (schedules and their ticks).
+Names are unique across them (the loader refuses a duplicate). Only app/queue executes them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ from sqlalchemy import TextClause
 
 from app.db.statements import Statement, load_statements, parse
 
-FILES = ("runs.sql", "reads.sql", "submission.sql", "workers.sql", "dashboard.sql")
+FILES = (
+    "runs.sql",
+    "reads.sql",
+    "submission.sql",
+    "workers.sql",
+    "dashboard.sql",
+    "schedules.sql",
+)
 
 __all__ = ["FILES", "Statement", "parse", "q", "statements"]
 

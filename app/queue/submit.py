@@ -135,7 +135,7 @@ class Submissions:
         failed run: a second resubmission, concurrent or later, answers with the first's new
         run (replayed), and `Idempotency-Key` is honoured as on any submission."""
         async with self.queue.engine.begin() as conn:
-            if idempotency and (replay := await self._take_key(conn, who, idempotency)):
+            if idempotency and (replay := await self.take_key(conn, who, idempotency)):
                 return replay
             seen = await self.queue.get_run(run_id, tenant_id=tenant_id, conn=conn)
             if seen is None:
@@ -171,7 +171,7 @@ class Submissions:
                 again = Run.from_row(earlier)
                 replay = Submitted(ACCEPTED, again.to_document(), again.id, True, "replayed")
                 if idempotency is not None:
-                    await self._store_key(conn, who, idempotency, replay.document, again.id)
+                    await self.store_key(conn, who, idempotency, replay.document, again.id)
                 return replay
             if failed.session_id is not None:
                 active = (
@@ -281,10 +281,11 @@ class Submissions:
             self.queue.observer.transition("enqueued", run.priority)
         return Submitted(ACCEPTED, run.to_document(), run.id, False, outcome)
 
-    async def _take_key(
+    async def take_key(
         self, conn: AsyncConnection, who: Submitter, idempotency: IdempotencyKey
     ) -> Submitted | None:
-        """Own the key (None), or return the stored outcome of an identical request."""
+        """Own the key (None), or return the stored outcome of an identical request. Public
+        for the other creations that honour `Idempotency-Key` (schedules)."""
         params: dict[str, Any] = {
             "tenant_id": who.tenant_id,
             "principal": who.principal,
@@ -324,24 +325,27 @@ class Submissions:
     ) -> Submitted:
         document = run.to_document()
         if idempotency is not None:
-            await self._store_key(conn, who, idempotency, document, run.id)
+            await self.store_key(conn, who, idempotency, document, run.id)
         return Submitted(ACCEPTED, document, run.id, False, routed)
 
-    async def _store_key(
+    async def store_key(
         self,
         conn: AsyncConnection,
         who: Submitter,
         idempotency: IdempotencyKey,
         document: dict[str, JSON],
-        run_id: UUID,
+        run_id: UUID | None,
+        *,
+        status: int = ACCEPTED,
     ) -> None:
+        """Keep a 2xx outcome for the key taken with `take_key`, in the same transaction."""
         await conn.execute(
             q("idempotency_store"),
             {
                 "tenant_id": who.tenant_id,
                 "principal": who.principal,
                 "key": idempotency.key,
-                "response_status": ACCEPTED,
+                "response_status": status,
                 "response_body": dump_json(document),
                 "run_id": run_id,
             },
@@ -352,7 +356,7 @@ def _replayed(status: int, body: dict[str, JSON], run_id: UUID) -> Submitted:
     """A stored answer, replayed. `turnstile_submit` keeps the run row it answered with (the
     document is rendered from it, as it was the first time); resubmissions and answers stored
     before migration 0007 keep the document itself."""
-    document = Run.from_json(body["run"]).to_document() if "run" in body else body
+    document = Run.from_json(body["run"]).to_document() if set(body) == {"run"} else body
     return Submitted(int(status), document, run_id, True, "replayed")
 
 

@@ -2,8 +2,13 @@
 
 - Each slot group has a claim loop that claims up to its free slots in one statement (ADR-0004
   decision 2: capacity is reserved per group, so an async backlog never takes an interactive
-  slot). It sleeps until a notification names one of its priorities, a slot frees up, or the
-  poll interval passes.
+  slot). It sleeps until a notification names one of its priorities, a slot frees up, the
+  earliest queued run of its classes that is not eligible yet becomes eligible (a scheduled
+  run, a schedule's tick, a backed-off retry: `Queue.next_due`, asked when a claim found less
+  than it could take), or the poll interval passes. So such runs start within moments of their
+  time, with no notification per run.
+- A claimed run that is a schedule's tick has its schedule's next tick created at once, in a
+  task of its own (`Schedules.advance`; the scheduler maintenance service repairs a miss).
 - Each claimed run executes in its own task; every database call it makes draws its own pooled
   connection (an AsyncSession or connection is never shared between tasks).
 - Completions of a slot group's runs are group-committed (`completions.py`): the runs that
@@ -37,11 +42,15 @@ from app.queue.core import Queue
 from app.queue.housekeeping import WorkerRegistry
 from app.queue.layout import SlotGroup
 from app.queue.models import ClaimedRun
+from app.queue.schedules import Schedules
 from app.worker.completions import CompletionBatcher
 from app.worker.execution import ExecutionContext, Executor, StopExecution
 from app.worker.notifier import Notifier
 
 log = logging.getLogger("turnstile.worker")
+
+DUE_MARGIN_SECONDS = 0.005
+"""Added to the wait for the next due run, so the claim after it finds the run eligible."""
 
 
 @dataclass
@@ -91,6 +100,8 @@ class WorkerPool:
     ) -> None:
         self.queue = queue
         self.registry = WorkerRegistry(queue)
+        self.schedules = Schedules(queue)
+        self._advancing: set[asyncio.Task[None]] = set()
         self.executor = executor
         self.groups = [
             _Group(
@@ -157,6 +168,7 @@ class WorkerPool:
         for group in self.groups:
             group.wake.set()
         await asyncio.gather(*(g.task for g in self.groups if g.task is not None))
+        await asyncio.gather(*self._advancing, return_exceptions=True)
         executions = [e for g in self.groups for e in g.running.values() if e.task is not None]
         if executions:
             _, pending = await asyncio.wait(
@@ -216,10 +228,43 @@ class WorkerPool:
                 for item in claimed:
                     self._start(group, item, trusted_until=sent + self.lease_seconds)
                 self.claimed_total += len(claimed)
+                ticks = {c.run.schedule_id for c in claimed if c.run.schedule_id is not None}
+                if ticks:
+                    self._advance_schedules(ticks)
                 if claimed and len(claimed) == free:
                     continue  # there may be more; the loop waits only once slots are full
+            wait = self.poll_interval
+            if free > 0:
+                wait = await self._until_due(group, wait)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(group.wake.wait(), timeout=self.poll_interval)
+                await asyncio.wait_for(group.wake.wait(), timeout=wait)
+
+    async def _until_due(self, group: _Group, poll: float) -> float:
+        """How long the loop may sleep: until the earliest run of its classes that is not
+        eligible yet becomes eligible, at most `poll`."""
+        try:
+            due = await self.queue.next_due(group.spec.classes)
+        except Exception:
+            log.warning("next due run unknown", extra={"slot_group": group.spec.name})
+            return poll
+        if due is None:
+            return poll
+        return min(poll, due + DUE_MARGIN_SECONDS)
+
+    def _advance_schedules(self, schedule_ids: set[UUID]) -> None:
+        """Create the next ticks of the schedules whose ticks were just claimed, without
+        delaying their executions."""
+
+        async def advance() -> None:
+            try:
+                await self.schedules.advance(schedule_ids)
+            except Exception:
+                # The scheduler maintenance service creates any tick missing here.
+                log.warning("could not create the next schedule ticks", exc_info=True)
+
+        task = asyncio.create_task(advance(), name="turnstile-schedule-advance")
+        self._advancing.add(task)
+        task.add_done_callback(self._advancing.discard)
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
