@@ -36,8 +36,9 @@
 -- name: enqueue
 -- A new queued run, its run.created event and its first input, in one statement.
 -- A run of a session gets the next run number of its session. The caller holds the session
--- row lock (lock_session: every submission to a session takes it first), so no other run of
--- the session is being created meanwhile; uq_runs_session_id_session_run_no is the backstop.
+-- row lock (a resubmission takes lock_session first; a turn goes through turnstile_submit,
+-- which numbers its run the same way under the same lock), so no other run of the session is
+-- being created meanwhile; uq_runs_session_id_session_run_no is the backstop.
 -- The number is read from the session's runs, not from a counter on the session row: no write
 -- but a submission's ever needs that row.
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
