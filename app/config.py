@@ -72,8 +72,15 @@ class Settings(BaseSettings):
     retention_seconds: float = Field(
         default=7 * 86_400.0,
         gt=0,
-        description="Finished runs older than this are deleted with their events; failed runs "
-        "only once dismissed.",
+        description="Finished sessionless runs older than this are deleted with their events; "
+        "failed runs only once dismissed. Runs of a session go with their session.",
+    )
+    session_retention_seconds: float = Field(
+        default=30 * 86_400.0,
+        gt=0,
+        description="A session idle this long (no turn, no run finishing, no active run, no "
+        "undismissed failed run) is deleted whole: its runs, events, inputs, checkpoints and "
+        "journal.",
     )
     prune_interval_seconds: float = Field(default=60.0, gt=0)
     queue_metrics_interval_seconds: float = Field(default=15.0, gt=0)
@@ -107,6 +114,17 @@ class Settings(BaseSettings):
     openai_api_key: SecretStr | None = None
     openai_timeout_seconds: float = Field(default=60.0, gt=0)
     openai_system_prompt: str | None = None
+    history_max_messages: int = Field(
+        default=50,
+        ge=0,
+        description="At most this many messages of a session's earlier turns go ahead of a "
+        "run's own in the 'openai' agent's request; oldest whole exchanges dropped first.",
+    )
+    history_max_chars: int = Field(
+        default=32_000,
+        ge=0,
+        description="The character budget of that history (contents and tool calls).",
+    )
     plugins: str = Field(
         default="", description="'package.module:function,...' adding agents and tools."
     )

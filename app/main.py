@@ -130,6 +130,8 @@ async def services(
             retries=settings.transient_retries,
             system_prompt=settings.openai_system_prompt,
             client=http_client,
+            history_max_messages=settings.history_max_messages,
+            history_max_chars=settings.history_max_chars,
         )
     load_plugins(settings.plugins, registry)
     runtime = RuntimeExecutor(

@@ -15,7 +15,14 @@ from app.db.embedded import free_port
 from tests.support.processes import Child, turnstile
 from tests.support.waiting import eventually
 
-SERVICES = ("sweeper", "idempotency-pruner", "run-retention", "queue-metrics", "scheduler")
+SERVICES = (
+    "sweeper",
+    "idempotency-pruner",
+    "run-retention",
+    "session-retention",
+    "queue-metrics",
+    "scheduler",
+)
 
 
 async def maintained(port: int) -> set[str]:

@@ -77,7 +77,7 @@ async def test_api_metrics_after_real_runs(database_url: str, engine: AsyncEngin
         )
         == 1
     )
-    for service in ("sweeper", "idempotency-pruner", "run-retention", "queue-metrics"):
+    for service in ("sweeper", "idempotency-pruner", "run-retention", "session-retention"):
         stamp = value(
             found, "turnstile_maintenance_last_success_timestamp_seconds", service=service
         )

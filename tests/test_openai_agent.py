@@ -1,7 +1,9 @@
 """The `openai` agent against a fake chat-completions server on loopback (no network model):
 a conversation with tool calls and a final answer, an `uncertain` outcome as the model sees it,
 transient failures (503, 429 with Retry-After), a 400 failing the run, questions to the user,
-and a crash between the model's tool call and the tool's outcome, recovered by class."""
+and a crash between the model's tool call and the tool's outcome, recovered by class. Memory
+across a session's turns: the history ahead of a run's messages, its budget, and a recovered
+run seeing the history it started with."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from app.queue.core import Queue
-from app.queue.models import NewRun
+from app.queue.models import NewRun, Run
+from app.queue.reads import Reads
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, SimulatedCrash, default_registry
+from app.runtime.history import chat_messages, exchanges, trim_history
 from app.runtime.openai_agent import OpenAIAgent
 from tests.support.clock import ManualClock
 from tests.support.invariants import check_all_runs
@@ -411,3 +415,207 @@ async def test_a_transient_failure_message_never_shows_the_key(
     events = json.dumps([e.data for e in await queue.events(run.id)])
     assert "upstream rejected" in events
     assert API_KEY not in events
+
+
+# --- memory across turns -----------------------------------------------------------------------
+def remembering(
+    base: str, client: httpx.AsyncClient, crash: Any = None, **budget: int
+) -> RuntimeExecutor:
+    registry = default_registry(["127.0.0.1"], http_timeout_seconds=5)
+    registry.agents["openai"] = OpenAIAgent(
+        base_url=f"{base}/v1",
+        model="test-model",
+        api_key=API_KEY,
+        tools=lambda: registry.tools,
+        backoff_seconds=0.01,
+        client=client,
+        **budget,
+    )
+    return RuntimeExecutor(registry, RuntimeLimits(retry_backoff_seconds=0.01), crash_hook=crash)
+
+
+async def session_turn(queue: Queue, session_id: Any, text: str) -> Run:
+    return await queue.enqueue(
+        NewRun(
+            tenant_id="t",
+            principal="p",
+            agent="openai",
+            session_id=session_id,
+            input={"text": text},
+        )
+    )
+
+
+async def test_the_second_turn_carries_the_first_turns_user_and_assistant_messages(
+    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+) -> None:
+    fake, base = model
+    session = await Reads(queue).create_session(tenant_id="t", principal="p")
+    fake.call(("c1", "echo", {"name": "Bob"}))
+    fake.say("Hello Bob")
+    await session_turn(queue, session.id, "my name is Bob")
+    assert await execute_once(queue, remembering(base, http))
+    fake.say("Your name is Bob.")
+    second = await session_turn(queue, session.id, "what is my name?")
+    assert await execute_once(queue, remembering(base, http))
+    assert (await current(queue, second.id)).result["final"] == "Your name is Bob."
+
+    sent = fake.requests[-1]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "assistant", "user"]
+    assert sent[0] == {"role": "user", "content": "my name is Bob"}
+    call = sent[1]["tool_calls"][0]
+    assert call["function"] == {"name": "echo", "arguments": json.dumps({"name": "Bob"})}
+    assert sent[2]["tool_call_id"] == call["id"]
+    assert json.loads(sent[2]["content"]) == {
+        "status": "succeeded",
+        "result": {"echo": {"name": "Bob"}},
+    }
+    assert sent[3] == {"role": "assistant", "content": "Hello Bob"}
+    assert sent[4] == {"role": "user", "content": "what is my name?"}
+
+
+async def test_the_history_budget_drops_the_oldest_whole_exchanges(
+    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+) -> None:
+    fake, base = model
+    session = await Reads(queue).create_session(tenant_id="t", principal="p")
+    # Turn 1 is four messages (user, tool call, tool result, answer), turn 2 is two.
+    fake.call(("c1", "echo", {"a": 1}))
+    fake.say("one")
+    await session_turn(queue, session.id, "first")
+    assert await execute_once(queue, remembering(base, http))
+    fake.say("two")
+    await session_turn(queue, session.id, "second")
+    assert await execute_once(queue, remembering(base, http))
+    # A budget of three messages: turn 2 fits, turn 1 would only fit cut, so it goes whole
+    # (its tool result never arrives without its call, nor its call without its result).
+    fake.say("three")
+    await session_turn(queue, session.id, "third")
+    assert await execute_once(queue, remembering(base, http, history_max_messages=3))
+    assert fake.requests[-1]["messages"] == [
+        {"role": "user", "content": "second"},
+        {"role": "assistant", "content": "two"},
+        {"role": "user", "content": "third"},
+    ]
+    # The character budget counts the same way: "second" + "two" is 9 characters.
+    fake.say("four")
+    await session_turn(queue, session.id, "fourth")
+    assert await execute_once(queue, remembering(base, http, history_max_chars=10))
+    assert fake.requests[-1]["messages"] == [
+        {"role": "user", "content": "third"},
+        {"role": "assistant", "content": "three"},
+        {"role": "user", "content": "fourth"},
+    ]
+
+
+async def test_a_recovered_run_sees_the_history_it_started_with(
+    queue: Queue, http: httpx.AsyncClient, clock: ManualClock, model: tuple[FakeModel, str]
+) -> None:
+    fake, base = model
+    session = await Reads(queue).create_session(tenant_id="t", principal="p")
+    fake.say("Hello Bob")
+    await session_turn(queue, session.id, "my name is Bob")
+    assert await execute_once(queue, remembering(base, http))
+
+    fake.call(("c1", "echo", {"x": 1}))
+    fake.say("Bob, and the echo said 1.")
+    second = await session_turn(queue, session.id, "what is my name?")
+
+    def crash(at: str, step: int) -> None:
+        if at == "after_outcome":  # the checkpoint after the tool committed, then the worker died
+            raise SimulatedCrash(at)
+
+    assert await execute_once(queue, remembering(base, http, crash)) is False
+    # The checkpoint holds where the history ends, not the history.
+    checkpoint = await queue.latest_checkpoint(second.id)
+    assert checkpoint is not None
+    assert checkpoint.state["history_window"] == {"from_run_no": 1, "through_run_no": 1}
+    assert "history" not in checkpoint.state
+    await recover(queue, clock)
+    assert await execute_once(queue, remembering(base, http))
+    assert (await current(queue, second.id)).status == "succeeded"
+
+    before, after = fake.requests[-2]["messages"], fake.requests[-1]["messages"]
+    history = [
+        {"role": "user", "content": "my name is Bob"},
+        {"role": "assistant", "content": "Hello Bob"},
+    ]
+    assert before[:2] == history
+    assert after[:2] == history
+    assert after[2] == {"role": "user", "content": "what is my name?"}
+    await check_all_runs(queue.engine)
+
+
+def test_trimming_keeps_the_newest_whole_exchanges() -> None:
+    def user(text: str) -> dict[str, Any]:
+        return {"role": "user", "content": text}
+
+    def call(call_id: str) -> list[dict[str, Any]]:
+        return [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": call_id, "type": "function", "function": {"name": "echo"}}],
+            },
+            {"role": "tool", "tool_call_id": call_id, "content": "{}"},
+        ]
+
+    messages = [
+        user("a"),
+        {"role": "assistant", "content": "A"},
+        user("b"),
+        *call("b1"),
+        *call("b2"),
+        {"role": "assistant", "content": "B"},
+        user("c"),
+        {"role": "assistant", "content": "C"},
+    ]
+    everything = trim_history(messages, max_messages=100, max_chars=10_000)
+    assert everything == messages
+    # Seven messages would reach into b's exchange (six long): b goes whole, and a with it.
+    assert trim_history(messages, max_messages=7, max_chars=10_000) == messages[-2:]
+    assert trim_history(messages, max_messages=8, max_chars=10_000) == messages[2:]
+    # However the budget cuts, no tool result is left without its call, nor a call without it.
+    for budget in range(0, 12):
+        kept = trim_history(messages, max_messages=budget, max_chars=10_000)
+        assert kept == messages[len(messages) - len(kept) :]
+        calls = {c["id"] for m in kept for c in m.get("tool_calls") or []}
+        results = {m["tool_call_id"] for m in kept if m["role"] == "tool"}
+        assert calls == results
+        assert not kept or kept[0]["role"] == "user"
+    assert trim_history(messages, max_messages=100, max_chars=2) == messages[-2:]
+    assert trim_history(messages, max_messages=0, max_chars=10_000) == []
+    # A transcript that starts otherwise than with a user turn keeps that head as one exchange.
+    assert exchanges([*call("x"), user("y")]) == [call("x"), [user("y")]]
+
+
+def test_transcript_entries_become_chat_messages() -> None:
+    entries = [
+        {"run_no": 1, "role": "user", "kind": "input", "content": {"text": "pay it"}},
+        {
+            "run_no": 1,
+            "role": "tool",
+            "kind": "tool_call",
+            "content": {"message": "?"},
+            "tool": {"name": "http_request", "step": 1, "args": {}, "status": "uncertain"},
+        },
+        {"run_no": 1, "role": "system", "kind": "failed", "content": {"status": "failed"}},
+        {"run_no": 2, "role": "user", "kind": "input", "content": "again"},
+        {"run_no": 2, "role": "assistant", "kind": "question", "content": "Which?"},
+        {"run_no": 2, "role": "user", "kind": "answer", "content": "that one"},
+        {"run_no": 2, "role": "assistant", "kind": "final", "content": {"done": True}},
+    ]
+    sent = chat_messages(entries)
+    assert [m["role"] for m in sent] == [
+        "user",
+        "assistant",
+        "tool",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+    assert sent[0]["content"] == "pay it"
+    assert sent[1]["tool_calls"][0]["id"] == sent[2]["tool_call_id"] == "history_1_1"
+    assert json.loads(sent[2]["content"])["status"] == "unknown"  # never "failed"
+    assert sent[6]["content"] == json.dumps({"done": True})

@@ -10,9 +10,12 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+# A run of a session carries its number within the session (ck_runs_session_run_no).
 INSERT_RUN = text(
-    "INSERT INTO runs (tenant_id, principal, session_id, agent, input, priority) "
-    "VALUES ('t', 'p', :session_id, 'scripted', '{}'::jsonb, :priority) RETURNING id"
+    "INSERT INTO runs (tenant_id, principal, session_id, session_run_no, agent, input, priority) "
+    "VALUES ('t', 'p', :session_id, CASE WHEN CAST(:session_id AS uuid) IS NOT NULL THEN "
+    "(SELECT count(*) + 1 FROM runs WHERE session_id = :session_id) END, "
+    "'scripted', '{}'::jsonb, :priority) RETURNING id"
 )
 
 

@@ -23,6 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue, QueueConfig
 from app.queue.models import NewRun
+from app.queue.reads import Reads
+from app.queue.submit import RunSpec, Submissions, Submitter
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
 from tests.support.api import Api, running_api
 from tests.support.browser import chromium
@@ -306,5 +308,73 @@ async def test_keys_without_the_operator_scope_cannot_act_and_tenants_stay_apart
         await expect(rows).to_have_count(2)
         await expect(page.get_by_role("button", name="Resubmit")).to_have_count(0)
         await expect(rows.first).to_contain_text("another tenant's")
+        assert browser.blocked == [], browser.blocked
+        assert browser.script_errors == [], browser.console
+
+
+async def test_a_session_page_shows_its_conversation_and_its_runs(
+    database_url: str, engine: AsyncEngine, clocked: tuple[Queue, ManualClock]
+) -> None:
+    queue, _ = clocked
+    session = await Reads(queue).create_session(tenant_id="acme", principal="alice")
+    submissions = Submissions(
+        queue,
+        default_agent="scripted",
+        idempotency_ttl_seconds=3600,
+        idempotency_wait_seconds=2,
+        lock_timeout_ms=5000,
+    )
+    alice = Submitter(tenant_id="acme", principal="alice")
+    first = await submissions.submit_turn(
+        alice,
+        session.id,
+        RunSpec(
+            input={
+                "script": [
+                    {"call": "echo", "args": {"name": "Bob"}},
+                    {"final": "Hello Bob, nice to meet you."},
+                ]
+            }
+        ),
+    )
+    await execute(queue, "worker-a")
+    second = await submissions.submit_turn(
+        alice, session.id, RunSpec(input={"script": [{"call": "teleport"}]})
+    )
+    await execute(queue, "worker-a")
+    assert (await current(queue, second.run_id)).status == "failed"
+
+    async with running_api(database_url, engine) as api, chromium() as browser:
+        page = await browser.page()
+        await sign_in(page, api, await api.key("acme", "alice"))
+        await page.goto(f"{api.base}/ui/runs/{first.run_id}")
+        await page.get_by_test_id("session-link").click()
+        await expect(page).to_have_url(f"{api.base}/ui/sessions/{session.id}")
+        await expect(page.get_by_test_id("session-state")).to_have_text("idle")
+        transcript = page.get_by_test_id("transcript").locator("li.message")
+        await expect(transcript).to_have_count(5)
+        await expect(transcript.nth(0)).to_have_attribute("data-role", "user")
+        await expect(transcript.nth(1)).to_contain_text("tool echo (succeeded)")
+        await expect(transcript.nth(1)).to_contain_text('{"name": "Bob"}')
+        await expect(transcript.nth(2)).to_contain_text("Hello Bob, nice to meet you.")
+        await expect(transcript.nth(3)).to_have_attribute("data-run-no", "2")
+        ended = transcript.nth(4)
+        await expect(ended).to_contain_text("run failed")
+        await expect(ended).to_contain_text("unknown_tool")
+        background = await ended.evaluate("el => getComputedStyle(el).backgroundColor")
+        assert background not in ("rgba(0, 0, 0, 0)", "transparent")
+        runs = page.get_by_test_id("session-runs").locator("tr[data-run]")
+        await expect(runs).to_have_count(2)
+        await expect(runs.nth(0)).to_contain_text("failed")  # newest first
+        await browser.screenshot(page, "ui-session")
+        await transcript.nth(0).get_by_role("link", name="run 1").click()
+        await expect(page.get_by_test_id("run-status")).to_have_text("succeeded")
+
+        # Another principal of the tenant, without a scope, does not see it.
+        await browser.context.clear_cookies()
+        await sign_in(page, api, await api.key("acme", "bob"))
+        response = await page.goto(f"{api.base}/ui/sessions/{session.id}")
+        assert response is not None
+        assert response.status == 404
         assert browser.blocked == [], browser.blocked
         assert browser.script_errors == [], browser.console

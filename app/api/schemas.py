@@ -19,7 +19,7 @@ from pydantic import (
 )
 
 from app.queue.classes import PriorityClass
-from app.queue.pages import RunsPage
+from app.queue.pages import RunsPage, TranscriptPage
 from app.queue.statuses import RunStatus
 
 
@@ -108,6 +108,9 @@ class RunRequest(TurnRequest):
 class RunDocument(BaseModel):
     id: UUID
     session_id: UUID | None
+    session_run_no: int | None = Field(
+        default=None, description="The run's number within its session (1, 2, ...)."
+    )
     status: RunStatus
     class_: PriorityClass = Field(alias="class")
     priority: int
@@ -146,6 +149,29 @@ class SessionDocument(BaseModel):
 class RunPage(BaseModel):
     runs: list[RunDocument]
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page.")
+
+
+class MessageItem(BaseModel):
+    """One entry of a session's transcript, ordered by (run_no, seq)."""
+
+    run_no: int = Field(description="The run's number within the session.")
+    seq: int = Field(description="The sequence number of the run's event it comes from.")
+    run_id: UUID
+    role: Literal["user", "assistant", "tool", "system"]
+    kind: Literal["input", "answer", "question", "final", "tool_call", "failed", "cancelled"]
+    content: JsonValue = Field(
+        description="user: the input; assistant: the question or final message; tool: the "
+        "outcome; system: the run's end (status, failure or reason)."
+    )
+    tool: JsonValue = Field(
+        default=None, description="tool entries: name, step, args, status, idempotency_class."
+    )
+    created_at: datetime
+
+
+class MessagePage(BaseModel):
+    items: list[MessageItem]
+    next: str | None = Field(description="Pass as `cursor` for the next page; null at the end.")
 
 
 class EventDocument(BaseModel):
@@ -264,4 +290,12 @@ def run_page_document(page: RunsPage) -> RunPage:
     """The API's form of a keyset page of runs (app/queue/pages.py)."""
     return RunPage(
         runs=[run_document(run.to_document()) for run in page.runs], next_cursor=page.next_cursor
+    )
+
+
+def message_page_document(page: TranscriptPage) -> MessagePage:
+    """The API's form of a page of a session's transcript (app/queue/pages.py)."""
+    return MessagePage(
+        items=[MessageItem.model_validate(entry.to_json()) for entry in page.entries],
+        next=page.next_cursor,
     )

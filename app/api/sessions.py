@@ -1,6 +1,6 @@
 """Sessions and turns: `POST /sessions`, `GET /sessions/{id}`, `GET /sessions/{id}/runs`,
-`POST /sessions/{id}/turns`. Routing and idempotency are the core's (app/queue/submit.py);
-these handlers parse, authorize and render."""
+`GET /sessions/{id}/messages` (the transcript), `POST /sessions/{id}/turns`. Routing and
+idempotency are the core's (app/queue/submit.py); these handlers parse, authorize and render."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ from app.api.auth import CallerDep, submitter_of, visible_principal
 from app.api.json_responses import FastJSONResponse
 from app.api.problems import ApiProblem, responses
 from app.api.schemas import (
+    MessagePage,
     RunDocument,
     RunPage,
     SessionDocument,
     TurnRequest,
+    message_page_document,
     run_page_document,
 )
 from app.api.services import state_of
@@ -161,6 +163,33 @@ async def session_runs(
     await visible_session(request, session_id, caller)
     page = await state_of(request).reads.session_runs_page(session_id, cursor=cursor, limit=limit)
     return run_page_document(page)
+
+
+@router.get(
+    "/sessions/{session_id}/messages",
+    response_model=MessagePage,
+    summary="A session's conversation, oldest first",
+    description=(
+        "The transcript: each run's user turns (its input, then every answer delivered to it), "
+        "the assistant's questions and final message, its tool calls with their outcomes "
+        "(`uncertain` included), and a `system` entry when a run failed or was cancelled (its "
+        "user turns stay). Ordered by (`run_no`, `seq`); pass `next` as `cursor` for more. "
+        "Entries of the active run appear as they commit."
+    ),
+    responses=responses("unauthorized", "not-found", "invalid-request"),
+)
+async def session_messages(
+    session_id: UUID,
+    request: Request,
+    caller: CallerDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> Any:
+    await visible_session(request, session_id, caller)
+    page = await state_of(request).reads.session_transcript_page(
+        session_id, cursor=cursor, limit=limit
+    )
+    return message_page_document(page)
 
 
 @router.post(

@@ -63,7 +63,11 @@ sessions = Table(
     Column("tenant_id", Text, nullable=False),
     Column("principal", Text, nullable=False),
     _ts("created_at", nullable=False, default_now=True),
+    # When a turn last reached the session (every submission that locks it sets it): session
+    # retention deletes a session idle past its own period whole, scanning this index.
+    _ts("last_activity_at", nullable=False, default_now=True),
     Index("ix_sessions_tenant_id_created_at", "tenant_id", "created_at"),
+    Index("ix_sessions_last_activity_at", "last_activity_at"),
 )
 
 runs = Table(
@@ -73,6 +77,9 @@ runs = Table(
     Column("tenant_id", Text, nullable=False),
     Column("principal", Text, nullable=False),
     Column("session_id", UUID(as_uuid=True), ForeignKey("sessions.id"), nullable=True),
+    # The run's number within its session (1, 2, ...), assigned by enqueue under the session
+    # lock; with an event's seq it orders the session's transcript (and its stream ids).
+    Column("session_run_no", Integer, nullable=True),
     Column("status", Text, nullable=False, server_default=text("'queued'")),
     Column("priority", SmallInteger, nullable=False, server_default=text("0")),
     Column("agent", Text, nullable=False),
@@ -119,6 +126,7 @@ runs = Table(
         name="finished_when_terminal",
     ),
     CheckConstraint("status <> 'failed' OR failure IS NOT NULL", name="failed_has_failure"),
+    CheckConstraint("(session_id IS NULL) = (session_run_no IS NULL)", name="session_run_no"),
     CheckConstraint(
         "status = 'waiting_for_user' OR question IS NULL", name="question_only_when_waiting"
     ),
@@ -145,6 +153,15 @@ runs = Table(
         postgresql_where=text("status = 'running'"),
     ),
     Index("ix_runs_session_id_created_at", "session_id", "created_at"),
+    # One number per run of a session: the backstop for the session lock enqueue runs under,
+    # and the transcript's and the next number's index.
+    Index(
+        "uq_runs_session_id_session_run_no",
+        "session_id",
+        "session_run_no",
+        unique=True,
+        postgresql_where=text("session_id IS NOT NULL"),
+    ),
     # One resubmission per failed run: concurrent resubmits answer with the same new run.
     Index(
         "uq_runs_resubmitted_from",

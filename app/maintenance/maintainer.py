@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Callable
 
 from app.config import Settings
-from app.maintenance.pruners import IdempotencyPruner, RunRetention
+from app.maintenance.pruners import IdempotencyPruner, RunRetention, SessionRetention
 from app.maintenance.queue_metrics import QueueMetrics
 from app.maintenance.scheduler import Scheduler
 from app.maintenance.service import MaintenanceService
@@ -61,6 +61,13 @@ class Maintainer:
                 holder=holder,
                 interval=settings.retention_interval_seconds,
                 retention_seconds=settings.retention_seconds,
+                on_success=on_success,
+            ),
+            SessionRetention(
+                queue,
+                holder=holder,
+                interval=settings.retention_interval_seconds,
+                retention_seconds=settings.session_retention_seconds,
                 on_success=on_success,
             ),
         ]

@@ -41,6 +41,7 @@ from app.queue.models import (
     RunProgress,
     SweepReport,
     ToolCall,
+    TranscriptEntry,
     WriteOutcome,
     Written,
 )
@@ -700,6 +701,28 @@ class Queue:
             inputs=list(row["inputs"]),
             journal=[JournalEntry(**entry) for entry in row["journal"]],
         )
+
+    async def session_history(
+        self, session_id: UUID, *, from_run_no: int, through_run_no: int
+    ) -> list[TranscriptEntry]:
+        """The transcript of a session's runs `from_run_no` through `through_run_no`, oldest
+        first: what a run of the session is given as its history (a plain read; every run in
+        that window is terminal before the reader's run was created, so it no longer changes)."""
+        if through_run_no < from_run_no:
+            return []
+        rows = await self._rows(
+            "session_transcript",
+            {
+                "session_id": session_id,
+                "after_run_no": 0,
+                "after_seq": 0,
+                "from_run_no": from_run_no,
+                "through_run_no": through_run_no,
+                # The window of runs is the bound; this only has to exceed its entries.
+                "limit": 2_147_483_647 - through_run_no,
+            },
+        )
+        return [TranscriptEntry.from_row(row) for row in rows]
 
     async def journal(self, run_id: UUID) -> list[JournalEntry]:
         rows = await self._rows("tool_journal", {"run_id": run_id})

@@ -1,7 +1,8 @@
 """What the service's own housekeeping needs from the database, as typed calls: the worker
 registry (each process registers, refreshes its row with its heartbeats, and marks itself
 stopped), the maintenance leases (one holder of each service at a time), the prunes of expired
-idempotency keys and of finished runs past retention, and the NOTIFY queue's fill level. The
+idempotency keys, of finished sessionless runs past retention and of sessions idle past
+theirs, and the NOTIFY queue's fill level. The
 worker pool and app/maintenance call these; the statements are in workers.sql."""
 
 from __future__ import annotations
@@ -84,6 +85,21 @@ class Housekeeping:
         return await self._rowcount(
             "prune_finished_runs", retention_seconds=retention_seconds, limit=limit
         )
+
+    async def prune_idle_sessions(self, *, retention_seconds: float, limit: int) -> tuple[int, int]:
+        """Delete up to `limit` sessions idle past retention, whole; (sessions, runs) deleted."""
+        async with self.queue.engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    q("prune_idle_sessions"),
+                    {
+                        "now": self.queue.clock(),
+                        "retention_seconds": retention_seconds,
+                        "limit": limit,
+                    },
+                )
+            ).one()
+            return int(row.sessions), int(row.runs)
 
     async def notification_queue_usage(self) -> float:
         async with self.queue.engine.connect() as conn:

@@ -71,6 +71,7 @@ class Run:
     tenant_id: str
     principal: str
     session_id: UUID | None
+    session_run_no: int | None  # the run's number within its session (None: sessionless)
     status: str
     priority: int
     agent: str
@@ -114,7 +115,10 @@ class Run:
     def from_json(cls, row: Mapping[str, Any]) -> Run:
         """The run from its row as PostgreSQL's `to_jsonb` spelled it (ids and times as
         strings; times in the session's zone, brought back to UTC as the driver gives them)."""
-        values = {name: row[name] for name in _RUN_FIELDS}
+        # An answer stored before a column existed (migration 0005) spells no value for it.
+        values: dict[str, Any] = {
+            name: row.get(name) if name in _LATER_FIELDS else row[name] for name in _RUN_FIELDS
+        }
         for name in _UUID_FIELDS:
             if values[name] is not None:
                 values[name] = UUID(values[name])
@@ -129,6 +133,7 @@ class Run:
         return {
             "id": str(self.id),
             "session_id": str(self.session_id) if self.session_id else None,
+            "session_run_no": self.session_run_no,
             "status": self.status,
             "class": self.priority_class.value,
             "priority": self.priority,
@@ -156,6 +161,7 @@ def _iso(value: datetime | None) -> str | None:
 
 
 _RUN_FIELDS = [f for f in Run.__dataclass_fields__]
+_LATER_FIELDS = frozenset({"session_run_no", "traceparent"})
 _UUID_FIELDS = ("id", "session_id", "resubmitted_from", "schedule_id")
 _TIME_FIELDS = (
     "scheduled_for",
@@ -257,3 +263,40 @@ class ToolCall:
     idempotency_class: str
     idempotency_key: str | None = None
     args: JSON = field(default=None)
+
+
+@dataclass(frozen=True)
+class TranscriptEntry:
+    """One entry of a session's conversation (`session_transcript`), ordered by (run_no, seq).
+
+    role/kind: user/input (the turn that created the run), user/answer (an answer delivered to
+    it), assistant/question, assistant/final, tool/tool_call (`tool` holds name, step, args,
+    status; `content` the outcome), system/failed and system/cancelled (the run's end)."""
+
+    run_no: int
+    seq: int
+    run_id: UUID
+    role: str
+    kind: str
+    content: JSON
+    tool: JSON
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> TranscriptEntry:
+        return cls(**{name: row[name] for name in cls.__dataclass_fields__})
+
+    def to_json(self) -> dict[str, JSON]:
+        """JSON-ready (the API's item, and what agents receive as history)."""
+        document: dict[str, JSON] = {
+            "run_no": self.run_no,
+            "seq": self.seq,
+            "run_id": str(self.run_id),
+            "role": self.role,
+            "kind": self.kind,
+            "content": self.content,
+            "created_at": _iso(self.created_at),
+        }
+        if self.tool is not None:
+            document["tool"] = self.tool
+        return document

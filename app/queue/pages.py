@@ -1,6 +1,7 @@
 """Keyset pages of runs: the opaque cursor (the last run's ordering time and id) and the one
 fetch that reads a page plus one row, the extra row only saying whether a next page exists.
-Used by the runbook reads (app/queue/reads.py) for the API and the dashboard alike."""
+Used by the runbook reads (app/queue/reads.py) for the API and the dashboard alike. A session's
+transcript pages the same way, on its own cursor: the last entry's (run number, seq)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.queue.errors import InvalidCursorError
-from app.queue.models import Run
+from app.queue.models import Run, TranscriptEntry
 
 # The keyset statements name their "before" parameter after the column they are ordered by.
 BEFORE_PARAMETER = {
@@ -82,3 +83,54 @@ async def fetch_runs_page(
         if when is not None:
             next_cursor = encode_cursor(when, runs[-1].id)
     return RunsPage(runs, next_cursor)
+
+
+def encode_transcript_cursor(run_no: int, seq: int) -> str:
+    return base64.urlsafe_b64encode(f"t|{run_no}|{seq}".encode()).decode().rstrip("=")
+
+
+def decode_transcript_cursor(cursor: str) -> tuple[int, int]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        tag, run_no, seq = base64.urlsafe_b64decode(padded).decode().split("|")
+        if tag != "t" or int(run_no) < 0 or int(seq) < 0:
+            raise ValueError("not a transcript cursor")
+        return int(run_no), int(seq)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidCursorError() from None
+
+
+@dataclass(frozen=True)
+class TranscriptPage:
+    entries: list[TranscriptEntry]
+    next_cursor: str | None  # None on the last page
+
+
+async def fetch_transcript_page(
+    engine: AsyncEngine, statement: TextClause, session_id: UUID, *, cursor: str | None, limit: int
+) -> TranscriptPage:
+    """Up to `limit` entries of a session's transcript after `cursor`, oldest first."""
+    after = decode_transcript_cursor(cursor) if cursor else (0, 0)
+    async with engine.connect() as conn:
+        rows = (
+            (
+                await conn.execute(
+                    statement,
+                    {
+                        "session_id": session_id,
+                        "after_run_no": after[0],
+                        "after_seq": after[1],
+                        "from_run_no": 1,
+                        "through_run_no": None,
+                        "limit": limit + 1,
+                    },
+                )
+            )
+            .mappings()
+            .all()
+        )
+    entries = [TranscriptEntry.from_row(row) for row in rows[:limit]]
+    next_cursor = None
+    if len(rows) > limit:
+        next_cursor = encode_transcript_cursor(entries[-1].run_no, entries[-1].seq)
+    return TranscriptPage(entries, next_cursor)

@@ -17,7 +17,7 @@ from uuid import UUID
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.models import JSON, Run
-from app.queue.pages import RunsPage, fetch_runs_page
+from app.queue.pages import RunsPage, TranscriptPage, fetch_runs_page, fetch_transcript_page
 from app.queue.sql import q
 
 STUCK_REASONS = ("lease_expired", "queued_too_long", "waiting_too_long")
@@ -218,6 +218,14 @@ class Reads:
             cursor=cursor,
             limit=limit,
             order_field="created_at",
+        )
+
+    async def session_transcript_page(
+        self, session_id: UUID, *, cursor: str | None, limit: int
+    ) -> TranscriptPage:
+        """A session's conversation, oldest first (the caller checked the session is visible)."""
+        return await fetch_transcript_page(
+            self.queue.engine, q("session_transcript"), session_id, cursor=cursor, limit=limit
         )
 
     # --- the dashboard ------------------------------------------------------------------------

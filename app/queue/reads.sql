@@ -123,3 +123,84 @@ WHERE status = 'failed' AND dismissed_at IS NULL
        OR (finished_at, id) < (CAST(:before_finished AS timestamptz), CAST(:before_id AS uuid)))
 ORDER BY finished_at DESC, id DESC
 LIMIT :limit;
+
+
+-- name: session_transcript
+-- A session's conversation, oldest first, derived from what runs already record under their
+-- fence (so nothing a fenced epoch tried to write can appear in it): the user's turns are the
+-- run's inputs (the one that created it, then each answer delivered to it); the assistant's are
+-- its questions (run.waiting) and its final message (run.succeeded: the result's "final", or
+-- the whole result); each tool call with its outcome is its tool.finished event (an
+-- 'uncertain' one included), its arguments taken from the journal's 'started' entry of that
+-- step; a run's failed or cancelled end is a system entry. Keyed by (run number within the
+-- session, the event's seq): inputs carry the seq of the event written with them.
+-- Keyset page after (:after_run_no, :after_seq), within the run numbers :from_run_no through
+-- :through_run_no (None: no upper bound). Every run has at least one entry (its first input),
+-- so the first :limit entries after the cursor lie within the next :limit runs: the window
+-- bounds the work of a page whatever the session's length.
+WITH session_runs AS MATERIALIZED (
+    -- uq_runs_session_id_session_run_no: the window's runs, in order.
+    SELECT id, session_run_no FROM runs
+    WHERE session_id = :session_id
+      AND session_run_no
+          BETWEEN greatest(CAST(:after_run_no AS bigint), CAST(:from_run_no AS bigint))
+              AND least(greatest(CAST(:after_run_no AS bigint), CAST(:from_run_no AS bigint))
+                            + CAST(:limit AS bigint),
+                        coalesce(CAST(:through_run_no AS bigint), 2147483647))
+)
+SELECT r.session_run_no AS run_no, x.seq, r.id AS run_id, x.role, x.kind, x.content, x.tool,
+       x.created_at
+FROM session_runs r
+-- Per run, by its primary keys (LATERAL): the planner cannot see how few runs the window
+-- holds, and otherwise hashes every run's events to join a page's.
+CROSS JOIN LATERAL (
+    SELECT i.event_seq AS seq, 'user' AS role,
+           CASE WHEN i.idx = 1 THEN 'input' ELSE 'answer' END AS kind,
+           i.input AS content, CAST(NULL AS jsonb) AS tool, i.created_at
+    FROM run_inputs i
+    WHERE i.run_id = r.id
+    UNION ALL
+    SELECT e.seq,
+           CASE e.type WHEN 'tool.finished' THEN 'tool'
+                       WHEN 'run.failed' THEN 'system'
+                       WHEN 'run.cancelled' THEN 'system'
+                       ELSE 'assistant' END,
+           CASE e.type WHEN 'run.succeeded' THEN 'final'
+                       WHEN 'run.waiting' THEN 'question'
+                       WHEN 'tool.finished' THEN 'tool_call'
+                       WHEN 'run.failed' THEN 'failed'
+                       ELSE 'cancelled' END,
+           CASE e.type
+               WHEN 'run.succeeded' THEN
+                   CASE WHEN jsonb_typeof(e.data -> 'result') = 'object'
+                             AND (e.data -> 'result') ? 'final'
+                        THEN e.data -> 'result' -> 'final'
+                        ELSE e.data -> 'result' END
+               WHEN 'run.waiting' THEN e.data -> 'question'
+               WHEN 'tool.finished' THEN e.data -> 'outcome'
+               WHEN 'run.failed' THEN jsonb_build_object('status', 'failed',
+                                                         'failure', e.data -> 'failure')
+               ELSE jsonb_build_object('status', 'cancelled', 'by', e.data -> 'by',
+                                       'reason', e.data -> 'reason')
+           END,
+           CASE WHEN e.type = 'tool.finished' THEN jsonb_build_object(
+               'name', e.data -> 'tool', 'step', e.data -> 'step',
+               'status', e.data -> 'outcome_status',
+               'idempotency_class', e.data -> 'idempotency_class',
+               'args', (
+                   -- The latest 'started' entry of the step before its outcome (a recovered
+                   -- safe call starts twice).
+                   SELECT j.args FROM tool_journal j
+                   WHERE j.run_id = e.run_id AND j.step = CAST(e.data ->> 'step' AS integer)
+                     AND j.entry = 'started' AND j.event_seq < e.seq
+                   ORDER BY j.event_seq DESC
+                   LIMIT 1)) END,
+           e.created_at
+    FROM run_events e
+    WHERE e.run_id = r.id
+      AND e.type IN ('run.succeeded', 'run.waiting', 'tool.finished', 'run.failed',
+                     'run.cancelled')
+) x
+WHERE (r.session_run_no, x.seq) > (CAST(:after_run_no AS integer), CAST(:after_seq AS bigint))
+ORDER BY r.session_run_no, x.seq
+LIMIT :limit;

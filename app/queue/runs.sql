@@ -35,12 +35,23 @@
 
 -- name: enqueue
 -- A new queued run, its run.created event and its first input, in one statement.
+-- A run of a session gets the next run number of its session. The caller holds the session
+-- row lock (a resubmission takes lock_session first; a turn goes through turnstile_submit,
+-- which numbers its run the same way under the same lock), so no other run of the session is
+-- being created meanwhile; uq_runs_session_id_session_run_no is the backstop.
+-- The number is read from the session's runs, not from a counter on the session row: no write
+-- but a submission's ever needs that row.
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
 run AS (
-    INSERT INTO runs (id, tenant_id, principal, session_id, status, priority, agent, input,
-                      max_attempts, scheduled_for, last_event_seq, inputs_count,
+    INSERT INTO runs (id, tenant_id, principal, session_id, session_run_no, status, priority,
+                      agent, input, max_attempts, scheduled_for, last_event_seq, inputs_count,
                       resubmitted_from, traceparent, created_at, updated_at)
-    SELECT :id, :tenant_id, :principal, :session_id, 'queued', :priority, :agent,
+    SELECT :id, :tenant_id, :principal, :session_id,
+           CASE WHEN CAST(:session_id AS uuid) IS NOT NULL THEN
+               (SELECT coalesce(max(n.session_run_no), 0) + 1 FROM runs n
+                WHERE n.session_id = CAST(:session_id AS uuid))
+           END,
+           'queued', :priority, :agent,
            CAST(:input AS jsonb), :max_attempts, :scheduled_for, 1, 1,
            :resubmitted_from, :traceparent, clock.now, clock.now
     FROM clock

@@ -34,9 +34,9 @@ WHERE tenant_id = :tenant_id AND principal = :principal AND key = :key;
 
 
 -- name: create_session
-INSERT INTO sessions (tenant_id, principal, created_at)
-VALUES (:tenant_id, :principal, {{now}})
-RETURNING id, tenant_id, principal, created_at;
+INSERT INTO sessions (tenant_id, principal, created_at, last_activity_at)
+VALUES (:tenant_id, :principal, {{now}}, {{now}})
+RETURNING id, tenant_id, principal, created_at, last_activity_at;
 
 
 -- name: lock_session
@@ -45,14 +45,23 @@ RETURNING id, tenant_id, principal, created_at;
 -- principal's sessions in the same statement: another principal's session is not found.
 -- Its principal comes back: a run created in a session is the session owner's, whoever posted
 -- the turn (an operator's turn must not hide the run from the session's own user).
-SELECT id, principal FROM sessions
-WHERE id = :session_id AND tenant_id = :tenant_id
-  AND (CAST(:principal AS text) IS NULL OR principal = :principal)
-FOR UPDATE;
+-- The session's last activity is set in the same statement (session retention reads it): the
+-- row is taken FOR UPDATE first, as before, so the lock mode every submission queues on is
+-- unchanged (a plain UPDATE would take a weaker one).
+WITH locked AS (
+    SELECT id FROM sessions
+    WHERE id = :session_id AND tenant_id = :tenant_id
+      AND (CAST(:principal AS text) IS NULL OR principal = :principal)
+    FOR UPDATE
+)
+UPDATE sessions s SET last_activity_at = greatest(s.last_activity_at, {{now}})
+FROM locked
+WHERE s.id = locked.id
+RETURNING s.id, s.principal;
 
 
 -- name: get_session
-SELECT s.id, s.tenant_id, s.principal, s.created_at,
+SELECT s.id, s.tenant_id, s.principal, s.created_at, s.last_activity_at,
        a.id AS active_run_id, a.status AS active_status, a.question AS active_question
 FROM sessions s
 LEFT JOIN runs a

@@ -147,6 +147,7 @@ class Submissions:
                         "session_id": seen.session_id,
                         "tenant_id": seen.tenant_id,
                         "principal": None,
+                        "now": self.queue.clock(),
                     },
                 )
             locked = (

@@ -9,7 +9,9 @@
 
 It is what the demo, the tests and the benchmarks use. Its result lists every tool outcome it
 saw (`uncertain` included) and the answers it received. An input without a script finishes at
-once, answering with the input.
+once, answering with the input. With `"echo_history": true` in the input, the result also
+shows the session history the run was given (`history`: role, kind, content and run number of
+each entry), which is how tests and demos see what an agent receives.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class ScriptedAgent:
         first = state.inputs[0] if state.inputs else None
         script = first.get("script") if isinstance(first, dict) else None
         if script is None:
-            return Finish({"final": first, "tool_outcomes": [], "answers": []})
+            return Finish(self._result(first, state))
         if not isinstance(script, list):
             raise AgentError("input.script must be a list of steps", permanent=True)
         cursor = int(state.agent.get("cursor", 0))
@@ -116,7 +118,7 @@ class ScriptedAgent:
 
     @staticmethod
     def _result(final: JSON, state: RunState) -> JSON:
-        return {
+        result: dict[str, JSON] = {
             "final": final,
             "tool_outcomes": [
                 {"step": t.step, "tool": t.tool, "status": t.status, "outcome": t.outcome}
@@ -124,3 +126,15 @@ class ScriptedAgent:
             ],
             "answers": state.answers,
         }
+        first = state.inputs[0] if state.inputs else None
+        if isinstance(first, dict) and first.get("echo_history"):
+            result["history"] = [
+                {
+                    "run_no": entry["run_no"],
+                    "role": entry["role"],
+                    "kind": entry["kind"],
+                    "content": entry["content"],
+                }
+                for entry in state.history
+            ]
+        return result

@@ -49,6 +49,8 @@ class RuntimeLimits:
     retry_backoff_seconds: float = 0.2
     retry_backoff_max_seconds: float = 5.0
     default_time_limit_seconds: float = 600.0
+    # How many of the session's earlier runs a run's history covers (the newest ones).
+    history_runs: int = 100
     max_state_bytes: int = 1_048_576
     max_result_bytes: int = 262_144
 
@@ -80,6 +82,7 @@ class RuntimeExecutor:
         checkpoint = resume.checkpoint
         state = RunState.from_json(checkpoint.state) if checkpoint else RunState(inputs=[run.input])
         state.inputs = resume.inputs  # answers delivered since the checkpoint
+        await self._load_history(ctx, state)
         limit = agent.time_limit_seconds or self.limits.default_time_limit_seconds
         clock = _Budget(state.elapsed_seconds, limit)
 
@@ -120,6 +123,25 @@ class RuntimeExecutor:
             for call in decision:
                 if not await self._call(ctx, state, clock, call):
                     return
+
+    async def _load_history(self, ctx: ExecutionContext, state: RunState) -> None:
+        """The session's earlier runs, as the agent sees them. The window is fixed by the
+        first claim (the newest `history_runs` runs before this one) and checkpointed, so a
+        recovered run reads the same entries: every run in it finished before this run was
+        created (one active run per session), and retention keeps a session's runs while
+        the session is active."""
+        run = ctx.claimed.run
+        if run.session_id is None or run.session_run_no is None:
+            return
+        if state.history_window is None:
+            state.history_window = {
+                "from_run_no": max(1, run.session_run_no - self.limits.history_runs),
+                "through_run_no": run.session_run_no - 1,
+            }
+        window = state.history_window
+        state.history = await ctx.session_history(
+            from_run_no=int(window["from_run_no"]), through_run_no=int(window["through_run_no"])
+        )
 
     # --- one tool call ----------------------------------------------------------------------
     async def _call(

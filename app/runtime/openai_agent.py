@@ -2,12 +2,14 @@
 (hosted services, or self-hosted servers such as vLLM or Ollama that speak the same API).
 
 The message list is rebuilt from the run's state at every decision, never trusted from memory:
-the first input is the user's message; each assistant turn the model produced is kept in
-`state.agent["turns"]` with the runtime steps its tool calls became; every tool call's result
-comes from the run's recorded tool outcomes (an `uncertain` one reaches the model as "the
-outcome is unknown", never as a failure), and answers to `ask_user` from the run's answers. A
-tool call that a recovered run settled but whose turn was lost in the crash gets a turn of its
-own, so the model always sees every call that may have had an effect.
+a run of a session starts with the session's history (`RunState.history`, turned into messages
+and cut to `history_max_messages` and `history_max_chars` by app/runtime/history.py, oldest
+exchanges first); then the first input is the user's message; each assistant turn the model
+produced is kept in `state.agent["turns"]` with the runtime steps its tool calls became; every
+tool call's result comes from the run's recorded tool outcomes (an `uncertain` one reaches the
+model as "the outcome is unknown", never as a failure), and answers to `ask_user` from the
+run's answers. A tool call that a recovered run settled but whose turn was lost in the crash
+gets a turn of its own, so the model always sees every call that may have had an effect.
 
 Failures: timeouts, 429 (honouring Retry-After) and 5xx are transient and retried here with
 bounded backoff, then reported as transient (the run is released early); other 4xx, malformed
@@ -28,6 +30,7 @@ import httpx
 from app.observability import tracing
 from app.queue.models import JSON
 from app.runtime.agents import AgentError, Ask, CallTool, Decision, Finish
+from app.runtime.history import UNKNOWN_RESULT, chat_messages, trim_history
 from app.runtime.outbound import ClientShards
 from app.runtime.state import RunState
 from app.runtime.tools import Tool
@@ -36,10 +39,8 @@ log = logging.getLogger("turnstile.openai")
 ASK_USER = "ask_user"
 # What a failure quotes of an endpoint's answer (failures are tenant-visible, stored with runs).
 EXCERPT_CHARS = 500
-UNKNOWN = (
-    "The outcome of this tool call is unknown: it started but its result was never recorded "
-    "(the worker stopped). It may or may not have taken effect, and it was not repeated."
-)
+# What the model is told of an `uncertain` call, in the run and in a later run's history alike.
+UNKNOWN = UNKNOWN_RESULT
 
 
 class OpenAIAgent:
@@ -59,6 +60,8 @@ class OpenAIAgent:
         max_retry_after_seconds: float = 30.0,
         system_prompt: str | None = None,
         client: httpx.AsyncClient | ClientShards | None = None,
+        history_max_messages: int = 50,
+        history_max_chars: int = 32_000,
     ) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
@@ -69,6 +72,8 @@ class OpenAIAgent:
         self.backoff = backoff_seconds
         self.max_retry_after = max_retry_after_seconds
         self.system_prompt = system_prompt
+        self.history_max_messages = history_max_messages
+        self.history_max_chars = history_max_chars
         # Clients shared by the process: connections to the endpoint are reused across runs.
         self._client = client
 
@@ -237,6 +242,13 @@ class OpenAIAgent:
         messages: list[dict[str, JSON]] = []
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})
+        messages.extend(
+            trim_history(
+                chat_messages(state.history),
+                max_messages=self.history_max_messages,
+                max_chars=self.history_max_chars,
+            )
+        )
         first = state.inputs[0] if state.inputs else ""
         text = first.get("text") if isinstance(first, dict) and "text" in first else first
         messages.append(

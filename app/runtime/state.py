@@ -1,6 +1,12 @@
 """A run's state as the runtime checkpoints it: the inputs it has seen, the outcome of every
 tool call, the answers it received, and whatever the agent keeps for itself. Plain JSON, so a
-checkpoint is one JSONB value."""
+checkpoint is one JSONB value.
+
+A run of a session also carries its history: the transcript of the session's earlier runs
+(`history`, entries as `GET /sessions/{id}/messages` lists them). The checkpoint keeps only
+where that history starts and ends (`history_window`, run numbers within the session), never
+the history itself: checkpoints have a size cap, and the runs in the window are all finished,
+so a recovered run reads the same history back."""
 
 from __future__ import annotations
 
@@ -40,6 +46,11 @@ class RunState:
     questions: list[JSON] = field(default_factory=list)
     agent: dict[str, JSON] = field(default_factory=dict)  # the agent's own bookkeeping
     elapsed_seconds: float = 0.0  # execution time while claimed, across claims
+    # The session's runs this run's history covers: {"from_run_no", "through_run_no"}
+    # (through < from: none). Checkpointed; `history` is read back from it at every claim.
+    history_window: dict[str, int] | None = None
+    # The transcript entries of that window, oldest first (not checkpointed).
+    history: list[dict[str, JSON]] = field(default_factory=list)
 
     @property
     def next_step(self) -> int:
@@ -58,6 +69,7 @@ class RunState:
             "questions": self.questions,
             "agent": self.agent,
             "elapsed_seconds": round(self.elapsed_seconds, 3),
+            "history_window": self.history_window,
         }
 
     @classmethod
@@ -69,4 +81,5 @@ class RunState:
             questions=list(data.get("questions", [])),
             agent=dict(data.get("agent", {})),
             elapsed_seconds=float(data.get("elapsed_seconds", 0.0)),
+            history_window=data.get("history_window"),
         )

@@ -1,5 +1,6 @@
 """The operator dashboard's routes under `/ui`: sign-in, the overview (and the fragment its
-script refreshes), the runs list, a run's page, and the dead letter with its actions.
+script refreshes), the runs list, a run's page, a session's page (its conversation and its
+runs), and the dead letter with its actions.
 
 Thin like the API's handlers: reads are the queue's read models (`Reads`, app/queue/reads.py;
 the dashboard's own statements are app/queue/dashboard.sql), actions are the queue core's
@@ -41,6 +42,7 @@ STATIC = Path(__file__).parent / "static"
 SEQUENCE = re.compile(r"[0-9]{1,18}")  # an event sequence number (bigint), ASCII digits only
 PAGE_SIZE = 50
 EVENTS_PER_PAGE = 1000
+TRANSCRIPT_PAGE = 200
 WINDOW_MINUTES = 15
 REFRESH_SECONDS = 5
 MAX_FORM_BYTES = 4096
@@ -320,6 +322,52 @@ async def run_page(run_id: str, request: Request, caller: UiCaller) -> HTMLRespo
         more_after=more,
         may_act=caller.is_operator and run.tenant_id == caller.tenant_id,
         notice=notice_of(request),
+    )
+
+
+# --- a session --------------------------------------------------------------------------------
+@router.get("/sessions/{session_id}")
+async def session_page(session_id: str, request: Request, caller: UiCaller) -> HTMLResponse:
+    """A session as a conversation: its transcript (oldest first, a page at a time) beside its
+    runs (newest first), under the API's visibility rules for sessions."""
+    parsed = parse_run_id(session_id)
+    reads: Reads = state_of(request).reads
+    found = (
+        await reads.session(
+            parsed, tenant_id=visible_tenant(caller), principal=visible_principal(caller)
+        )
+        if parsed
+        else None
+    )
+    if found is None:
+        message = f"No session {session_id!r} is visible to this key."
+        return error_page(request, caller, 404, message)
+    try:
+        transcript = await reads.session_transcript_page(
+            found.id, cursor=request.query_params.get("cursor") or None, limit=TRANSCRIPT_PAGE
+        )
+        runs = await reads.session_runs_page(
+            found.id, cursor=request.query_params.get("runs_cursor") or None, limit=PAGE_SIZE
+        )
+    except InvalidCursorError:
+        return error_page(request, caller, 400, "cursor: not a link this dashboard made.")
+    return render(
+        request,
+        caller,
+        "session.html",
+        session=found,
+        messages=[views.message(entry) for entry in transcript.entries],
+        next_messages=(
+            f"/ui/sessions/{found.id}?{urlencode({'cursor': transcript.next_cursor})}"
+            if transcript.next_cursor
+            else None
+        ),
+        runs=runs.runs,
+        older_runs=(
+            f"/ui/sessions/{found.id}?{urlencode({'runs_cursor': runs.next_cursor})}"
+            if runs.next_cursor
+            else None
+        ),
     )
 
 

@@ -1,5 +1,6 @@
 """What the dashboard's pages show, as plain values: a run's timeline read from its events,
-the overview's tables, and the parsing of the runs list's filters. No I/O and no HTTP here;
+a session's transcript entries, the overview's tables, and the parsing of the runs list's
+filters. No I/O and no HTTP here;
 app/ui/routes.py reads the rows and renders these with the templates."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from uuid import UUID
 
 from app.queue import statuses
 from app.queue.classes import BAND_WIDTH, PriorityClass
-from app.queue.models import Event
+from app.queue.models import Event, TranscriptEntry
 from app.queue.reads import ClassDepth
 
 CLASSES = [klass.value for klass in PriorityClass]
@@ -65,6 +66,53 @@ def timeline(
     that delivered an input to that input row (its content and principal); `hosts` maps worker
     ids to where they run, given for operator and admin keys only."""
     return [_entry(event, inputs, hosts or {}) for event in events]
+
+
+@dataclass(frozen=True)
+class Message:
+    """One transcript entry as the session page shows it."""
+
+    run_no: int
+    seq: int
+    run_id: UUID
+    role: str
+    kind: str
+    who: str  # the label beside the text
+    text: str
+    at: str
+    tags: list[str] = field(default_factory=list)  # CSS classes: the role, uncertain, ended
+
+
+def message(entry: TranscriptEntry) -> Message:
+    content = entry.content
+    tags = [entry.role]
+    if entry.role == "tool":
+        tool = entry.tool if isinstance(entry.tool, dict) else {}
+        status = str(tool.get("status"))
+        who = f"tool {tool.get('name')} ({status})"
+        text = f"{compact_json(tool.get('args'), 300)} → {compact_json(content, 600)}"
+        if status == "uncertain":
+            tags.append("uncertain")
+    elif entry.role == "system":
+        who = f"run {entry.kind}"
+        ended = content if isinstance(content, dict) else {}
+        detail = ended.get("failure") or ended.get("reason")
+        text = compact_json(detail, 600) if detail else ""
+        tags.append("ended")
+    else:
+        who = entry.role if entry.kind in ("input", "final") else f"{entry.role} ({entry.kind})"
+        text = content if isinstance(content, str) else compact_json(content, 2000)
+    return Message(
+        run_no=entry.run_no,
+        seq=entry.seq,
+        run_id=entry.run_id,
+        role=entry.role,
+        kind=entry.kind,
+        who=who,
+        text=text,
+        at=when(entry.created_at),
+        tags=tags,
+    )
 
 
 def worker_owners(events: Iterable[Event]) -> set[str]:

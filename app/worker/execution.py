@@ -75,6 +75,17 @@ class ExecutionContext:
         """What this run resumes from: checkpoint, inputs, tool journal (a plain read)."""
         return await self.queue.resume_state(self.claimed.run)
 
+    async def session_history(self, *, from_run_no: int, through_run_no: int) -> list[JSON]:
+        """The transcript of this run's session, runs `from_run_no` through `through_run_no`
+        (a plain read), as JSON entries."""
+        session_id = self.claimed.run.session_id
+        if session_id is None:
+            return []
+        entries = await self.queue.session_history(
+            session_id, from_run_no=from_run_no, through_run_no=through_run_no
+        )
+        return [entry.to_json() for entry in entries]
+
     async def tool_started(self, call: ToolCall) -> None:
         await self.checked(await self.queue.tool_started(self.lease, call), "tool_started")
 
