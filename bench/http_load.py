@@ -56,7 +56,7 @@ async def main() -> None:
     sessions = iter(args.sessions.read_text().split())
     body = json.dumps({"input": {"text": "hello"}}).encode()
     latencies: list[float] = []
-    statuses: Counter[int] = Counter()
+    statuses: Counter[int | str] = Counter()
     started = time.monotonic()
     measure_from = started + args.warmup
     stop_at = measure_from + args.seconds
@@ -68,6 +68,10 @@ async def main() -> None:
         reader, writer = await asyncio.open_connection(args.host, args.port)
         try:
             while time.monotonic() < stop_at:
+                if writer.is_closing():
+                    # The server closed or reset the last connection: a new one, as a client
+                    # with a pool would (the failed request is counted, not retried).
+                    reader, writer = await asyncio.open_connection(args.host, args.port)
                 session = next(sessions, None)
                 if session is None:
                     exhausted = True
@@ -81,8 +85,12 @@ async def main() -> None:
                     f"Content-Length: {len(body)}\r\n\r\n"
                 ).encode() + body
                 sent = time.monotonic()
-                writer.write(request)
-                status = await read_response(reader)
+                try:
+                    writer.write(request)
+                    status: int | str = await read_response(reader)
+                except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                    status = f"connection error ({type(exc).__name__})"
+                    writer.close()
                 done = time.monotonic()
                 total += 1
                 if sent >= measure_from and done <= stop_at:
@@ -100,7 +108,7 @@ async def main() -> None:
                 "seconds": round(window, 3),
                 "requests": len(latencies),
                 "requests_total": total,
-                "statuses": {str(k): v for k, v in sorted(statuses.items())},
+                "statuses": {str(k): v for k, v in sorted(statuses.items(), key=str)},
                 "sessions_exhausted": exhausted,
                 "requests_per_second": round(len(latencies) / window, 1) if window > 0 else None,
                 "p50_ms": percentile(latencies, 50),
