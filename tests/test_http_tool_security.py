@@ -78,9 +78,11 @@ async def test_a_decompression_bomb_is_inflated_only_up_to_the_cap(
         tracemalloc.stop()
     assert answer["truncated"] is True
     assert len(answer["body"]) == MAX_RESPONSE_BYTES
-    # The answer itself (bytes, then text) is about twice the cap; a whole inflated chunk of the
-    # bomb would be tens of megabytes.
-    assert peak < 8 * MAX_RESPONSE_BYTES, f"peak {peak:,} bytes while reading the response"
+    # The answer itself (bytes, then text) is about twice the cap, and tracemalloc also counts
+    # the in-process server's buffers of the compressed bomb as it sends them (their size
+    # depends on the HTTP protocol implementation and timing: 2.1 MB once with httptools); a
+    # whole inflated chunk of the bomb would be tens of megabytes.
+    assert peak < 16 * MAX_RESPONSE_BYTES, f"peak {peak:,} bytes while reading the response"
 
 
 async def test_a_compressed_answer_is_still_decoded(bomb_server: str) -> None:
