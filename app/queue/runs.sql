@@ -45,8 +45,7 @@
 hook AS MATERIALIZED (
     SELECT gen_random_uuid() AS id, e.id AS endpoint_id, e.principal, s.tenant_id,
            s.run_id AS source_id, s.event,
-           jsonb_build_object('type', s.event, 'timestamp', clock.now, 'data', s.data) AS input,
-           clock.now
+           s.data, clock.now
     FROM hook_source s
     JOIN webhook_endpoints e
       ON e.tenant_id = s.tenant_id AND e.deleted_at IS NULL AND e.disabled_at IS NULL
@@ -55,6 +54,14 @@ hook AS MATERIALIZED (
     -- Deliveries never produce deliveries.
     WHERE s.agent <> 'webhook'
 ),
+hook_body AS MATERIALIZED (
+    -- The input carries its webhook-id and endpoint, so a resubmitted dead letter (a new run
+    -- with the same input) sends the same delivery again, with the same webhook-id.
+    SELECT hook.*, jsonb_build_object(
+               'webhook_id', id, 'endpoint_id', endpoint_id,
+               'body', jsonb_build_object('type', event, 'timestamp', now, 'data', data)) AS input
+    FROM hook
+),
 hook_run AS (
     -- Its own attempts (:hook_attempts) and, in release_early and sweep_expired, its own
     -- backoff: a receiver may be down for hours, not the seconds an agent run's retries cover.
@@ -62,7 +69,7 @@ hook_run AS (
                       last_event_seq, inputs_count, created_at, updated_at)
     SELECT id, tenant_id, principal, 'queued', 10, 'webhook', input, :hook_attempts, 1, 1,
            now, now
-    FROM hook
+    FROM hook_body
 ),
 hook_event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
@@ -76,7 +83,7 @@ hook_event AS (
 ),
 hook_input AS (
     INSERT INTO run_inputs (run_id, idx, input, principal, event_seq, created_at)
-    SELECT id, 1, input, principal, 1, now FROM hook
+    SELECT id, 1, input, principal, 1, now FROM hook_body
 ),
 hook_link AS (
     INSERT INTO webhook_deliveries (run_id, endpoint_id, source_run_id, event, created_at)

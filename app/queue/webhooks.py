@@ -125,10 +125,16 @@ class Webhooks:
             raise WebhookNotFoundError(endpoint_id)
         return int(row["cancelled"])
 
-    async def target(self, delivery_run_id: UUID) -> DeliveryTarget | None:
+    async def target(self, delivery_run_id: UUID, endpoint_id: UUID) -> DeliveryTarget | None:
+        """The endpoint a delivery run sends to, if it is of the run's tenant."""
         async with self.queue.engine.connect() as conn:
             row = (
-                (await conn.execute(q("webhook_for_delivery"), {"run_id": delivery_run_id}))
+                (
+                    await conn.execute(
+                        q("webhook_for_delivery"),
+                        {"run_id": delivery_run_id, "endpoint_id": endpoint_id},
+                    )
+                )
                 .mappings()
                 .first()
             )

@@ -67,11 +67,12 @@ SELECT (SELECT count(*) FROM endpoint) AS deleted, (SELECT count(*) FROM cancell
 
 
 -- name: webhook_for_delivery
--- What a delivery run sends to: its endpoint as it is now (a rotated secret, a new state).
+-- What a delivery run sends to: its endpoint as it is now (a rotated secret, a new state), and
+-- only when it belongs to the run's own tenant.
 SELECT e.id, e.url, e.secret_ciphertext, e.disabled_at, e.deleted_at
-FROM webhook_deliveries d
-JOIN webhook_endpoints e ON e.id = d.endpoint_id
-WHERE d.run_id = :run_id;
+FROM runs r
+JOIN webhook_endpoints e ON e.id = :endpoint_id AND e.tenant_id = r.tenant_id
+WHERE r.id = :run_id;
 
 
 -- name: webhook_attempt_succeeded
