@@ -6,6 +6,7 @@ another tenant, never from a deleted endpoint, never about a delivery."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from uuid import UUID
 
@@ -18,6 +19,7 @@ from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.models import Fenced, NewRun
 from tests.support.api import Api, running_api
+from tests.support.processes import run_cli
 from tests.support.waiting import eventually
 from tests.support.webhook_receiver import Receiver, receiver
 
@@ -269,3 +271,37 @@ async def test_no_delivery_for_another_tenant_or_a_fenced_write_or_a_deleted_end
         await transition("acme")
         assert len(await delivery_runs(engine)) == 2
     assert hook.deliveries == []
+
+
+async def test_cli_webhooks_create_list_delete(database_url: str) -> None:
+    env = {"DATABASE_URL": database_url, "TURNSTILE_HTTP_ALLOWED_HOSTS": "127.0.0.1"}
+    code, _, err = await run_cli(
+        "webhooks", "create", "--tenant", "acme", "--url", "http://127.0.0.1:9/x", env=env
+    )
+    assert code == 2
+    assert "TURNSTILE_SECRET_KEY" in err
+    env["TURNSTILE_SECRET_KEY"] = SECRET_KEY
+    code, _, err = await run_cli(
+        "webhooks", "create", "--tenant", "acme", "--url", "http://10.1.2.3/x", env=env
+    )
+    assert code == 2
+    assert "not on the allow-list" in err
+    code, out, _ = await run_cli(
+        "webhooks", "create", "--tenant", "acme", "--url", "http://127.0.0.1:9/x",
+        "--events", "run.failed", "--json", env=env,
+    )  # fmt: skip
+    assert code == 0
+    created = json.loads(out)
+    assert created["secret"].startswith("whsec_")
+    code, out, _ = await run_cli("webhooks", "list", "--tenant", "acme", "--json", env=env)
+    assert [w["id"] for w in json.loads(out)] == [created["id"]]
+    assert "secret" not in out
+    code, out, _ = await run_cli(
+        "webhooks", "delete", created["id"], "--tenant", "other", "--json", env=env
+    )
+    assert code == 2
+    code, out, _ = await run_cli(
+        "webhooks", "delete", created["id"], "--tenant", "acme", "--json", env=env
+    )
+    assert code == 0
+    assert json.loads(out)["deleted"] is True

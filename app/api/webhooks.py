@@ -17,8 +17,8 @@ from app.api.auth import OperatorDep
 from app.api.problems import ApiProblem, responses
 from app.api.services import ServiceState, state_of
 from app.queue.webhooks import EVENTS, Endpoint, WebhookNotFoundError
-from app.runtime.tools import ToolError
-from app.security.secret_box import SecretBox, new_signing_secret
+from app.runtime.webhooks import DestinationRefusedError, register_endpoint
+from app.security.secret_box import SecretBox, SecretKeyMissingError, new_signing_secret
 
 router = APIRouter(tags=["webhooks"])
 
@@ -95,19 +95,20 @@ def _box(state: ServiceState) -> SecretBox:
 )
 async def create_webhook(body: WebhookRequest, request: Request, caller: OperatorDep) -> Any:
     state = state_of(request)
-    box = _box(state)
     try:
-        await state.egress.check_url(body.url)
-    except ToolError as exc:
-        raise ApiProblem("destination-refused", f"body.url: {exc}") from None
-    shown, raw = new_signing_secret()
-    endpoint = await state.webhooks.create(
-        tenant_id=caller.tenant_id,
-        principal=caller.principal,
-        url=body.url,
-        events=sorted(set(body.events)),
-        secret=box.encrypt(raw),
-    )
+        endpoint, shown = await register_endpoint(
+            state.webhooks,
+            state.egress,
+            state.secret_box,
+            tenant_id=caller.tenant_id,
+            principal=caller.principal,
+            url=body.url,
+            events=list(body.events),
+        )
+    except SecretKeyMissingError as exc:
+        raise ApiProblem("secret-key-missing", str(exc)) from None
+    except DestinationRefusedError as exc:
+        raise ApiProblem("destination-refused", f"body.{exc}") from None
     return WebhookCreated(**WebhookDocument.of(endpoint).model_dump(), secret=shown)
 
 

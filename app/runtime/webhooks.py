@@ -32,7 +32,7 @@ from typing import ClassVar, Protocol
 from uuid import UUID
 
 from app.queue.models import JSON
-from app.queue.webhooks import DeliveryTarget
+from app.queue.webhooks import DeliveryTarget, Endpoint, Webhooks
 from app.runtime.agents import AgentError, CallTool, Decision, Finish
 from app.runtime.http_tool import HttpRequestTool
 from app.runtime.state import RunState
@@ -40,8 +40,10 @@ from app.runtime.tools import (
     IdempotencyClass,
     PermanentToolError,
     ToolContext,
+    ToolError,
     TransientToolError,
 )
+from app.security.secret_box import SecretBox, SecretKeyMissingError, new_signing_secret
 
 log = logging.getLogger("turnstile.webhooks")
 
@@ -142,3 +144,40 @@ class WebhookDeliveryTool:
             raise
         await self.targets.attempt_succeeded(target.endpoint_id)
         return {"status": status, "webhook_id": webhook_id}
+
+
+class DestinationRefusedError(Exception):
+    """The URL fails the http_request tool's allow-list or address checks."""
+
+
+async def register_endpoint(
+    webhooks: Webhooks,
+    egress: HttpRequestTool,
+    box: SecretBox | None,
+    *,
+    tenant_id: str,
+    principal: str,
+    url: str,
+    events: list[str],
+) -> tuple[Endpoint, str]:
+    """Check and store a new endpoint (the API's and the CLI's one path); returns it with its
+    signing secret in the shown-once form. Raises SecretKeyMissingError without
+    TURNSTILE_SECRET_KEY, DestinationRefusedError for a URL the egress checks refuse."""
+    if box is None:
+        raise SecretKeyMissingError(
+            "webhooks need TURNSTILE_SECRET_KEY (at least 32 characters) to store their "
+            "signing secrets encrypted; set it and restart"
+        )
+    try:
+        await egress.check_url(url)
+    except ToolError as exc:
+        raise DestinationRefusedError(f"url: {exc}") from None
+    shown, raw = new_signing_secret()
+    endpoint = await webhooks.create(
+        tenant_id=tenant_id,
+        principal=principal,
+        url=url,
+        events=sorted(set(events)),
+        secret=box.encrypt(raw),
+    )
+    return endpoint, shown
