@@ -133,7 +133,9 @@ async def services(
     webhooks = Webhooks(queue, disable_after=settings.webhook_disable_after)
     registry.internal_agents[WEBHOOK_AGENT] = WebhookAgent()
     registry.internal_tools[WEBHOOK_AGENT] = {
-        WEBHOOK_TOOL: WebhookDeliveryTool(webhooks, egress, secret_box)
+        WEBHOOK_TOOL: WebhookDeliveryTool(
+            webhooks, egress, secret_box, on_attempt=metrics.webhook_attempt
+        )
     }
     # Shared, and sized so every slot can have its model call in flight at once.
     http_client = ClientShards(max(settings.total_slots, 1))

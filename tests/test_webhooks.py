@@ -174,6 +174,9 @@ async def test_500_twice_then_200_is_delivered_on_the_third_try_with_the_same_id
         [delivery] = await eventually(
             lambda: _all_succeeded(engine, 1), what="the delivery", within=30
         )
+        scraped = (await client.get("/metrics")).text
+    assert 'turnstile_webhook_delivery_attempts_total{outcome="retry"} 2.0' in scraped
+    assert 'turnstile_webhook_delivery_attempts_total{outcome="delivered"} 1.0' in scraped
     assert len(hook.deliveries) == 3
     assert {d.id for d in hook.deliveries} == {str(delivery["id"])}
     assert all(hook.verify(created["secret"], d) for d in hook.deliveries)
@@ -182,13 +185,14 @@ async def test_500_twice_then_200_is_delivered_on_the_third_try_with_the_same_id
     assert await scalar(engine, "SELECT consecutive_failures FROM webhook_endpoints") == 0
 
 
-async def test_an_unreachable_receiver_ends_in_the_dead_letter(
+async def test_an_unreachable_receiver_ends_in_the_dead_letter_and_is_disabled(
     database_url: str, engine: AsyncEngine
 ) -> None:
     closed = f"http://127.0.0.1:{free_port()}/hooks"  # nothing listens there
     async with running_api(
-        database_url, engine, workers=True, webhook_max_attempts=2, **HOOKS
-    ) as api:
+        database_url, engine, workers=True, webhook_max_attempts=2, webhook_disable_after=2,
+        **HOOKS,
+    ) as api:  # fmt: skip
         ops = await api.client("acme", "ops", "operator")
         await create_hook(ops, closed)
         client = await api.client("acme", "alice")
@@ -196,12 +200,16 @@ async def test_an_unreachable_receiver_ends_in_the_dead_letter(
         [dead] = await eventually(
             lambda: _rows_or_none(delivery_runs(engine, "failed")), what="dead letter", within=30
         )
+        # Two failed attempts in a row disabled the endpoint: no more deliveries are made.
+        [listed] = (await ops.get("/webhooks")).json()["webhooks"]
+        assert listed["enabled"] is False
+        assert listed["consecutive_failures"] == 2
+        await run_until(api, client, {"final": "y"}, "succeeded")
     assert dead["attempts"] == 2
     assert dead["failure"]["kind"] == "attempts_exhausted"
     assert "could not connect" in dead["failure"]["message"]
     # A failed delivery reports nothing itself.
     assert await scalar(engine, "SELECT count(*) FROM webhook_deliveries") == 1
-    assert await scalar(engine, "SELECT consecutive_failures FROM webhook_endpoints") == 2
 
 
 async def _rows_or_none(rows: Any) -> list[Any] | None:

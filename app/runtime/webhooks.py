@@ -28,6 +28,7 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import ClassVar, Protocol
 from uuid import UUID
 
@@ -92,11 +93,18 @@ class WebhookDeliveryTool:
     transient_retries = 0  # see the module's docstring
 
     def __init__(
-        self, targets: WebhookTargets, http: HttpRequestTool, secrets: SecretOpener | None
+        self,
+        targets: WebhookTargets,
+        http: HttpRequestTool,
+        secrets: SecretOpener | None,
+        *,
+        on_attempt: Callable[[str], None] | None = None,
     ) -> None:
         self.targets = targets
         self.http = http
         self.secrets = secrets
+        # Called with the attempt's outcome: delivered, retry or refused (the metrics).
+        self.on_attempt = on_attempt or (lambda outcome: None)
 
     def idempotency_class(self, args: dict[str, JSON]) -> IdempotencyClass:
         return "keyed"
@@ -108,16 +116,22 @@ class WebhookDeliveryTool:
         except ValueError:
             raise PermanentToolError("this run is not a webhook delivery") from None
         target = await self.targets.target(UUID(ctx.run_id), endpoint_id)
-        if target is None:
-            raise PermanentToolError("the webhook endpoint is not this tenant's")
-        if not target.live:
-            raise PermanentToolError("the webhook endpoint was deleted or disabled")
-        if self.secrets is None:
-            raise PermanentToolError("TURNSTILE_SECRET_KEY is not set: cannot sign the delivery")
         try:
-            secret = self.secrets.decrypt(target.secret_ciphertext)
-        except RuntimeError as exc:  # SecretUnreadableError: the key changed
-            raise PermanentToolError(str(exc)) from None
+            if target is None:
+                raise PermanentToolError("the webhook endpoint is not this tenant's")
+            if not target.live:
+                raise PermanentToolError("the webhook endpoint was deleted or disabled")
+            if self.secrets is None:
+                raise PermanentToolError(
+                    "TURNSTILE_SECRET_KEY is not set: cannot sign the delivery"
+                )
+            try:
+                secret = self.secrets.decrypt(target.secret_ciphertext)
+            except RuntimeError as exc:  # SecretUnreadableError: the key changed
+                raise PermanentToolError(str(exc)) from None
+        except PermanentToolError:
+            self.on_attempt("refused")
+            raise
         body = json.dumps(args.get("body"), separators=(",", ":"), ensure_ascii=False).encode()
         timestamp = str(int(time.time()))
         headers = {
@@ -132,6 +146,7 @@ class WebhookDeliveryTool:
             if not isinstance(status, int) or not 200 <= status < 300:
                 raise PermanentToolError(f"the receiver answered HTTP {status}")
         except (PermanentToolError, TransientToolError) as exc:
+            self.on_attempt("retry" if isinstance(exc, TransientToolError) else "refused")
             await self.targets.attempt_failed(target.endpoint_id)  # logs when it disables
             log.info(
                 "webhook delivery attempt failed",
@@ -142,6 +157,7 @@ class WebhookDeliveryTool:
                 },
             )
             raise
+        self.on_attempt("delivered")
         await self.targets.attempt_succeeded(target.endpoint_id)
         return {"status": status, "webhook_id": webhook_id}
 
