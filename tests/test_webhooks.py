@@ -6,6 +6,7 @@ another tenant, never from a deleted endpoint, never about a delivery."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 from uuid import UUID
@@ -18,8 +19,12 @@ from app.db.embedded import free_port
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.models import Fenced, NewRun
+from app.queue.webhooks import Webhooks
+from app.runtime.http_tool import HttpRequestTool
+from app.runtime.webhooks import register_endpoint
+from app.security.secret_box import SecretBox
 from tests.support.api import Api, running_api
-from tests.support.processes import run_cli
+from tests.support.processes import run_cli, turnstile
 from tests.support.waiting import eventually
 from tests.support.webhook_receiver import Receiver, receiver
 
@@ -313,3 +318,43 @@ async def test_cli_webhooks_create_list_delete(database_url: str) -> None:
     )
     assert code == 0
     assert json.loads(out)["deleted"] is True
+
+
+async def test_a_worker_killed_mid_delivery_repeats_it_only_with_the_same_webhook_id(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with receiver() as hook:
+        hook.hold_first = asyncio.Event()
+        box = SecretBox(SECRET_KEY)
+        queue = Queue(engine)
+        _, secret = await register_endpoint(
+            Webhooks(queue), HttpRequestTool(["127.0.0.1"]), box,
+            tenant_id="acme", principal="ops", url=hook.url, events=[],
+        )  # fmt: skip
+        run = await queue.enqueue(NewRun(tenant_id="acme", principal="p", agent="s", input={}))
+        [claimed] = await queue.claim("test", [PriorityClass.INTERACTIVE])
+        await queue.complete(claimed.lease, {"ok": True})  # one delivery, queued
+        env = {
+            "DATABASE_URL": database_url,
+            "TURNSTILE_SECRET_KEY": SECRET_KEY,
+            "TURNSTILE_HTTP_ALLOWED_HOSTS": "127.0.0.1",
+            "TURNSTILE_LEASE_SECONDS": "2",
+            "TURNSTILE_HEARTBEAT_SECONDS": "0.5",
+            "TURNSTILE_SWEEP_INTERVAL_SECONDS": "0.5",
+            "TURNSTILE_WEBHOOK_BACKOFF_BASE_SECONDS": "0.05",
+            "TURNSTILE_WEBHOOK_BACKOFF_MAX_SECONDS": "0.2",
+            "TURNSTILE_POLL_INTERVAL_SECONDS": "0.5",
+        }
+        async with turnstile("worker", ready=b"running slots", env=env) as first:
+            await eventually(lambda: _count(hook, 1), what="the first send", within=30)
+            first.process.kill()  # mid-request: the receiver has not answered
+            await first.process.wait()
+        async with turnstile("worker", ready=b"running slots", env=env):
+            [delivery] = await eventually(
+                lambda: _all_succeeded(engine, 1), what="the redelivery", within=60
+            )
+    assert len(hook.deliveries) == 2
+    assert {d.id for d in hook.deliveries} == {str(delivery["id"])}
+    assert all(hook.verify(secret, d) for d in hook.deliveries)
+    assert all(d.json["data"]["run_id"] == str(run.id) for d in hook.deliveries)
+    assert await scalar(engine, "SELECT count(*) FROM webhook_deliveries") == 1

@@ -34,6 +34,8 @@ class Receiver:
     url: str
     statuses: list[int] = field(default_factory=list)  # answered in order, then 200
     deliveries: list[Delivery] = field(default_factory=list)
+    # Set: the first delivery gets no answer until it is released (a sender killed mid-request).
+    hold_first: asyncio.Event | None = None
 
     def verify(self, secret: str, delivery: Delivery) -> bool:
         key = base64.b64decode(secret.removeprefix("whsec_"))
@@ -57,6 +59,8 @@ async def receiver() -> AsyncIterator[Receiver]:
             }
             body = await reader.readexactly(int(headers.get("content-length", "0")))
             state.deliveries.append(Delivery(headers, body))
+            if state.hold_first is not None and len(state.deliveries) == 1:
+                await state.hold_first.wait()
             status = state.statuses.pop(0) if state.statuses else 200
             head_out = f"HTTP/1.1 {status} X\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"
             writer.write(head_out.encode() + b"{}")
@@ -70,5 +74,7 @@ async def receiver() -> AsyncIterator[Receiver]:
     try:
         yield state
     finally:
+        if state.hold_first is not None:
+            state.hold_first.set()
         server.close()
         await server.wait_closed()
