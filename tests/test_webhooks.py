@@ -237,10 +237,19 @@ async def test_a_destination_refused_at_delivery_fails_permanently(
             [dead] = await eventually(
                 lambda: _rows_or_none(delivery_runs(engine, "failed")), what="refusal", within=30
             )
-    assert dead["attempts"] == 1  # permanent: never retried
-    assert dead["failure"]["kind"] == "tool_error"
-    assert "not on the allow-list" in dead["failure"]["message"]
-    assert hook.deliveries == []
+        assert dead["attempts"] == 1  # permanent: never retried
+        assert dead["failure"]["kind"] == "tool_error"
+        assert "not on the allow-list" in dead["failure"]["message"]
+        assert hook.deliveries == []
+        # The runbook's resubmit sends it again, under the same webhook-id, once the
+        # destination is allowed again.
+        async with running_api(database_url, engine, workers=True, **HOOKS) as api:
+            ops = await api.client("acme", "ops", "operator")
+            resubmitted = await ops.post(f"/runs/{dead['id']}/resubmit")
+            assert resubmitted.status_code == 202, resubmitted.text
+            await eventually(lambda: _count(hook, 1), what="the resubmitted delivery")
+    assert [d.id for d in hook.deliveries] == [str(dead["id"])]
+    assert resubmitted.json()["max_attempts"] == 12
 
 
 async def test_no_delivery_for_another_tenant_or_a_fenced_write_or_a_deleted_endpoint(

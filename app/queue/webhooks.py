@@ -22,6 +22,9 @@ from app.queue.sql import q
 
 log = logging.getLogger("turnstile.webhooks")
 
+# The built-in agent of deliveries; runs.sql spells it too ('webhook'), to exempt deliveries
+# from producing deliveries and to give them their own backoff.
+WEBHOOK_AGENT = "webhook"
 EVENTS = ("run.succeeded", "run.failed", "run.cancelled", "run.waiting")
 DISABLE_AFTER = 20  # failed delivery attempts in a row before an endpoint is disabled
 

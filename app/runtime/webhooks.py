@@ -33,7 +33,7 @@ from typing import ClassVar, Protocol
 from uuid import UUID
 
 from app.queue.models import JSON
-from app.queue.webhooks import DeliveryTarget, Endpoint, Webhooks
+from app.queue.webhooks import WEBHOOK_AGENT, DeliveryTarget, Endpoint, Webhooks
 from app.runtime.agents import AgentError, CallTool, Decision, Finish
 from app.runtime.http_tool import HttpRequestTool
 from app.runtime.state import RunState
@@ -48,7 +48,7 @@ from app.security.secret_box import SecretBox, SecretKeyMissingError, new_signin
 
 log = logging.getLogger("turnstile.webhooks")
 
-AGENT = "webhook"
+AGENT = WEBHOOK_AGENT
 TOOL = "webhook_deliver"
 
 
