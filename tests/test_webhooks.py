@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -29,6 +31,19 @@ from tests.support.waiting import eventually
 from tests.support.webhook_receiver import Receiver, receiver
 
 SECRET_KEY = "k" * 40
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_verify() -> Callable[[str, dict[str, str], bytes], bool]:
+    """The receiver's `verify` exactly as README's Webhooks section shows it."""
+    section = README.read_text(encoding="utf-8").split("## Webhooks", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 (our own README)
+    verify: Callable[[str, dict[str, str], bytes], bool] = namespace["verify"]
+    return verify
+
+
 HOOKS: dict[str, Any] = {
     "secret_key": SECRET_KEY,
     "http_allowed_hosts": "127.0.0.1",  # the receiver's address, listed literally
@@ -185,6 +200,9 @@ async def test_500_twice_then_200_is_delivered_on_the_third_try_with_the_same_id
     assert len(hook.deliveries) == 3
     assert {d.id for d in hook.deliveries} == {str(delivery["id"])}
     assert all(hook.verify(created["secret"], d) for d in hook.deliveries)
+    verify = readme_verify()
+    assert all(verify(created["secret"], d.headers, d.body) for d in hook.deliveries)
+    assert not verify(created["secret"], hook.deliveries[0].headers, b"{}")
     assert delivery["attempts"] == 3
     # The endpoint's failures in a row were counted, then reset by the success.
     assert await scalar(engine, "SELECT consecutive_failures FROM webhook_endpoints") == 0

@@ -5,9 +5,8 @@ its leading comments marks it as a worker write under a lease. `{{now}}` expands
 injectable clock, `coalesce(CAST(:now AS timestamptz), now())`. A `-- fragment: x` block (up to
 the next `-- name:` or `-- fragment:` line) is text shared by several statements of its file,
 expanded wherever `{{x}}` appears (app/queue/runs.sql's webhook deliveries). An owning package
-loads its own
-files (`load_statements`), parsed once; names must be unique across them. Only the owners
-(app/queue, app/security) load statements: the edges call their typed services
+loads its own files (`load_statements`), parsed once; names must be unique across them. Only
+the owners (app/queue, app/security) load statements: the edges call their typed services
 (tests/test_architecture.py enforces it).
 """
 
