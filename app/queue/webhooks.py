@@ -6,6 +6,12 @@ runtime's `webhook` agent does, app/runtime/webhooks.py). Deliveries are inserte
 transitions they report (runs.sql's `webhook_deliveries` fragment); deleting an endpoint
 cancels the pending ones; `attempt_failed` counts failed attempts in a row and disables the
 endpoint at `disable_after`.
+
+Quotas: deliveries are inserted by the transition statements, never through submission, so no
+per-tenant submission limit or queued-run quota (issue 21) applies to them, and none must: a
+refused delivery would break "a committed transition always has its delivery". They count as
+the tenant's queued async runs in the queue views like any run; the number of endpoints (and the
+events each takes) is the operator's lever.
 """
 
 from __future__ import annotations
