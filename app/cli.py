@@ -1,6 +1,6 @@
 """The `turnstile` command line: serve, worker, migrate, keys, and the operator commands.
 
-The operator commands (runs, queue, schedules) act on the configured database through the
+The operator commands (runs, queue, schedules, webhooks) act on the configured database through the
 queue's services.
 
 Thin by design: each command parses its flags, calls into the app, and prints one line on
@@ -17,7 +17,7 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -313,7 +313,7 @@ def _runbook(command: RunbookCommand) -> Callable[[argparse.Namespace], None]:
     a document or JSON), and turn the core's refusals into one-line errors."""
 
     def entry(args: argparse.Namespace) -> None:
-        from app.main import submissions_for
+        from app.main import queue_config, submissions_for
         from app.queue.core import Queue
         from app.queue.errors import TurnstileError
         from app.queue.reads import Reads
@@ -324,7 +324,9 @@ def _runbook(command: RunbookCommand) -> Callable[[argparse.Namespace], None]:
 
         async def run() -> object:
             engine = await _engine_for(settings)
-            queue = Queue(engine)
+            # The service's own queue settings: a cancel here enqueues its webhook deliveries
+            # with the configured attempts.
+            queue = Queue(engine, queue_config(settings))
             runbook = Runbook(
                 queue=queue,
                 reads=Reads(queue),
@@ -533,6 +535,60 @@ async def schedules_delete(runbook: Runbook, args: argparse.Namespace) -> object
     return {"id": str(schedule_id), "deleted": True, "dropped_runs": dropped}
 
 
+async def webhooks_create(runbook: Runbook, args: argparse.Namespace) -> object:
+    from app.queue.webhooks import EVENTS, Webhooks
+    from app.runtime.http_tool import HttpRequestTool
+    from app.runtime.webhooks import DestinationRefusedError, register_endpoint
+    from app.security.secret_box import SecretBox, SecretKeyMissingError
+
+    settings = runbook.settings
+    events = [e.strip() for e in args.events.split(",") if e.strip()]
+    unknown = sorted(set(events) - set(EVENTS))
+    if unknown:
+        raise CommandError(f"unknown event {unknown[0]!r} (known: {', '.join(EVENTS)})")
+    allowed = [h for h in settings.http_allowed_hosts.split(",") if h.strip()]
+    box = SecretBox(settings.secret_key.get_secret_value()) if settings.secret_key else None
+    try:
+        endpoint, secret = await register_endpoint(
+            Webhooks(runbook.queue),
+            HttpRequestTool(allowed, timeout_seconds=settings.http_timeout_seconds),
+            box,
+            tenant_id=args.tenant,
+            principal=args.principal,
+            url=args.url,
+            events=events,
+        )
+    except (SecretKeyMissingError, DestinationRefusedError) as exc:
+        raise CommandError(str(exc)) from None
+    return {**_webhook_row(endpoint), "secret": secret}
+
+
+def _webhook_row(endpoint: Any) -> dict[str, object]:
+    return {
+        "id": str(endpoint.id),
+        "url": endpoint.url,
+        "events": ",".join(endpoint.events) or "all",
+        "enabled": endpoint.disabled_at is None,
+        "consecutive_failures": endpoint.consecutive_failures,
+    }
+
+
+async def webhooks_list(runbook: Runbook, args: argparse.Namespace) -> object:
+    from app.queue.webhooks import Webhooks
+
+    return [_webhook_row(e) for e in await Webhooks(runbook.queue).list(args.tenant)]
+
+
+async def webhooks_delete(runbook: Runbook, args: argparse.Namespace) -> object:
+    from app.queue.webhooks import Webhooks
+
+    endpoint_id = _uuid(args.webhook_id, "webhook")
+    cancelled = await Webhooks(runbook.queue).delete(
+        tenant_id=args.tenant, endpoint_id=endpoint_id, actor=runbook.actor.actor or "cli"
+    )
+    return {"id": str(endpoint_id), "deleted": True, "cancelled_deliveries": cancelled}
+
+
 def _uuid(value: str, what: str = "run") -> uuid.UUID:
     try:
         return uuid.UUID(value)
@@ -655,6 +711,31 @@ def build_parser() -> argparse.ArgumentParser:
         action.add_argument("--tenant", help="only if the schedule belongs to this tenant")
         action.add_argument("--json", action="store_true")
         action.set_defaults(func=_runbook(command))
+
+    webhooks = sub.add_parser("webhooks", help="signed deliveries of a tenant's run transitions")
+    webhooks_sub = webhooks.add_subparsers(dest="webhooks_command", required=True)
+    create_webhook = webhooks_sub.add_parser(
+        "create", help="an endpoint, and its signing secret (shown once)"
+    )
+    create_webhook.add_argument("--tenant", required=True)
+    create_webhook.add_argument("--principal", default="cli", help="whose its deliveries are")
+    create_webhook.add_argument("--url", required=True, help="on TURNSTILE_HTTP_ALLOWED_HOSTS")
+    create_webhook.add_argument(
+        "--events", default="", help="comma-separated run.succeeded,run.failed,... (all)"
+    )
+    create_webhook.add_argument("--json", action="store_true")
+    create_webhook.set_defaults(func=_runbook(webhooks_create))
+    list_webhooks = webhooks_sub.add_parser("list", help="a tenant's endpoints")
+    list_webhooks.add_argument("--tenant", required=True)
+    list_webhooks.add_argument("--json", action="store_true")
+    list_webhooks.set_defaults(func=_runbook(webhooks_list))
+    delete_webhook = webhooks_sub.add_parser(
+        "delete", help="delete an endpoint and cancel its pending deliveries"
+    )
+    delete_webhook.add_argument("webhook_id")
+    delete_webhook.add_argument("--tenant", required=True)
+    delete_webhook.add_argument("--json", action="store_true")
+    delete_webhook.set_defaults(func=_runbook(webhooks_delete))
 
     migrate = sub.add_parser("migrate", help="upgrade the database schema to this version")
     migrate.set_defaults(func=cmd_migrate)

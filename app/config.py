@@ -105,6 +105,18 @@ class Settings(BaseSettings):
     http_timeout_seconds: float = Field(default=10.0, gt=0)
     agent_time_limit_seconds: float = Field(default=600.0, gt=0)
     transient_retries: int = Field(default=3, ge=0, le=20)
+    # --- webhooks (README "Webhooks") ---------------------------------------------------------
+    secret_key: SecretStr | None = Field(
+        default=None,
+        description="At least 32 characters; the key webhook signing secrets are encrypted "
+        "under (HKDF to AES-GCM). Unset: creating a webhook is refused.",
+    )
+    webhook_max_attempts: int = Field(default=12, ge=1, le=100)
+    webhook_backoff_base_seconds: float = Field(default=30.0, ge=0)
+    webhook_backoff_max_seconds: float = Field(default=3600.0, ge=0)
+    webhook_disable_after: int = Field(
+        default=20, ge=1, description="Failed delivery attempts in a row that disable an endpoint."
+    )
     openai_base_url: str | None = Field(
         default=None,
         description="An OpenAI-compatible endpoint (e.g. https://api.openai.com/v1, or a vLLM or "
@@ -247,6 +259,10 @@ class Settings(BaseSettings):
                 "pgbouncer needs listen_database_url: LISTEN cannot work through transaction "
                 "pooling, so give a direct PostgreSQL URL for it"
             )
+        if self.secret_key is not None and len(self.secret_key.get_secret_value()) < 32:
+            raise ValueError("secret_key (TURNSTILE_SECRET_KEY) must be at least 32 characters")
+        if self.webhook_backoff_max_seconds < self.webhook_backoff_base_seconds:
+            raise ValueError("webhook_backoff_max_seconds must be >= webhook_backoff_base_seconds")
         if self.retry_backoff_max_seconds < self.retry_backoff_base_seconds:
             raise ValueError("retry_backoff_max_seconds must be >= retry_backoff_base_seconds")
         if (

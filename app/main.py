@@ -30,10 +30,16 @@ from app.queue.core import Clock, Queue, QueueConfig
 from app.queue.reads import Reads
 from app.queue.schedules import Schedules
 from app.queue.submit import Submissions
+from app.queue.webhooks import Webhooks
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
+from app.runtime.http_tool import HttpRequestTool
 from app.runtime.openai_agent import OpenAIAgent
 from app.runtime.outbound import ClientShards
 from app.runtime.plugins import load_plugins
+from app.runtime.webhooks import AGENT as WEBHOOK_AGENT
+from app.runtime.webhooks import TOOL as WEBHOOK_TOOL
+from app.runtime.webhooks import WebhookAgent, WebhookDeliveryTool
+from app.security.secret_box import SecretBox
 from app.worker.execution import Executor
 from app.worker.notifier import Notifier
 from app.worker.pool import WorkerPool
@@ -54,6 +60,9 @@ class AppState:
     schedules: Schedules
     agents: frozenset[str]
     metrics: Metrics
+    webhooks: Webhooks
+    secret_box: SecretBox | None
+    egress: HttpRequestTool
     streams: StreamLimits
     watch: RunWatch = field(default_factory=RunWatch)
     # Set when the process is asked to stop, before uvicorn waits for open connections:
@@ -75,6 +84,9 @@ def queue_config(settings: Settings) -> QueueConfig:
         max_attempts=settings.max_attempts,
         backoff_base_seconds=settings.retry_backoff_base_seconds,
         backoff_max_seconds=settings.retry_backoff_max_seconds,
+        webhook_max_attempts=settings.webhook_max_attempts,
+        webhook_backoff_base_seconds=settings.webhook_backoff_base_seconds,
+        webhook_backoff_max_seconds=settings.webhook_backoff_max_seconds,
         direct_calls=not settings.pgbouncer,
     )
 
@@ -112,10 +124,19 @@ async def services(
     def succeeded(service: str) -> None:
         metrics.maintenance_success.labels(service).set(time.time())
 
-    registry = default_registry(
-        [h for h in settings.http_allowed_hosts.split(",") if h.strip()],
-        settings.http_timeout_seconds,
-    )
+    allowed_hosts = [h for h in settings.http_allowed_hosts.split(",") if h.strip()]
+    registry = default_registry(allowed_hosts, settings.http_timeout_seconds)
+    # Webhooks: the endpoints in the core, the secrets' box (None without TURNSTILE_SECRET_KEY)
+    # and the `webhook` agent that delivers, through the same egress checks as http_request.
+    egress = HttpRequestTool(allowed_hosts, timeout_seconds=settings.http_timeout_seconds)
+    secret_box = SecretBox(settings.secret_key.get_secret_value()) if settings.secret_key else None
+    webhooks = Webhooks(queue, disable_after=settings.webhook_disable_after)
+    registry.internal_agents[WEBHOOK_AGENT] = WebhookAgent()
+    registry.internal_tools[WEBHOOK_AGENT] = {
+        WEBHOOK_TOOL: WebhookDeliveryTool(
+            webhooks, egress, secret_box, on_attempt=metrics.webhook_attempt
+        )
+    }
     # Shared, and sized so every slot can have its model call in flight at once.
     http_client = ClientShards(max(settings.total_slots, 1))
     if settings.openai_base_url:
@@ -182,6 +203,9 @@ async def services(
             schedules=Schedules(queue, keys=submissions),
             agents=registry.agent_names(),
             metrics=metrics,
+            webhooks=webhooks,
+            secret_box=secret_box,
+            egress=egress,
             streams=StreamLimits(
                 per_key=settings.max_streams_per_key,
                 per_process=settings.max_streams_per_process,
@@ -236,7 +260,7 @@ def create_app(
         swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.shutdown = shutdown
-    from app.api import health, problems, runbook, runs, schedules, sessions
+    from app.api import health, problems, runbook, runs, schedules, sessions, webhooks
     from app.api.forwarded import ForwardedProto
     from app.api.limits import BodyLimit
 
@@ -251,6 +275,7 @@ def create_app(
     app.include_router(runbook.runbook)
     app.include_router(runs.router)
     app.include_router(schedules.router)
+    app.include_router(webhooks.router)
     from app.ui import routes as ui
 
     ui.install(app)

@@ -52,11 +52,18 @@ def test_the_worker_writes_are_exactly_the_fenced_statements() -> None:
 def test_every_worker_write_asserts_the_fence(name: str) -> None:
     sql = statements()[name].sql
     assert FENCE.search(sql), f"{name} does not assert lease_epoch and status"
-    # Rows besides the run itself are written only from the fenced UPDATE's result.
+    # Rows besides the run itself are written only from the fenced UPDATE's result: directly,
+    # or through the webhook deliveries' `hook` and `hook_body` (runs.sql's fragment), whose
+    # one source, `hook_source`, selects from the fenced result.
     inserts = list(re.finditer(r"INSERT INTO (\w+)", sql))
     for i, insert in enumerate(inserts):
         body = sql[insert.end() : inserts[i + 1].start() if i + 1 < len(inserts) else len(sql)]
-        assert re.search(r"FROM run\b", body), f"{name}: {insert.group(1)} not from the fence"
+        assert re.search(r"FROM (run|hook|hook_body)\b", body), (
+            f"{name}: {insert.group(1)} not from the fence"
+        )
+    if re.search(r"FROM hook\b", sql):
+        source = sql[sql.index("hook_source AS (") : sql.index("hook AS MATERIALIZED")]
+        assert re.search(r"FROM run\b", source), f"{name}: hook_source not from the fence"
 
 
 @pytest.mark.parametrize("name", sorted(statements()))

@@ -125,6 +125,20 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
         "The database is unavailable",
         "Retry after the `Retry-After` seconds.",
     ),
+    "destination-refused": (
+        422,
+        "The URL is not an allowed destination",
+        "Webhook URLs pass the same allow-list and address checks as the http_request tool "
+        "(TURNSTILE_HTTP_ALLOWED_HOSTS): an absolute http(s) URL whose host is listed and "
+        "resolves to addresses the list opens.",
+    ),
+    "secret-key-missing": (
+        # Not a 5xx: nothing failed, and retrying cannot help until an operator sets the key.
+        409,
+        "Webhooks need TURNSTILE_SECRET_KEY",
+        "Signing secrets are stored encrypted under a key derived from TURNSTILE_SECRET_KEY "
+        "(at least 32 characters). Set it on every process and restart.",
+    ),
     "internal-error": (500, "Internal error", "Something unexpected happened; it was logged."),
 }
 

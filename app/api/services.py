@@ -18,6 +18,9 @@ from app.queue.core import Queue
 from app.queue.reads import Reads
 from app.queue.schedules import Schedules
 from app.queue.submit import Submissions
+from app.queue.webhooks import Webhooks
+from app.runtime.http_tool import HttpRequestTool
+from app.security.secret_box import SecretBox
 
 
 class PoolStatus(Protocol):
@@ -54,6 +57,15 @@ class ServiceState(Protocol):
 
     @property
     def metrics(self) -> Metrics: ...
+
+    @property
+    def webhooks(self) -> Webhooks: ...
+
+    @property
+    def secret_box(self) -> SecretBox | None: ...
+
+    @property
+    def egress(self) -> HttpRequestTool: ...
 
     @property
     def streams(self) -> StreamLimits: ...

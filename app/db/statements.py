@@ -2,9 +2,11 @@
 
 A statement starts at a `-- name: x` line and runs to the next one; a `-- fenced` line among
 its leading comments marks it as a worker write under a lease. `{{now}}` expands to the
-injectable clock, `coalesce(CAST(:now AS timestamptz), now())`. An owning package loads its own
-files (`load_statements`), parsed once; names must be unique across them. Only the owners
-(app/queue, app/security) load statements: the edges call their typed services
+injectable clock, `coalesce(CAST(:now AS timestamptz), now())`. A `-- fragment: x` block (up to
+the next `-- name:` or `-- fragment:` line) is text shared by several statements of its file,
+expanded wherever `{{x}}` appears (app/queue/runs.sql's webhook deliveries). An owning package
+loads its own files (`load_statements`), parsed once; names must be unique across them. Only
+the owners (app/queue, app/security) load statements: the edges call their typed services
 (tests/test_architecture.py enforces it).
 """
 
@@ -19,6 +21,9 @@ from sqlalchemy import TextClause, text
 
 NOW = "coalesce(CAST(:now AS timestamptz), now())"
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_FRAGMENT = re.compile(
+    r"^-- fragment: (\w+)\s*$\n(.*?)(?=^-- name: |^-- fragment: |\Z)", re.M | re.S
+)
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,8 @@ class Statement:
 
 def parse(source: str, origin: str = "<string>") -> dict[str, Statement]:
     statements: dict[str, Statement] = {}
+    fragments = {m.group(1): m.group(2).strip() for m in _FRAGMENT.finditer(source)}
+    source = _FRAGMENT.sub("", source)
     parts = _NAME.split(source)
     # parts: [preamble, name1, body1, name2, body2, ...]
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
@@ -43,7 +50,10 @@ def parse(source: str, origin: str = "<string>") -> dict[str, Statement]:
             if not line.startswith("--"):
                 break
             fenced = fenced or line == "-- fenced"
-        sql = body.strip().replace("{{now}}", NOW).rstrip(";")
+        sql = body.strip()
+        for fragment, text_ in fragments.items():
+            sql = sql.replace("{{" + fragment + "}}", text_)
+        sql = sql.replace("{{now}}", NOW).rstrip(";")
         statements[name] = Statement(
             name=name, sql=sql, fenced=fenced, clause=text(sql), source=origin
         )

@@ -349,3 +349,48 @@ maintenance_leases = Table(
     _ts("expires_at", nullable=False),
     _ts("last_success_at"),
 )
+
+webhook_endpoints = Table(
+    "webhook_endpoints",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")),
+    Column("tenant_id", Text, nullable=False),
+    # Who created it: its deliveries are runs of this principal.
+    Column("principal", Text, nullable=False),
+    Column("url", Text, nullable=False),
+    # Empty: every event.
+    Column("events", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    # AES-GCM under a key derived from TURNSTILE_SECRET_KEY (app/security/secret_box.py).
+    Column("secret_ciphertext", LargeBinary, nullable=False),
+    Column("consecutive_failures", Integer, nullable=False, server_default=text("0")),
+    _ts("disabled_at"),
+    _ts("deleted_at"),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("updated_at", nullable=False, default_now=True),
+    # The transitions' probe (app/queue/runs.sql): a tenant's live endpoints only.
+    Index(
+        "ix_webhook_endpoints_tenant_id",
+        "tenant_id",
+        postgresql_where=text("deleted_at IS NULL AND disabled_at IS NULL"),
+    ),
+)
+
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    # The delivery is this run (agent `webhook`); its id is the `webhook-id` header.
+    Column(
+        "run_id", UUID(as_uuid=True), ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    ),
+    Column(
+        "endpoint_id",
+        UUID(as_uuid=True),
+        ForeignKey("webhook_endpoints.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    # No foreign key: retention may prune the reported run before its delivery.
+    Column("source_run_id", UUID(as_uuid=True), nullable=False),
+    Column("event", Text, nullable=False),
+    _ts("created_at", nullable=False, default_now=True),
+    Index("ix_webhook_deliveries_endpoint_id", "endpoint_id"),
+)

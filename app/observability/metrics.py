@@ -144,6 +144,19 @@ class Metrics:
             "(a process died between a tick's start and its successor's creation).",
             registry=self.registry,
         )
+        self.webhook_attempts = Counter(
+            "turnstile_webhook_delivery_attempts",
+            "Webhook delivery attempts by outcome: delivered (2xx), retry (timeout, 429, 5xx, "
+            "unreachable: the run is retried with the delivery backoff), refused (another "
+            "status, a refused destination, a deleted or disabled endpoint: permanent).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        for outcome in ("delivered", "retry", "refused"):
+            self.webhook_attempts.labels(outcome)
+
+    def webhook_attempt(self, outcome: str) -> None:
+        self.webhook_attempts.labels(outcome).inc()
 
     # --- the queue core's observer ------------------------------------------------------------
     def transition(self, name: str, priority: int, count: int = 1) -> None:

@@ -116,6 +116,11 @@ class QueueConfig:
     max_attempts: int = 3
     backoff_base_seconds: float = 5.0
     backoff_max_seconds: float = 300.0
+    # Webhook deliveries (runs of the `webhook` agent, inserted by the transitions they report):
+    # their own attempts and backoff, spread over hours by default (about 5 h in all).
+    webhook_max_attempts: int = 12
+    webhook_backoff_base_seconds: float = 30.0
+    webhook_backoff_max_seconds: float = 3600.0
     # The hot submission runs on the driver's own connection, outside SQLAlchemy's
     # transaction handling (Queue.call). Behind PgBouncer in transaction mode, where a
     # transaction must set its own timeouts, it goes through an ordinary transaction.
@@ -136,6 +141,18 @@ class Queue:
         self.observer: Observer = observer or _Unobserved()
 
     # --- plumbing -----------------------------------------------------------------------------
+    @property
+    def _hooks(self) -> dict[str, Any]:
+        """The webhook parameters of every transition that may enqueue deliveries."""
+        return {
+            "hook_attempts": self.config.webhook_max_attempts,
+            "hook_backoff_base": self.config.webhook_backoff_base_seconds,
+            "hook_backoff_max": self.config.webhook_backoff_max_seconds,
+        }
+
+    def _hook_attempts(self) -> dict[str, Any]:
+        return {"hook_attempts": self.config.webhook_max_attempts}
+
     @asynccontextmanager
     async def _tx(self, conn: AsyncConnection | None) -> AsyncIterator[AsyncConnection]:
         if conn is not None:
@@ -435,12 +452,20 @@ class Queue:
         return await self._fenced(
             "wait_for_user",
             lease,
-            {"question": dump_json(question), "step": step, "state": dump_json(state)},
+            {
+                "question": dump_json(question),
+                "step": step,
+                "state": dump_json(state),
+                **self._hook_attempts(),
+            },
         )
 
     async def complete(self, lease: Lease, result: JSON) -> WriteOutcome:
         return await self._fenced(
-            "complete", lease, {"result": dump_json(result)}, transition="succeeded"
+            "complete",
+            lease,
+            {"result": dump_json(result), **self._hook_attempts()},
+            transition="succeeded",
         )
 
     async def complete_many(self, completions: Sequence[tuple[Lease, JSON]]) -> list[WriteOutcome]:
@@ -455,6 +480,7 @@ class Queue:
                 "run_ids": [lease.run_id for lease, _ in completions],
                 "epochs": [lease.epoch for lease, _ in completions],
                 "results": [dump_json(result) for _, result in completions],
+                **self._hook_attempts(),
             },
         )
         row = rows[0]
@@ -479,7 +505,7 @@ class Queue:
         return await self._fenced(
             "fail",
             lease,
-            {"failure": dump_json(failure), "unknown": UNKNOWN_OUTCOME},
+            {"failure": dump_json(failure), "unknown": UNKNOWN_OUTCOME, **self._hook_attempts()},
             transition="failed",
         )
 
@@ -498,6 +524,7 @@ class Queue:
                 "backoff_base": self.config.backoff_base_seconds,
                 "backoff_max": self.config.backoff_max_seconds,
                 "unknown": UNKNOWN_OUTCOME,
+                **self._hooks,
             },
             transition="released",
         )
@@ -539,6 +566,7 @@ class Queue:
                                 "backoff_max": self.config.backoff_max_seconds,
                                 "unknown": UNKNOWN_OUTCOME,
                                 "now": now,
+                                **self._hooks,
                             },
                         )
                     )
@@ -604,6 +632,7 @@ class Queue:
                 "reason": reason,
                 "tenant_id": tenant_id,
                 "principal": principal,
+                **self._hook_attempts(),
             },
             conn,
         )

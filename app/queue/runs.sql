@@ -33,6 +33,64 @@
 --   join's order, and two batches of one process in opposite orders deadlocked each other.
 
 
+-- fragment: webhook_deliveries
+-- Webhooks (issue 24): a statement that makes a transition webhooks report defines
+-- `hook_source` (run_id, tenant_id, agent, event, data: one row per transition it made), and
+-- this turns each row into one delivery per live endpoint of the run's tenant that takes the
+-- event: a queued async-class run of the built-in `webhook` agent, with its run.created event,
+-- its input (the body to send) and its link to the endpoint. Being in the transition's own
+-- statement, a committed transition always has its deliveries and a fenced write (no row in
+-- `run`) never has any. A tenant without endpoints pays one empty probe of the partial index
+-- ix_webhook_endpoints_tenant_id. The statement's NOTIFY adds "work": [10] when `hook` has rows.
+hook AS MATERIALIZED (
+    SELECT gen_random_uuid() AS id, e.id AS endpoint_id, e.principal, s.tenant_id,
+           s.run_id AS source_id, s.event,
+           s.data, clock.now
+    FROM hook_source s
+    JOIN webhook_endpoints e
+      ON e.tenant_id = s.tenant_id AND e.deleted_at IS NULL AND e.disabled_at IS NULL
+     AND (cardinality(e.events) = 0 OR s.event = ANY(e.events))
+    CROSS JOIN clock
+    -- Deliveries never produce deliveries.
+    WHERE s.agent <> 'webhook'
+),
+hook_body AS MATERIALIZED (
+    -- The input carries its webhook-id and endpoint, so a resubmitted dead letter (a new run
+    -- with the same input) sends the same delivery again, with the same webhook-id.
+    SELECT hook.*, jsonb_build_object(
+               'webhook_id', id, 'endpoint_id', endpoint_id,
+               'body', jsonb_build_object('type', event, 'timestamp', now, 'data', data)) AS input
+    FROM hook
+),
+hook_run AS (
+    -- Its own attempts (:hook_attempts) and, in release_early and sweep_expired, its own
+    -- backoff: a receiver may be down for hours, not the seconds an agent run's retries cover.
+    INSERT INTO runs (id, tenant_id, principal, status, priority, agent, input, max_attempts,
+                      last_event_seq, inputs_count, created_at, updated_at)
+    SELECT id, tenant_id, principal, 'queued', 10, 'webhook', input, :hook_attempts, 1, 1,
+           now, now
+    FROM hook_body
+),
+hook_event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT id, 1, 'run.created', 0,
+           jsonb_build_object('priority', 10, 'agent', 'webhook', 'principal', principal,
+                              'webhook', jsonb_build_object('endpoint_id', endpoint_id,
+                                                            'source_run_id', source_id,
+                                                            'event', event)),
+           now
+    FROM hook
+),
+hook_input AS (
+    INSERT INTO run_inputs (run_id, idx, input, principal, event_seq, created_at)
+    SELECT id, 1, input, principal, 1, now FROM hook_body
+),
+hook_link AS (
+    INSERT INTO webhook_deliveries (run_id, endpoint_id, source_run_id, event, created_at)
+    SELECT id, endpoint_id, source_id, event, now FROM hook
+)
+
+
 -- name: enqueue
 -- A new queued run, its run.created event and its first input, in one statement.
 -- A run of a session gets the next run number of its session. The caller holds the session
@@ -387,8 +445,16 @@ run AS (
         updated_at = clock.now
     FROM clock
     WHERE r.id = :run_id AND r.lease_epoch = :epoch AND r.status = 'running'
-    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.question
+    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.question, r.tenant_id, r.agent,
+              r.session_id
 ),
+hook_source AS (
+    SELECT id AS run_id, tenant_id, agent, 'run.waiting' AS event,
+           jsonb_build_object('run_id', id, 'session_id', session_id,
+                              'status', 'waiting_for_user', 'question', question) AS data
+    FROM run
+),
+{{webhook_deliveries}},
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT run.id, run.last_event_seq, 'run.waiting', run.lease_epoch,
@@ -401,8 +467,9 @@ checkpoint AS (
     FROM run, clock
 )
 SELECT run.last_event_seq AS seq,
-       pg_notify('turnstile', jsonb_build_object(
-           'runs', jsonb_build_array(left(run.id::text, 8)))::text)
+       pg_notify('turnstile', (jsonb_build_object(
+           'runs', jsonb_build_array(left(run.id::text, 8)))
+           || CASE WHEN EXISTS (SELECT 1 FROM hook) THEN '{"work": [10]}'::jsonb ELSE '{}'::jsonb END)::text)
 FROM run;
 
 
@@ -420,17 +487,26 @@ run AS (
         updated_at = clock.now
     FROM clock
     WHERE r.id = :run_id AND r.lease_epoch = :epoch AND r.status = 'running'
-    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.priority
+    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.priority, r.tenant_id, r.agent,
+              r.session_id
 ),
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT run.id, run.last_event_seq, 'run.succeeded', run.lease_epoch,
            jsonb_build_object('result', CAST(:result AS jsonb)), clock.now
     FROM run, clock
-)
+),
+hook_source AS (
+    SELECT id AS run_id, tenant_id, agent, 'run.succeeded' AS event,
+           jsonb_build_object('run_id', id, 'session_id', session_id, 'status', 'succeeded',
+                              'result', CAST(:result AS jsonb)) AS data
+    FROM run
+),
+{{webhook_deliveries}}
 SELECT run.last_event_seq AS seq, run.priority,
-       pg_notify('turnstile', jsonb_build_object(
-           'runs', jsonb_build_array(left(run.id::text, 8)))::text)
+       pg_notify('turnstile', (jsonb_build_object(
+           'runs', jsonb_build_array(left(run.id::text, 8)))
+           || CASE WHEN EXISTS (SELECT 1 FROM hook) THEN '{"work": [10]}'::jsonb ELSE '{}'::jsonb END)::text)
 FROM run;
 
 
@@ -467,14 +543,22 @@ run AS (
     FROM held, locked, clock
     WHERE r.id = locked.id
       AND r.id = held.run_id AND r.lease_epoch = held.epoch AND r.status = 'running'
-    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.priority, r.result
+    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.priority, r.result, r.tenant_id,
+              r.agent, r.session_id
 ),
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT run.id, run.last_event_seq, 'run.succeeded', run.lease_epoch,
            jsonb_build_object('result', run.result), clock.now
     FROM run, clock
-)
+),
+hook_source AS (
+    SELECT id AS run_id, tenant_id, agent, 'run.succeeded' AS event,
+           jsonb_build_object('run_id', id, 'session_id', session_id, 'status', 'succeeded',
+                              'result', result) AS data
+    FROM run
+),
+{{webhook_deliveries}}
 -- One row whatever the batch: the written runs as parallel arrays ((id, epoch) names a write:
 -- one process may hold a stale and a fresh execution of one run), and one bounded NOTIFY (none
 -- when nothing was written).
@@ -482,10 +566,11 @@ SELECT coalesce(array_agg(run.id), '{}') AS ids,
        coalesce(array_agg(run.lease_epoch), '{}') AS epochs,
        coalesce(array_agg(run.last_event_seq), '{}') AS seqs,
        coalesce(array_agg(run.priority), '{}') AS priorities,
-       CASE WHEN count(*) > 0 THEN pg_notify('turnstile', jsonb_build_object(
+       CASE WHEN count(*) > 0 THEN pg_notify('turnstile', (jsonb_build_object(
            'runs', (SELECT jsonb_agg(left(named.id::text, 8))
                     FROM (SELECT id FROM run LIMIT 500) AS named),
-           'more', count(*) > 500)::text) END AS notified
+           'more', count(*) > 500)
+           || CASE WHEN EXISTS (SELECT 1 FROM hook) THEN '{"work": [10]}'::jsonb ELSE '{}'::jsonb END)::text) END AS notified
 FROM run;
 
 -- name: fail
@@ -527,8 +612,15 @@ run AS (
     FROM clock, open_summary
     WHERE r.id = :run_id AND r.lease_epoch = :epoch AND r.status = 'running'
     RETURNING r.id, r.last_event_seq, r.lease_epoch, r.failure, r.priority,
-              open_summary.calls AS open_calls
+              open_summary.calls AS open_calls, r.tenant_id, r.agent, r.session_id
 ),
+hook_source AS (
+    SELECT id AS run_id, tenant_id, agent, 'run.failed' AS event,
+           jsonb_build_object('run_id', id, 'session_id', session_id, 'status', 'failed',
+                              'failure', failure) AS data
+    FROM run
+),
+{{webhook_deliveries}},
 uncertain_event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT run.id, run.last_event_seq - run.open_calls - 1 + open_calls.n, 'tool.finished',
@@ -556,8 +648,9 @@ event AS (
     FROM run, clock
 )
 SELECT run.last_event_seq AS seq, run.priority,
-       pg_notify('turnstile', jsonb_build_object(
-           'runs', jsonb_build_array(left(run.id::text, 8)))::text)
+       pg_notify('turnstile', (jsonb_build_object(
+           'runs', jsonb_build_array(left(run.id::text, 8)))
+           || CASE WHEN EXISTS (SELECT 1 FROM hook) THEN '{"work": [10]}'::jsonb ELSE '{}'::jsonb END)::text)
 FROM run;
 
 
@@ -625,8 +718,13 @@ run AS (
                       'uncertain_calls', open_summary.described)) END,
         finished_at = CASE WHEN r.attempts >= r.max_attempts THEN clock.now END,
         scheduled_for = CASE WHEN r.attempts >= r.max_attempts THEN r.scheduled_for
-                             ELSE clock.now + make_interval(secs => least(
-                                 :backoff_max, :backoff_base * power(2, r.attempts - 1)))
+                             ELSE clock.now + make_interval(secs => CASE
+                                 -- A webhook delivery has its own backoff (see hook_run).
+                                 WHEN r.agent = 'webhook' THEN least(
+                                     CAST(:hook_backoff_max AS double precision),
+                                     :hook_backoff_base * power(2, r.attempts - 1))
+                                 ELSE least(:backoff_max, :backoff_base * power(2, r.attempts - 1))
+                             END)
                         END,
         lease_owner = NULL,
         lease_expires_at = NULL,
@@ -638,8 +736,17 @@ run AS (
     WHERE r.id = :run_id AND r.lease_epoch = :epoch AND r.status = 'running'
     RETURNING r.id, r.status, r.last_event_seq, r.lease_epoch, r.priority, r.attempts,
               r.scheduled_for, r.failure,
-              CASE WHEN r.status = 'failed' THEN open_summary.calls ELSE 0 END AS open_calls
+              CASE WHEN r.status = 'failed' THEN open_summary.calls ELSE 0 END AS open_calls,
+              r.tenant_id, r.agent, r.session_id
 ),
+hook_source AS (
+    -- Only the last attempt's failure is reported; a requeue is not a transition webhooks see.
+    SELECT id AS run_id, tenant_id, agent, 'run.failed' AS event,
+           jsonb_build_object('run_id', id, 'session_id', session_id, 'status', 'failed',
+                              'failure', failure) AS data
+    FROM run WHERE status = 'failed'
+),
+{{webhook_deliveries}},
 uncertain_event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT run.id, run.last_event_seq - run.open_calls - 1 + open_calls.n, 'tool.finished',
@@ -674,9 +781,10 @@ event AS (
     FROM run, clock
 )
 SELECT run.last_event_seq AS seq, run.status, run.priority,
-       pg_notify('turnstile', CASE run.status
+       pg_notify('turnstile', (CASE run.status
            WHEN 'failed' THEN jsonb_build_object('runs', jsonb_build_array(left(run.id::text, 8)))
-           ELSE jsonb_build_object('work', jsonb_build_array(run.priority)) END::text)
+           ELSE jsonb_build_object('work', jsonb_build_array(run.priority)) END
+           || CASE WHEN EXISTS (SELECT 1 FROM hook) THEN '{"work": [10]}'::jsonb ELSE '{}'::jsonb END)::text)
 FROM run;
 
 
@@ -763,8 +871,13 @@ swept AS (
                       'uncertain_calls', open_per_run.described)) END,
         finished_at = CASE WHEN expired.last_attempt THEN clock.now END,
         scheduled_for = CASE WHEN expired.last_attempt THEN r.scheduled_for
-                             ELSE clock.now + make_interval(secs => least(
-                                 :backoff_max, :backoff_base * power(2, r.attempts - 1)))
+                             ELSE clock.now + make_interval(secs => CASE
+                                 -- A webhook delivery has its own backoff (see hook_run).
+                                 WHEN r.agent = 'webhook' THEN least(
+                                     CAST(:hook_backoff_max AS double precision),
+                                     :hook_backoff_base * power(2, r.attempts - 1))
+                                 ELSE least(:backoff_max, :backoff_base * power(2, r.attempts - 1))
+                             END)
                         END,
         lease_owner = NULL,
         lease_expires_at = NULL,
@@ -774,8 +887,17 @@ swept AS (
     FROM expired LEFT JOIN open_per_run ON open_per_run.run_id = expired.id, clock
     WHERE r.id = expired.id
     RETURNING r.id, r.status, r.last_event_seq, r.lease_epoch, r.priority, r.attempts,
-              r.scheduled_for, r.failure, coalesce(open_per_run.calls, 0) AS open_calls
+              r.scheduled_for, r.failure, coalesce(open_per_run.calls, 0) AS open_calls,
+              r.tenant_id, r.agent, r.session_id
 ),
+hook_source AS (
+    -- The dead-lettered runs only; a requeue is not a transition webhooks see.
+    SELECT id AS run_id, tenant_id, agent, 'run.failed' AS event,
+           jsonb_build_object('run_id', id, 'session_id', session_id, 'status', 'failed',
+                              'failure', failure) AS data
+    FROM swept WHERE status = 'failed'
+),
+{{webhook_deliveries}},
 uncertain_event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT swept.id, swept.last_event_seq - swept.open_calls - 1 + open_calls.n, 'tool.finished',
@@ -818,8 +940,11 @@ SELECT count(*) FILTER (WHERE status = 'queued') AS requeued,
        -- Bounded whatever the batch (see the header): requeues wake claimers by priority,
        -- dead-lettered runs wake their watchers by id prefix.
        CASE WHEN count(*) > 0 THEN pg_notify('turnstile', jsonb_build_object(
+           -- Deliveries of dead-lettered runs are async work (10) too.
            'work', coalesce(jsonb_agg(DISTINCT priority) FILTER (WHERE status = 'queued'),
-                            '[]'::jsonb),
+                            '[]'::jsonb)
+                   || CASE WHEN EXISTS (SELECT 1 FROM hook) THEN '[10]'::jsonb
+                           ELSE '[]'::jsonb END,
            'runs', coalesce((SELECT jsonb_agg(left(named.id::text, 8))
                              FROM (SELECT id FROM swept WHERE status = 'failed' LIMIT 500)
                                  AS named), '[]'::jsonb),
@@ -894,8 +1019,16 @@ event AS (
     SELECT run.id, run.last_event_seq, 'run.cancelled', run.lease_epoch,
            jsonb_build_object('by', CAST(:actor AS text), 'reason', CAST(:reason AS text)), clock.now
     FROM run, clock
-)
+),
+hook_source AS (
+    SELECT id AS run_id, tenant_id, agent, 'run.cancelled' AS event,
+           jsonb_build_object('run_id', id, 'session_id', session_id, 'status', 'cancelled',
+                              'reason', CAST(:reason AS text)) AS data
+    FROM run
+),
+{{webhook_deliveries}}
 SELECT run.*,
-       pg_notify('turnstile', jsonb_build_object(
-           'runs', jsonb_build_array(left(run.id::text, 8)))::text)
+       pg_notify('turnstile', (jsonb_build_object(
+           'runs', jsonb_build_array(left(run.id::text, 8)))
+           || CASE WHEN EXISTS (SELECT 1 FROM hook) THEN '{"work": [10]}'::jsonb ELSE '{}'::jsonb END)::text)
 FROM run;

@@ -2,7 +2,8 @@
 `runs.sql` (the transitions of runs: claims, fenced writes, the sweep, cancel), `reads.sql`
 (runs, their events, the runbook), `submission.sql` (sessions, idempotency keys, turn routing,
 operator actions), `workers.sql` (the worker registry, maintenance leases, prunes),
-`dashboard.sql` (the dashboard's read models) and `schedules.sql` (schedules and their ticks).
+`dashboard.sql` (the dashboard's read models), `schedules.sql` (schedules and their ticks) and
+`webhooks.sql` (webhook endpoints).
 Names are unique across them (the loader refuses a duplicate). Only app/queue executes them."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ FILES = (
     "workers.sql",
     "dashboard.sql",
     "schedules.sql",
+    "webhooks.sql",
 )
 
 __all__ = ["FILES", "Statement", "parse", "q", "statements"]

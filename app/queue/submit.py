@@ -40,6 +40,7 @@ from app.queue.errors import (
 )
 from app.queue.models import JSON, NewRun, Run
 from app.queue.sql import q
+from app.queue.webhooks import WEBHOOK_AGENT
 
 ACCEPTED = 202
 
@@ -194,6 +195,12 @@ class Submissions:
                     priority=failed.priority,
                     session_id=failed.session_id,
                     resubmitted_from=failed.id,
+                    # A resubmitted webhook delivery keeps a delivery's attempts.
+                    max_attempts=(
+                        self.queue.config.webhook_max_attempts
+                        if failed.agent == WEBHOOK_AGENT
+                        else None
+                    ),
                 ),
                 conn=conn,
             )

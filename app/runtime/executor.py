@@ -59,9 +59,20 @@ class RuntimeLimits:
 class Registry:
     agents: dict[str, Agent]
     tools: dict[str, Tool]
+    # Built-in agents that only the service itself enqueues (the `webhook` deliveries), each with
+    # the tools only it may call: not submittable, and never shown to a model.
+    internal_agents: dict[str, Agent] = field(default_factory=dict)
+    internal_tools: dict[str, dict[str, Tool]] = field(default_factory=dict)
 
     def agent_names(self) -> frozenset[str]:
+        """The agents a client may submit runs to."""
         return frozenset(self.agents)
+
+    def agent(self, name: str) -> Agent | None:
+        return self.agents.get(name) or self.internal_agents.get(name)
+
+    def tool(self, agent: str, name: str) -> Tool | None:
+        return self.internal_tools.get(agent, {}).get(name) or self.tools.get(name)
 
 
 @dataclass
@@ -73,7 +84,7 @@ class RuntimeExecutor:
 
     async def execute(self, ctx: ExecutionContext) -> None:
         run = ctx.claimed.run
-        agent = self.registry.agents.get(run.agent)
+        agent = self.registry.agent(run.agent)
         if agent is None:
             await self._fail(ctx, "unknown_agent", f"no agent named {run.agent!r}")
             return
@@ -148,7 +159,7 @@ class RuntimeExecutor:
         self, ctx: ExecutionContext, state: RunState, clock: _Budget, call: CallTool
     ) -> bool:
         """Run one tool call through the journal; False when the execution must end here."""
-        tool = self.registry.tools.get(call.tool)
+        tool = self.registry.tool(ctx.claimed.run.agent, call.tool)
         if tool is None:
             await self._fail(ctx, "unknown_tool", f"no tool named {call.tool!r}")
             return False
@@ -176,6 +187,11 @@ class RuntimeExecutor:
         args = record.args if isinstance(record.args, dict) else {}
         tool_ctx = ToolContext(str(ctx.lease.run_id), record.step, record.idempotency_key)
         repeatable = record.idempotency_class in ("safe", "keyed")
+        # A tool may set its own number of retries inside the run (webhook deliveries: none,
+        # each try is an attempt of the run, spaced by the delivery backoff).
+        retries = getattr(tool, "transient_retries", None)
+        if not isinstance(retries, int):
+            retries = self.limits.transient_retries
         attempt = 0
         while True:
             # Self-fencing: never start an external call on a lease that may have lapsed.
@@ -200,7 +216,7 @@ class RuntimeExecutor:
                     outcome = {"error": str(exc), "message": UNKNOWN_OUTCOME}
                     status = "uncertain"
                     break
-                if attempt > self.limits.transient_retries:
+                if attempt > retries:
                     tracing.note({"turnstile.tool.outcome": "transient_error"})
                     if not repeatable:
                         # Provably never sent: close the entry as not sent, so that recovery
@@ -283,7 +299,7 @@ class RuntimeExecutor:
                     ctx, state, clock, record, "uncertain", {"message": UNKNOWN_OUTCOME}
                 )
             return
-        tool = self.registry.tools.get(pending.tool)
+        tool = self.registry.tool(ctx.claimed.run.agent, pending.tool)
         if tool is None:
             await self._fail(ctx, "unknown_tool", f"no tool named {pending.tool!r}")
             raise StopExecution("unknown tool")

@@ -28,7 +28,7 @@ import socket
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 import httpx
 
@@ -110,6 +110,23 @@ class HttpRequestTool:
         url = args.get("url")
         if not isinstance(url, str):
             raise PermanentToolError("url must be a string")
+        given = dict(args.get("headers") or {})
+        headers = {
+            str(k): str(v)
+            for k, v in given.items()
+            if str(k).lower() not in RESERVED_HEADERS | {"idempotency-key"}
+        }
+        if ctx.idempotency_key is not None:
+            headers["Idempotency-Key"] = ctx.idempotency_key
+        return await self.request(method, url, headers, json_body=args.get("json"))
+
+    async def check_url(self, url: str) -> None:
+        """Refuse (PermanentToolError) a URL the tool would not send to: not absolute http(s),
+        a host off the allow-list, or one resolving to an address the list does not open.
+        Webhook endpoints pass this at creation and again at every delivery."""
+        await self._destination(url)
+
+    async def _destination(self, url: str) -> tuple[SplitResult, str, list[str]]:
         try:
             parts = urlsplit(url)
             port = parts.port
@@ -124,16 +141,23 @@ class HttpRequestTool:
         addresses = await self._checked_addresses(
             host, port or (443 if parts.scheme == "https" else 80)
         )
-        given = dict(args.get("headers") or {})
-        headers = {
-            str(k): str(v)
-            for k, v in given.items()
-            if str(k).lower() not in RESERVED_HEADERS | {"idempotency-key"}
-        }
+        return parts, host, addresses
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        *,
+        json_body: JSON = None,
+        content: bytes | None = None,
+    ) -> JSON:
+        """Send to a checked, pinned address (see the module's docstring): `headers` as given
+        (the caller filters them), the body as `json_body` or as exact bytes in `content`."""
+        parts, host, addresses = await self._destination(url)
+        headers = dict(headers)
         headers["Host"] = parts.netloc.rsplit("@", 1)[-1]
         headers["Accept-Encoding"] = ACCEPT_ENCODING
-        if ctx.idempotency_key is not None:
-            headers["Idempotency-Key"] = ctx.idempotency_key
         extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
         client = self._client or httpx.AsyncClient()
         try:
@@ -144,7 +168,9 @@ class HttpRequestTool:
                     netloc = f"{netloc}:{parts.port}"
                 pinned = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
                 try:
-                    return await self._send(client, method, pinned, headers, args, extensions)
+                    return await self._send(
+                        client, method, pinned, headers, json_body, content, extensions
+                    )
                 except TransientToolError as exc:
                     if exc.sent or index == len(addresses) - 1:
                         raise
@@ -159,14 +185,16 @@ class HttpRequestTool:
         method: str,
         url: str,
         headers: dict[str, str],
-        args: dict[str, JSON],
+        json_body: JSON,
+        content: bytes | None,
         extensions: dict[str, Any],
     ) -> JSON:
         request = client.build_request(
             method,
             url,
             headers=headers,
-            json=args.get("json"),
+            json=json_body if content is None else None,
+            content=content,
             timeout=self.timeout,
             extensions=extensions,
         )

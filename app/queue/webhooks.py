@@ -1,0 +1,183 @@
+"""Webhook endpoints: a tenant's receivers of signed run transitions (`webhooks.sql`).
+
+The core keeps endpoints and knows which runs are deliveries; it never sees a secret in the
+clear (the caller encrypts and decrypts, app/security/secret_box.py) and never sends HTTP (the
+runtime's `webhook` agent does, app/runtime/webhooks.py). Deliveries are inserted by the
+transitions they report (runs.sql's `webhook_deliveries` fragment); deleting an endpoint
+cancels the pending ones; `attempt_failed` counts failed attempts in a row and disables the
+endpoint at `disable_after`.
+
+Quotas: deliveries are inserted by the transition statements, never through submission, so no
+per-tenant submission limit or queued-run quota (issue 21) applies to them, and none must: a
+refused delivery would break "a committed transition always has its delivery". They count as
+the tenant's queued async runs in the queue views like any run; the number of endpoints (and the
+events each takes) is the operator's lever.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from app.queue.core import Queue
+from app.queue.errors import TurnstileError
+from app.queue.sql import q
+
+log = logging.getLogger("turnstile.webhooks")
+
+# The built-in agent of deliveries; runs.sql spells it too ('webhook'), to exempt deliveries
+# from producing deliveries and to give them their own backoff.
+WEBHOOK_AGENT = "webhook"
+EVENTS = ("run.succeeded", "run.failed", "run.cancelled", "run.waiting")
+DISABLE_AFTER = 20  # failed delivery attempts in a row before an endpoint is disabled
+
+
+class WebhookNotFoundError(TurnstileError):
+    def __init__(self, endpoint_id: UUID) -> None:
+        super().__init__(f"webhook {endpoint_id} not found")
+        self.endpoint_id = endpoint_id
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    id: UUID
+    tenant_id: str
+    url: str
+    events: list[str]
+    consecutive_failures: int
+    disabled_at: datetime | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> Endpoint:
+        return cls(
+            id=row["id"],
+            tenant_id=row["tenant_id"],
+            url=row["url"],
+            events=list(row["events"]),
+            consecutive_failures=int(row["consecutive_failures"]),
+            disabled_at=row["disabled_at"],
+            created_at=row["created_at"],
+        )
+
+
+@dataclass(frozen=True)
+class DeliveryTarget:
+    """Where a delivery run sends, read when it sends (so a rotated secret applies)."""
+
+    endpoint_id: UUID
+    url: str
+    secret_ciphertext: bytes
+    live: bool  # neither deleted nor disabled
+
+
+class Webhooks:
+    def __init__(self, queue: Queue, *, disable_after: int = DISABLE_AFTER) -> None:
+        self.queue = queue
+        self.disable_after = disable_after
+
+    async def create(
+        self, *, tenant_id: str, principal: str, url: str, events: list[str], secret: bytes
+    ) -> Endpoint:
+        async with self.queue.engine.begin() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        q("webhook_create"),
+                        {
+                            "tenant_id": tenant_id,
+                            "principal": principal,
+                            "url": url,
+                            "events": events,
+                            "secret": secret,
+                        },
+                    )
+                )
+                .mappings()
+                .one()
+            )
+        return Endpoint.from_row(row)
+
+    async def list(self, tenant_id: str) -> list[Endpoint]:
+        async with self.queue.engine.connect() as conn:
+            rows = (await conn.execute(q("webhook_list"), {"tenant_id": tenant_id})).mappings()
+            return [Endpoint.from_row(row) for row in rows]
+
+    async def rotate(self, *, tenant_id: str, endpoint_id: UUID, secret: bytes) -> None:
+        async with self.queue.engine.begin() as conn:
+            found = (
+                await conn.execute(
+                    q("webhook_rotate"),
+                    {"id": endpoint_id, "tenant_id": tenant_id, "secret": secret, "now": None},
+                )
+            ).first()
+        if found is None:
+            raise WebhookNotFoundError(endpoint_id)
+
+    async def delete(self, *, tenant_id: str, endpoint_id: UUID, actor: str) -> int:
+        """Delete the endpoint and cancel its pending deliveries; how many were cancelled."""
+        async with self.queue.engine.begin() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        q("webhook_delete"),
+                        {"id": endpoint_id, "tenant_id": tenant_id, "actor": actor, "now": None},
+                    )
+                )
+                .mappings()
+                .one()
+            )
+        if not row["deleted"]:
+            raise WebhookNotFoundError(endpoint_id)
+        return int(row["cancelled"])
+
+    async def target(self, delivery_run_id: UUID, endpoint_id: UUID) -> DeliveryTarget | None:
+        """The endpoint a delivery run sends to, if it is of the run's tenant."""
+        async with self.queue.engine.connect() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        q("webhook_for_delivery"),
+                        {"run_id": delivery_run_id, "endpoint_id": endpoint_id},
+                    )
+                )
+                .mappings()
+                .first()
+            )
+        if row is None:
+            return None
+        return DeliveryTarget(
+            endpoint_id=row["id"],
+            url=row["url"],
+            secret_ciphertext=bytes(row["secret_ciphertext"]),
+            live=row["disabled_at"] is None and row["deleted_at"] is None,
+        )
+
+    async def attempt_succeeded(self, endpoint_id: UUID) -> None:
+        async with self.queue.engine.begin() as conn:
+            await conn.execute(q("webhook_attempt_succeeded"), {"id": endpoint_id})
+
+    async def attempt_failed(self, endpoint_id: UUID) -> bool:
+        """Count a failed attempt; True when this one disabled the endpoint."""
+        async with self.queue.engine.begin() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        q("webhook_attempt_failed"),
+                        {"id": endpoint_id, "disable_after": self.disable_after, "now": None},
+                    )
+                )
+                .mappings()
+                .first()
+            )
+        if row is None or not row["disabled_now"]:
+            return False
+        log.warning(
+            "webhook endpoint disabled after %s failed delivery attempts in a row",
+            row["consecutive_failures"],
+            extra={"endpoint_id": str(endpoint_id), "tenant_id": row["tenant_id"]},
+        )
+        return True
