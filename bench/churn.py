@@ -66,6 +66,13 @@ SELECT s.relname, pg_relation_size(s.relid) AS heap_bytes,
 FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
 WHERE s.relname = ANY($1::text[])
 """
+SERVER_SQL = """
+SELECT name, setting FROM pg_settings
+WHERE name IN ('autovacuum', 'autovacuum_naptime', 'autovacuum_max_workers',
+               'autovacuum_vacuum_cost_delay', 'autovacuum_vacuum_cost_limit',
+               'vacuum_cost_limit', 'shared_buffers', 'server_version')
+ORDER BY name
+"""
 INDEX_SQL = """
 SELECT indexrelname, pg_relation_size(indexrelid) AS bytes
 FROM pg_stat_user_indexes WHERE relname = 'runs' ORDER BY indexrelname
@@ -238,6 +245,9 @@ async def measure(dbs: Databases, settings: Settings, args: argparse.Namespace) 
         tasks: list[asyncio.Task[None]] = []
         checkpoints: list[dict[str, Any]] = []
         try:
+            server = {r["name"]: r["setting"] for r in await conn.fetch(SERVER_SQL)}
+            if server["autovacuum"] != "on":
+                log("autovacuum is off on this server: dead tuples will only grow")
             if args.reset_storage:
                 await reset_storage(conn)
             began = time.monotonic()
@@ -293,6 +303,7 @@ async def measure(dbs: Databases, settings: Settings, args: argparse.Namespace) 
         "runs_per_second": round(churn.completed / wall, 1),
         "pruned": churn.pruned,
         "storage_parameters": "reset" if args.reset_storage else "migrations",
+        "server": server,
         "claim_p50_ratio_end_to_start": _ratio(last["p50_ms"], first["p50_ms"]),
         "claim_p99_ratio_end_to_start": _ratio(last["p99_ms"], first["p99_ms"]),
         "dead_tuples_peak_runs": churn.dead_peak,
@@ -311,7 +322,9 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"Machine: {results['machine']}; load average at start {results['load_average']['start']}, "
         f"at end {results['load_average']['end']}. Storage parameters: "
-        f"{churn['storage_parameters']}. Retention {results['settings']['retention_seconds']} s, "
+        f"{churn['storage_parameters']}. Server: "
+        + ", ".join(f"{k} {v}" for k, v in churn["server"].items())
+        + f". Retention {results['settings']['retention_seconds']} s, "
         f"backlog {results['settings']['backlog']:,} queued, "
         f"{churn['runs_per_second']} runs/s over {churn['wall_seconds']} s; "
         f"{churn['pruned']:,} runs pruned; at most {churn['dead_tuples_peak_runs']:,} dead "
