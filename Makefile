@@ -54,9 +54,10 @@ bench: $(VENV)/.installed-bench
 bench-quick: $(VENV)/.installed-bench
 	$(BIN)/python bench/run.py --quick
 
-## Churn (opt-in, long: hours at the default 2,000,000 runs): runs enqueued, claimed, completed
-## and pruned by retention through one database; the claim and the tables' sizes, dead tuples
-## and HOT share along the way. CHURN_RUNS=N for another count; bench/results/churn-latest.*
+## Churn (opt-in, long: about an hour at the default 2,000,000 runs): runs enqueued, claimed,
+## completed and pruned by retention through one database; the claim and the tables' sizes,
+## dead tuples and HOT share along the way. CHURN_RUNS=N for another count;
+## bench/results/churn-latest.json and .md.
 bench-churn: $(VENV)/.installed-bench
 	$(BIN)/python bench/churn.py $(if $(CHURN_RUNS),--runs $(CHURN_RUNS),)
 
