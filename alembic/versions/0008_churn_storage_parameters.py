@@ -2,10 +2,10 @@
 
 A run's row is inserted, updated a few times (claim, heartbeats, one bump of last_event_seq per
 event it appends, completion) and deleted by retention with its events and inputs. The churn
-benchmark (bench/churn.py; docs/performance.md, "Churn") measured that with the defaults: with
-autovacuum running the tables reach a steady size and the claim stays within 1.5x of a fresh
-table; with pages filled to the brim on insert, fewer of the updates that could be HOT were
-(56 % of them with vacuum behind, 96 % with it keeping up).
+benchmark (bench/churn.py; docs/performance.md, "Churn") measured that with the defaults:
+with autovacuum running the tables reach a steady size and the claim stays within about 1.5x
+of a fresh table; with pages filled to the brim on insert, fewer of the updates that could be
+HOT were (56 % of them with vacuum behind, 96 % with it keeping up).
 
 * runs, fillfactor 80: the updates that change no indexed column (append_event, tool_started,
   tool_finished, tool_not_sent, save_checkpoint: last_event_seq, and updated_at alone) can be
