@@ -7,7 +7,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test check lint typecheck pytest bench bench-quick clean
+.PHONY: run test check lint typecheck pytest bench bench-quick bench-churn clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "make: Python 3.11 or newer is required (python3 --version)"; exit 2; }
@@ -53,6 +53,13 @@ bench: $(VENV)/.installed-bench
 ## The quick mode (about a minute): bench/results/quick.json and quick.md, no PNG.
 bench-quick: $(VENV)/.installed-bench
 	$(BIN)/python bench/run.py --quick
+
+## Churn (opt-in, long: about an hour at the default 2,000,000 runs): runs enqueued, claimed,
+## completed and pruned by retention through one database; the claim and the tables' sizes,
+## dead tuples and HOT share along the way. CHURN_RUNS=N for another count;
+## bench/results/churn-latest.json and .md.
+bench-churn: $(VENV)/.installed-bench
+	$(BIN)/python bench/churn.py $(if $(CHURN_RUNS),--runs $(CHURN_RUNS),)
 
 clean:
 	rm -rf $(VENV) .turnstile .pytest_cache .mypy_cache .ruff_cache

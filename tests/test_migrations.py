@@ -155,3 +155,46 @@ async def test_upgrading_a_database_with_repeated_resubmissions(empty_database: 
         (first, failed),
         (second, None),
     ]
+
+
+_RELOPTIONS = (
+    "SELECT relname, coalesce(array_to_string(reloptions, ','), '') FROM pg_class "
+    "WHERE relname IN ('runs', 'run_events', 'run_inputs') AND relkind = 'r'"
+)
+
+
+async def test_storage_parameters_of_the_churned_tables(engine: AsyncEngine) -> None:
+    """Migration 0008: room for HOT updates on runs and eager autovacuum on the three tables
+    every run churns through (docs/operations.md, "Churn")."""
+    options = {
+        table: dict(option.split("=", 1) for option in value.split(",") if option)
+        for table, value in (await _catalog(engine, _RELOPTIONS)).items()
+    }
+    assert options["runs"] == {
+        "fillfactor": "80",
+        "autovacuum_vacuum_scale_factor": "0.02",
+        "autovacuum_vacuum_threshold": "1000",
+        "autovacuum_vacuum_cost_limit": "2000",
+        "autovacuum_analyze_scale_factor": "0.02",
+    }
+    for table in ("run_events", "run_inputs"):
+        assert options[table] == {
+            "autovacuum_vacuum_scale_factor": "0.05",
+            "autovacuum_vacuum_cost_limit": "2000",
+            "autovacuum_analyze_scale_factor": "0.05",
+        }
+
+
+async def test_downgrading_0008_resets_the_storage_parameters(empty_database: str) -> None:
+    await asyncio.to_thread(upgrade, empty_database, "0008")
+    await asyncio.to_thread(downgrade, empty_database, "0009")
+    conn = await asyncpg.connect(plain_url(empty_database))
+    try:
+        rows = await conn.fetch(_RELOPTIONS)
+    finally:
+        await conn.close()
+    assert {r["relname"]: r["coalesce"] for r in rows} == {
+        "runs": "",
+        "run_events": "",
+        "run_inputs": "",
+    }
