@@ -76,7 +76,7 @@ async def _work(queue: Queue, name: str, run_id: UUID, done: asyncio.Event, tall
 
 async def test_racing_workers_commit_each_transition_once(engine: AsyncEngine) -> None:
     config = QueueConfig(
-        lease_seconds=0.004, max_attempts=1_000_000, backoff_base_seconds=0, backoff_max_seconds=0
+        lease_seconds=0.002, max_attempts=1_000_000, backoff_base_seconds=0, backoff_max_seconds=0
     )
     queue = Queue(engine, config)
     sweeper = Sweeper(queue, holder="test", interval=0)

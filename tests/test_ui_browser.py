@@ -315,7 +315,7 @@ async def test_keys_without_the_operator_scope_cannot_act_and_tenants_stay_apart
 async def test_a_session_page_shows_its_conversation_and_its_runs(
     database_url: str, engine: AsyncEngine, clocked: tuple[Queue, ManualClock]
 ) -> None:
-    queue, _ = clocked
+    queue, clock = clocked
     session = await Reads(queue).create_session(tenant_id="acme", principal="alice")
     submissions = Submissions(
         queue,
@@ -338,6 +338,9 @@ async def test_a_session_page_shows_its_conversation_and_its_runs(
         ),
     )
     await execute(queue, "worker-a")
+    # A later turn, later on the clock: the runs list is newest first by creation time, and
+    # two runs created at the same instant would come in the order of their ids.
+    clock.advance(1)
     second = await submissions.submit_turn(
         alice, session.id, RunSpec(input={"script": [{"call": "teleport"}]})
     )
