@@ -29,8 +29,6 @@ from app.client.retry import (
     retryable_answer,
 )
 
-USER_AGENT = "turnstile-client"
-
 
 class AsyncTurnstile:
     """The API at `base_url`, as the holder of `api_key`. Use it as an async context manager,
@@ -49,7 +47,7 @@ class AsyncTurnstile:
         self.timeout = timeout
         self._http = httpx.AsyncClient(
             base_url=base_url,
-            headers={"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT},
+            headers=calls.default_headers(api_key),
             timeout=timeout,
             transport=transport,
         )

@@ -13,6 +13,14 @@ from uuid import UUID
 
 from app.client.models import JSON, Event, Run, Session
 
+USER_AGENT = "turnstile-client"
+
+
+def default_headers(api_key: str) -> dict[str, str]:
+    """The headers every request of either client carries."""
+    return {"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT}
+
+
 MAX_WAIT_SECONDS = 60.0  # the API's cap on one long poll (app/api/runs.py)
 # Above the API's keep-alive comments (every 15 s), so a silent stream is a dead one.
 STREAM_READ_TIMEOUT = 45.0

@@ -30,8 +30,6 @@ from app.client.retry import (
     retryable_answer,
 )
 
-USER_AGENT = "turnstile-client"
-
 
 class Turnstile:
     """The API at `base_url`, as the holder of `api_key`. Use it as a context manager, or call
@@ -50,7 +48,7 @@ class Turnstile:
         self.timeout = timeout
         self._http = httpx.Client(
             base_url=base_url,
-            headers={"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT},
+            headers=calls.default_headers(api_key),
             timeout=timeout,
             transport=transport,
         )
