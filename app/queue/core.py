@@ -201,9 +201,11 @@ class Queue:
             except OperationalError:
                 if not retry_on_disconnect or attempt == 1:
                     raise
-            except (DBAPIError, asyncpg.PostgresError) as exc:
-                # Directly, the driver's error; through SQLAlchemy, the cause of its wrapper.
-                cause = exc.orig and exc.orig.__cause__ if isinstance(exc, DBAPIError) else exc
+            except DBAPIError as exc:
+                # Directly, the driver's error is the wrapper's `orig`; through SQLAlchemy's
+                # dialect, the cause of its own adapted error.
+                cause = exc.orig if isinstance(exc.orig, asyncpg.PostgresError) else None
+                cause = cause or (exc.orig.__cause__ if exc.orig is not None else None)
                 if isinstance(cause, asyncpg.PostgresError) and cause.sqlstate in _REFUSALS:
                     raise refusals(cause.message, json.loads(cause.detail or "{}")) from None
                 raise
@@ -227,8 +229,6 @@ class Queue:
                 rows: list[Any] = await driver.fetch(sql, *args)
                 return rows
             except asyncpg.PostgresError as exc:
-                if exc.sqlstate in _REFUSALS:
-                    raise  # mapped by the caller, as from the other path
                 if exc.sqlstate.startswith("08") or exc.sqlstate in _SERVER_GOING:
                     await conn.invalidate()
                     raise OperationalError(sql, None, exc, connection_invalidated=True) from exc
