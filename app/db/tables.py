@@ -13,6 +13,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -396,4 +397,39 @@ webhook_deliveries = Table(
     Column("event", Text, nullable=False),
     _ts("created_at", nullable=False, default_now=True),
     Index("ix_webhook_deliveries_endpoint_id", "endpoint_id"),
+)
+
+
+tenant_limits = Table(
+    "tenant_limits",
+    metadata,
+    # An admin's overrides of a tenant's limits (migration 0010). NULL, or a class missing from
+    # max_running, means the process default from the environment.
+    Column("tenant_id", Text, primary_key=True),
+    # {"interactive": 4, "async": 20}: at most that many running runs of the class.
+    Column("max_running", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("max_queued", Integer),
+    Column("submit_rate_per_second", Float),
+    Column("submit_burst", Integer),
+    _ts("updated_at", nullable=False, default_now=True),
+    CheckConstraint("max_queued IS NULL OR max_queued >= 0", name="max_queued"),
+    CheckConstraint(
+        "submit_rate_per_second IS NULL OR submit_rate_per_second > 0", name="submit_rate"
+    ),
+    CheckConstraint("submit_burst IS NULL OR submit_burst >= 1", name="submit_burst"),
+)
+
+tenant_class_counts = Table(
+    "tenant_class_counts",
+    metadata,
+    # A tenant's running and queued runs of one class band (priority / 10), kept exact by the
+    # statements that change them, so the fair claim reads a share from one row.
+    Column("tenant_id", Text, primary_key=True),
+    Column("band", SmallInteger, primary_key=True),
+    Column("running", Integer, nullable=False, server_default=text("0")),
+    Column("queued", Integer, nullable=False, server_default=text("0")),
+    # Ties between tenants with as many running runs go to the least recently served.
+    _ts("last_claimed_at"),
+    CheckConstraint("band BETWEEN 0 AND 2", name="band"),
+    CheckConstraint("running >= 0 AND queued >= 0", name="non_negative"),
 )
