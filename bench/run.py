@@ -482,6 +482,9 @@ def start_server(env: dict[str, str], log_file: IO[bytes]) -> subprocess.Popen[b
     )
 
 
+WAL_SQL = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
+
+
 def tail(path: Path) -> str:
     return path.read_text(errors="replace")[-2000:]
 
@@ -570,6 +573,7 @@ async def api(dbs: Databases, profile: Profile, logs: Path, processes: int = 1) 
                 await wait_listening(server, port, logs / f"api-{processes}x-{i}.log")
             pg_cpu = inflight.BackendCpu()
             await pg_cpu.sample(conn)
+            wal_before = await conn.fetchval(WAL_SQL)
             cpu_before = [cpu_seconds(server.pid) or 0.0 for server in servers]
             # BENCH_PROFILE_API=FILE.svg samples the API process with py-spy while it serves
             # the load (where the time goes, for docs/performance.md); its CPU figure then
@@ -626,6 +630,7 @@ async def api(dbs: Databases, profile: Profile, logs: Path, processes: int = 1) 
                 for server, before in zip(servers, cpu_before, strict=True)
             ]
             postgres_cpu = pg_cpu.seconds()
+            wal = await conn.fetchval(WAL_SQL) - wal_before
             if sampler is not None:
                 await sampler.wait()
             requests = result["requests_total"]
@@ -643,6 +648,9 @@ async def api(dbs: Databases, profile: Profile, logs: Path, processes: int = 1) 
             result["server_cpu_seconds_each"] = [round(seconds, 3) for seconds in cpu]
             result["postgres_cpu_ms_per_request"] = per_request(postgres_cpu)
             result["client_cpu_ms_per_request"] = per_request(result["client_cpu_seconds"])
+            # The whole server's WAL (pg_current_wal_lsn): on a shared server, other databases'
+            # writes are in it too, so it is an upper bound.
+            result["wal_bytes_per_request"] = round(wal / requests) if requests else None
             result["server_peak_rss_mb"] = max(
                 (peak_rss_mb(server.pid) or 0.0) for server in servers
             )
