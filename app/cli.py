@@ -589,6 +589,14 @@ async def webhooks_delete(runbook: Runbook, args: argparse.Namespace) -> object:
     return {"id": str(endpoint_id), "deleted": True, "cancelled_deliveries": cancelled}
 
 
+async def webhooks_enable(runbook: Runbook, args: argparse.Namespace) -> object:
+    from app.queue.webhooks import Webhooks
+
+    endpoint_id = _uuid(args.webhook_id, "webhook")
+    endpoint = await Webhooks(runbook.queue).enable(tenant_id=args.tenant, endpoint_id=endpoint_id)
+    return _webhook_row(endpoint)
+
+
 def _uuid(value: str, what: str = "run") -> uuid.UUID:
     try:
         return uuid.UUID(value)
@@ -736,6 +744,13 @@ def build_parser() -> argparse.ArgumentParser:
     delete_webhook.add_argument("--tenant", required=True)
     delete_webhook.add_argument("--json", action="store_true")
     delete_webhook.set_defaults(func=_runbook(webhooks_delete))
+    enable_webhook = webhooks_sub.add_parser(
+        "enable", help="re-enable an endpoint that failed deliveries disabled"
+    )
+    enable_webhook.add_argument("webhook_id")
+    enable_webhook.add_argument("--tenant", required=True)
+    enable_webhook.add_argument("--json", action="store_true")
+    enable_webhook.set_defaults(func=_runbook(webhooks_enable))
 
     migrate = sub.add_parser("migrate", help="upgrade the database schema to this version")
     migrate.set_defaults(func=cmd_migrate)

@@ -115,7 +115,10 @@ class Settings(BaseSettings):
     webhook_backoff_base_seconds: float = Field(default=30.0, ge=0)
     webhook_backoff_max_seconds: float = Field(default=3600.0, ge=0)
     webhook_disable_after: int = Field(
-        default=20, ge=1, description="Failed delivery attempts in a row that disable an endpoint."
+        default=20,
+        ge=1,
+        description="Failed deliveries in a row (each after all its attempts) that disable an "
+        "endpoint.",
     )
     openai_base_url: str | None = Field(
         default=None,

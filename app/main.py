@@ -134,7 +134,11 @@ async def services(
     registry.internal_agents[WEBHOOK_AGENT] = WebhookAgent()
     registry.internal_tools[WEBHOOK_AGENT] = {
         WEBHOOK_TOOL: WebhookDeliveryTool(
-            webhooks, egress, secret_box, on_attempt=metrics.webhook_attempt
+            webhooks,
+            egress,
+            secret_box,
+            on_attempt=metrics.webhook_attempt,
+            on_disabled=metrics.webhook_endpoint_disabled,
         )
     }
     # Shared, and sized so every slot can have its model call in flight at once.

@@ -154,9 +154,19 @@ class Metrics:
         )
         for outcome in ("delivered", "retry", "refused"):
             self.webhook_attempts.labels(outcome)
+        self.webhook_endpoints_disabled = Counter(
+            "turnstile_webhook_endpoints_disabled",
+            "Webhook endpoints this process disabled after TURNSTILE_WEBHOOK_DISABLE_AFTER "
+            "failed deliveries in a row (each delivery that did so has a "
+            "webhook.endpoint_disabled event).",
+            registry=self.registry,
+        )
 
     def webhook_attempt(self, outcome: str) -> None:
         self.webhook_attempts.labels(outcome).inc()
+
+    def webhook_endpoint_disabled(self) -> None:
+        self.webhook_endpoints_disabled.inc()
 
     # --- the queue core's observer ------------------------------------------------------------
     def transition(self, name: str, priority: int, count: int = 1) -> None:
