@@ -483,6 +483,17 @@ def start_server(env: dict[str, str], log_file: IO[bytes]) -> subprocess.Popen[b
 
 
 WAL_SQL = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
+# Backends of this database waiting for the lock PostgreSQL takes to commit a transaction that
+# notified (PreCommit_Notify: AccessExclusiveLock on object 0 of pg_database, one for the whole
+# server, held until the commit's WAL flush is done), and those active at all.
+NOTIFY_WAIT_SQL = """
+SELECT count(*) FILTER (WHERE l.pid IS NOT NULL) AS waiting,
+       count(*) FILTER (WHERE a.state = 'active') AS active
+FROM pg_stat_activity a
+LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'object'
+     AND l.classid = 'pg_database'::regclass AND l.objid = 0 AND NOT l.granted
+WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+"""
 
 
 def tail(path: Path) -> str:
@@ -618,9 +629,12 @@ async def api(dbs: Databases, profile: Profile, logs: Path, processes: int = 1) 
             outputs = asyncio.gather(*(client.communicate() for client in load))
             # PostgreSQL's backends sampled while the load runs (a backend that closes in
             # between keeps its last sample).
+            waits: list[tuple[int, int]] = []
             while not outputs.done():
                 await asyncio.wait([outputs], timeout=0.5)
                 await pg_cpu.sample(conn)
+                waiting, active = await conn.fetchrow(NOTIFY_WAIT_SQL)
+                waits.append((int(waiting), int(active)))
             for client in load:
                 if client.returncode != 0:
                     raise RuntimeError(f"the load generator exited {client.returncode}")
@@ -651,6 +665,14 @@ async def api(dbs: Databases, profile: Profile, logs: Path, processes: int = 1) 
             # The whole server's WAL (pg_current_wal_lsn): on a shared server, other databases'
             # writes are in it too, so it is an upper bound.
             result["wal_bytes_per_request"] = round(wal / requests) if requests else None
+            # Sampled every 0.5 s under load: how many of the API's backends were queued on the
+            # notifying-commit lock, of how many active (the next bottleneck, when it is that).
+            result["notify_lock_waiters_mean"] = (
+                round(sum(w for w, _ in waits) / len(waits), 1) if waits else None
+            )
+            result["active_backends_mean"] = (
+                round(sum(a for _, a in waits) / len(waits), 1) if waits else None
+            )
             result["server_peak_rss_mb"] = max(
                 (peak_rss_mb(server.pid) or 0.0) for server in servers
             )
@@ -801,6 +823,20 @@ def scale_curve(results: dict[str, Any], pgbench: float) -> list[str]:
                 row.get("load_average"),
             )
         )
+    waited = [row for row in apis if row.get("notify_lock_waiters_mean") is not None]
+    if waited:
+        lines += [
+            "",
+            "PostgreSQL's notifying-commit lock under the API's load (one lock for the whole "
+            "server, held through each notifying commit's WAL flush; every turn notifies): "
+            + "; ".join(
+                f"with {row['processes']} API process{'es' if row['processes'] > 1 else ''}, "
+                f"{row['notify_lock_waiters_mean']} of {row['active_backends_mean']} active "
+                "backends waiting for it on average"
+                for row in waited
+            )
+            + ".",
+        ]
     loaded = [row for row in apis if row.get("client_cpu_ms_per_request") is not None]
     if loaded:
         lines += [
