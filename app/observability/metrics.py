@@ -105,6 +105,16 @@ class Metrics:
             ["class"],
             registry=self.registry,
         )
+        self.tenant_runs = Gauge(
+            "turnstile_tenant_runs",
+            "Running and queued runs per tenant and class, for the busiest tenants by queued "
+            'runs (20 by default) one by one and every other tenant summed as tenant="other", '
+            "so the number of series does not grow with the number of tenants (from the "
+            "per-tenant counts the transitions keep, by the process holding the queue-metrics "
+            "lease).",
+            ["tenant", "class", "status"],
+            registry=self.registry,
+        )
         self.stuck = Gauge(
             "turnstile_stuck_runs",
             "Runs stuck per reason: lease_expired, queued_too_long, waiting_too_long.",

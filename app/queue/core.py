@@ -63,8 +63,9 @@ def positional(name: str) -> tuple[str, tuple[str, ...]]:
     return compiled.string, tuple(compiled.positiontup or ())
 
 
-_REFUSALS = ("TS404", "TS409")
-"""SQLSTATEs our own functions raise for a refusal (migration 0007)."""
+_REFUSALS = ("TS404", "TS409", "TS429")
+"""SQLSTATEs our own functions raise for a refusal (migration 0007; TS429, over the tenant's
+submission rate limit: migration 0012)."""
 
 _SERVER_GOING = ("57P01", "57P02", "57P03")
 """Admin shutdown, crash shutdown, cannot connect now: the connection is gone or going."""
@@ -185,7 +186,7 @@ class Queue:
         """One round trip: the named statement (positional `$n` parameters, one row back) on
         the driver's own connection, where asyncpg prepares it once per connection and runs it
         in its implicit transaction: no BEGIN and COMMIT round trips, no SQLAlchemy compilation.
-        A refusal raised by the statement (SQLSTATE TS404/TS409, the problem's name as the
+        A refusal raised by the statement (SQLSTATE TS404/TS409/TS429, the problem's name as the
         message, its fields as JSON in the detail) becomes `refusals(name, fields)`. A lost
         connection is dropped from the pool and raised as OperationalError; with
         `retry_on_disconnect` (the statement is safe to send twice) it is tried once more on a
@@ -274,6 +275,9 @@ class Queue:
     async def enqueue(
         self, new: NewRun, *, conn: AsyncConnection | None = None, run_id: UUID | None = None
     ) -> Run:
+        """A new queued run. For back-end services in the deployment and the core's own
+        callers: not rate limited (the submission rate limit is the API's, in
+        `turnstile_submit`)."""
         rows = await self._rows(
             "enqueue",
             {
