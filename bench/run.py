@@ -27,7 +27,10 @@ own (bench/http_load.py).
 6. Peak RSS (VmHWM) of every worker process.
 7. In flight (bench/inflight.py): one worker with 100, 500, 2,000 and 5,000 async slots serving
    as many `openai` runs against a loopback endpoint answering after 1 s (bench/fake_model.py).
-8. Peers (bench/peers.py): Turnstile, PGQueuer and Procrastinate on the same workloads (drain,
+8. Streaming (bench/streaming.py): no-op throughput and interactive latency with 50 runs
+   writing text live beside them, against the same without; the delta notifications and the
+   notification queue usage.
+9. Peers (bench/peers.py): Turnstile, PGQueuer and Procrastinate on the same workloads (drain,
    single enqueues, probes behind a backlog, commits and WAL per job), each on its own database.
 """
 
@@ -57,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ceiling
 import inflight
 import peers
+import streaming
 from common import (
     NOOP,
     ROOT,
@@ -660,6 +664,15 @@ def markdown(results: dict[str, Any]) -> str:
             "",
             inflight.markdown(results["inflight"]).rstrip("\n"),
         ]
+    if results.get("streaming"):
+        lines += [
+            "",
+            "Live output (docs/adr/0007): no-op runs and interactive arrivals on one worker "
+            f"while another runs {streaming.STREAMS} runs writing text live, against the same "
+            "runs sleeping instead:",
+            "",
+            streaming.markdown(results["streaming"]).rstrip("\n"),
+        ]
     if results.get("peers"):
         lines += [
             "",
@@ -737,7 +750,7 @@ async def main() -> None:
     parser.add_argument("--png", type=Path, default=None)
     parser.add_argument(
         "--phases",
-        default="ceiling,throughput,latency,depth,api,inflight,peers",
+        default="ceiling,throughput,latency,depth,api,inflight,streaming,peers",
         help="comma-separated",
     )
     parser.add_argument(
@@ -803,6 +816,18 @@ async def main() -> None:
             results["inflight"] = await retrying(
                 "inflight",
                 lambda: inflight.measure(dbs, settings, profile.inflight_sizes, 1.0, logs),
+            )
+        if "streaming" in phases:
+            results["streaming"] = await retrying(
+                "streaming",
+                lambda: streaming.measure(
+                    dbs,
+                    settings,
+                    noop_runs=min(profile.throughput_runs, 5_000),
+                    latency_seconds=profile.latency_seconds,
+                    rate=profile.interactive_rate,
+                    logs=logs,
+                ),
             )
         if "peers" in phases:
             results["peers"] = await retrying(

@@ -1,5 +1,5 @@
 """Settings people write by hand: any case where case means nothing; the HTTP server's
-keep-alive longer than its clients'."""
+keep-alive longer than its clients'; streaming from the model turned off by its variable."""
 
 from __future__ import annotations
 
@@ -28,3 +28,12 @@ def test_the_server_keeps_idle_connections_longer_than_clients_do() -> None:
         database_url="postgresql://nobody@127.0.0.1:1/none", http_keep_alive_seconds=30
     )
     assert server_config(shorter, create_app(shorter)).timeout_keep_alive == 30
+
+
+def test_streaming_from_the_model_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().openai_stream is True
+    monkeypatch.setenv("TURNSTILE_OPENAI_STREAM", "false")
+    assert Settings().openai_stream is False
+    monkeypatch.setenv("TURNSTILE_OPENAI_STREAM", "maybe")
+    with pytest.raises(ValidationError):
+        Settings()

@@ -3,7 +3,7 @@
 (runs, their events, the runbook), `submission.sql` (sessions, idempotency keys, turn routing,
 operator actions), `workers.sql` (the worker registry, maintenance leases, prunes),
 `dashboard.sql` (the dashboard's read models), `schedules.sql` (schedules and their ticks) and
-`webhooks.sql` (webhook endpoints).
+`webhooks.sql` (webhook endpoints) and `deltas.sql` (live output deltas, not rows).
 Names are unique across them (the loader refuses a duplicate). Only app/queue executes them."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ FILES = (
     "dashboard.sql",
     "schedules.sql",
     "webhooks.sql",
+    "deltas.sql",
 )
 
 __all__ = ["FILES", "Statement", "parse", "q", "statements"]
