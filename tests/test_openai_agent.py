@@ -696,7 +696,7 @@ async def test_a_streamed_answer_shows_its_text_live_and_assembles_its_tool_call
     assert recorder.text(0) == "Let me check that. "
     assert recorder.text(1) == "The answer is 4."
     assert {(d.run_id, d.epoch) for d in recorder.deltas} == {(run.id, completed[0].epoch)}
-    assert len(recorder.deltas) == 9
+    assert len(recorder.deltas) == 8
 
 
 async def test_a_stream_cut_off_midway_is_retried_and_its_partial_text_replaced(

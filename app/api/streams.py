@@ -17,8 +17,11 @@ follow from the point the stream has caught up to.
 Durable events are read by one statement per recheck (`watch_events`, `watch_session_events`),
 woken by the run notifications (`RunWatch`), by a delta of a run the stream does not know yet
 (a session's next run started), by a turn submitted through this process (`LiveWatch`), or by
-the recheck timer (`recheck_seconds`; a session stream with no active run looks again every
-`SESSION_IDLE_RECHECK_SECONDS`, since a new run's enqueue names no session).
+the recheck timer (`recheck_seconds`). A session stream with no active run looks again after
+`SESSION_IDLE_FIRST_SECONDS`, then twice as long each time up to `IDLE_RECHECK_SECONDS` (30 s),
+since a new run's enqueue names no session: a turn submitted through another API process shows
+within that pause, or at its run's first delta, whichever comes first (one submitted through
+this process shows at once).
 """
 
 from __future__ import annotations
@@ -37,7 +40,13 @@ from starlette.types import Receive, Scope, Send
 
 from app.api.auth import visible_principal, visible_tenant
 from app.api.services import state_of
-from app.api.watch import STREAM_RECHECK_SECONDS, Inbox, StreamSlot, recheck_seconds
+from app.api.watch import (
+    IDLE_RECHECK_SECONDS,
+    STREAM_RECHECK_SECONDS,
+    Inbox,
+    StreamSlot,
+    recheck_seconds,
+)
 from app.queue.deltas import Delta
 from app.queue.models import Event
 from app.queue.statuses import TERMINAL
@@ -45,7 +54,7 @@ from app.security.api_keys import Caller
 
 KEEPALIVE_SECONDS = 15.0  # proxies close connections that stay silent much longer
 STREAM_PAGE = 500
-SESSION_IDLE_RECHECK_SECONDS = 2.0
+SESSION_IDLE_FIRST_SECONDS = 1.0
 HELD_DELTAS = 256  # deltas of a session's next run kept until the stream reaches that run
 DELTA_EVENT = "message.delta"
 COMPLETED_EVENT = "message.completed"
@@ -210,12 +219,17 @@ async def session_stream(
     passed: deque[UUID] = deque(maxlen=16)  # runs the stream has finished with
     looked_for: deque[UUID] = deque(maxlen=16)  # unknown runs a recheck was made for
     run_no = max(run_no, 1)
+    idle = SESSION_IDLE_FIRST_SECONDS  # the next pause while the session has no active run
     with contextlib.ExitStack() as watching, state.live.following(session_id=session_id) as inbox:
         changed = asyncio.Event()
         while not state.shutdown.is_set():
             # Deltas first (as in run_stream); those of a run the stream has not reached yet
             # wait in `held` for the read that reaches it.
             if inbox.ready.is_set():
+                if inbox.poked:  # a turn submitted here: its run is there to read now
+                    inbox.poked = False
+                    next_check = loop.time()
+                    idle = SESSION_IDLE_FIRST_SECONDS
                 held.extend(inbox.take())
             if held:
                 ahead = False  # deltas of a run the stream has not reached
@@ -233,6 +247,7 @@ async def session_stream(
                             ahead = True
                 if ahead:
                     next_check = loop.time()  # a new run started: look for it now
+                    idle = SESSION_IDLE_FIRST_SECONDS
                     continue
             if changed.is_set() or loop.time() >= next_check:
                 changed.clear()
@@ -240,7 +255,8 @@ async def session_stream(
                     session_id, from_run_no=run_no, after=after, limit=STREAM_PAGE
                 )
                 if progress is None:
-                    next_check = loop.time() + SESSION_IDLE_RECHECK_SECONDS
+                    next_check = loop.time() + idle
+                    idle = min(idle * 2, IDLE_RECHECK_SECONDS)
                 else:
                     if current is None or current.run_id != progress.run_id:
                         # A run the stream reaches now: watch its notifications instead.
@@ -267,8 +283,10 @@ async def session_stream(
                         run_no, after = run_no + 1, 0
                         continue  # the next run (the read skips numbers retention removed)
                     if done:
-                        pause = SESSION_IDLE_RECHECK_SECONDS
+                        pause = idle
+                        idle = min(idle * 2, IDLE_RECHECK_SECONDS)
                     else:
+                        idle = SESSION_IDLE_FIRST_SECONDS
                         pause = recheck_seconds(
                             progress.status,
                             progress.scheduled_for,

@@ -100,6 +100,7 @@ class Inbox:
         self.capacity = capacity
         self.ready = asyncio.Event()
         self.dropped = 0
+        self.poked = False  # its session has a new run: look again now
         self._items: deque[Delta] = deque()
 
     def put(self, delta: Delta) -> None:
@@ -111,6 +112,7 @@ class Inbox:
 
     def poke(self) -> None:
         """Wake the stream with no delta (its session has a new run)."""
+        self.poked = True
         self.ready.set()
 
     def take(self) -> list[Delta]:

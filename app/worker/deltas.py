@@ -87,6 +87,7 @@ class DeltaPublisher:
             return True
         if self.paused:
             self._drop("paused", 1)
+            self._wake.set()  # the loop reads the usage again (when due) and may resume
             return False
         if self._buffered_chars + len(delta.text) > self.max_buffered_chars:
             self._drop("full", 1)
