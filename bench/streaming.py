@@ -10,7 +10,8 @@ a steady rate. Without streaming the host worker runs the same 50 runs with slee
 (same slots, same claims, no text), so the difference is the live output alone.
 
 Reported per condition: no-op runs/s (drain window by the database clock), interactive
-enqueue-to-claim p50/p99 (database clock), the notifications and bytes heard on
+enqueue-to-claim p50/p99 (database clock), the host worker's CPU share (what the 50 runs cost
+the machine), the notifications and bytes heard on
 `turnstile_deltas` by this process's LISTEN (standing in for an API process's one listener),
 the largest payload, and the highest `pg_notification_queue_usage()` sampled during it.
 """
@@ -18,6 +19,7 @@ the largest payload, and the highest `pg_notification_queue_usage()` sampled dur
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -88,7 +90,7 @@ async def one(
             nonlocal usage_max
             while sampling:
                 usage_max = max(
-                    usage_max, await conn.fetchval("SELECT pg_notification_queue_usage()")
+                    usage_max, await listener.fetchval("SELECT pg_notification_queue_usage()")
                 )
                 await asyncio.sleep(0.2)
 
@@ -118,6 +120,7 @@ async def one(
             sampler = asyncio.create_task(sample())
             heard.clear()
             listened_from = time.monotonic()
+            host_cpu = host.cpu_seconds()
             # No-op throughput: interactive class, so only the drain worker's 4 slots take
             # them (the async slots are busy with the host's runs).
             began = await conn.fetchval("SELECT now()")
@@ -159,6 +162,8 @@ async def one(
                 within=60,
             )
             listened = time.monotonic() - listened_from
+            heard_now = list(heard)  # what came during the window, not while stopping
+            host_cpu = host.cpu_seconds() - host_cpu
             sampling = False
             await sampler
             rows = await conn.fetch(LATENCY_SQL, INTERACTIVE.base, since)
@@ -174,11 +179,15 @@ async def one(
         "noop_runs": noop_runs,
         "noop_runs_per_second": round(noop_runs / float(window), 1),
         "interactive_claim_ms": summary([float(r["ms"]) for r in rows]),
-        "delta_notifications": len(heard),
-        "delta_notifications_per_second": round(len(heard) / listened, 2),
-        "delta_bytes_per_second": round(sum(heard) / listened, 1),
-        "largest_delta_payload_bytes": max(heard, default=0),
+        "delta_notifications": len(heard_now),
+        "delta_notifications_per_second": round(len(heard_now) / listened, 2),
+        "delta_bytes_per_second": round(sum(heard_now) / listened, 1),
+        "largest_delta_payload_bytes": max(heard_now, default=0),
         "notification_queue_usage_max": usage_max,
+        # The host worker's CPU share over the window: what its 50 runs cost the machine
+        # (streaming: the say loops and the publisher; quiet: sleeping runs).
+        "host_worker_cpu_share": round(host_cpu / listened, 3),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -211,8 +220,8 @@ async def measure(
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| Condition | No-op runs/s | Interactive claim p50 / p99 (ms) | Delta notifications/s "
-        "| Delta kB/s | Largest payload (B) | Max queue usage |",
-        "|---|---|---|---|---|---|---|",
+        "| Delta kB/s | Largest payload (B) | Max queue usage | Host worker CPU |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         claim = row["interactive_claim_ms"]
@@ -221,6 +230,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {row['noop_runs_per_second']} | {claim.get('p50_ms')} / {claim.get('p99_ms')} "
             f"| {row['delta_notifications_per_second']} "
             f"| {row['delta_bytes_per_second'] / 1000:.1f} "
-            f"| {row['largest_delta_payload_bytes']} | {row['notification_queue_usage_max']:.2g} |"
+            f"| {row['largest_delta_payload_bytes']} | {row['notification_queue_usage_max']:.2g} "
+            f"| {row['host_worker_cpu_share']:.0%} |"
         )
     return "\n".join(lines) + "\n"

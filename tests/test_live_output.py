@@ -21,6 +21,7 @@ import json
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -304,7 +305,7 @@ async def test_deltas_arrive_before_the_run_ends_and_add_up_to_the_completed_mes
         assert [i.event for i in replay] == [i.event for i in items if i.id is not None]
         assert [i.id for i in replay] == [str(n) for n in range(1, len(replay) + 1)]
         # The transcript has the whole text once, from the run's end.
-        transcript = (await client.get(f"/sessions/{session}/messages")).json()["messages"]
+        transcript = (await client.get(f"/sessions/{session}/messages")).json()["items"]
         assert [m["content"] for m in transcript if m["role"] == "assistant"] == [TEXT]
 
 
@@ -482,7 +483,7 @@ async def test_a_worker_killed_mid_stream_is_rerun_under_a_new_epoch(
                     await first.process.wait()
                 async with turnstile("worker", ready=b"running slots", env=env):
                     await asyncio.wait_for(read_until(stream, "run.succeeded", items), 60)
-            transcript = (await client.get(f"/sessions/{session}/messages")).json()["messages"]
+            transcript = (await client.get(f"/sessions/{session}/messages")).json()["items"]
     deltas = [i.data for i in items if i.event == "message.delta"]
     completed = [i.data for i in items if i.event == "message.completed"]
     assert len(talker.requests) == 2  # the model call was made again
@@ -498,3 +499,30 @@ async def test_a_worker_killed_mid_stream_is_rerun_under_a_new_epoch(
     assert [m["content"] for m in transcript if m["role"] == "user"] == [
         {"text": "What is the answer?"}
     ]
+
+
+def test_live_text_follows_the_rules_for_client_authors() -> None:
+    run = uuid4()
+    live = LiveText()
+
+    def delta(epoch: int, offset: int, text: str, message: int = 0) -> Delta:
+        return Delta(run_id=run, epoch=epoch, message=message, offset=offset, text=text)
+
+    def event(type_: str, epoch: int, data: Any = None) -> Event:
+        return Event(
+            seq=1, type=type_, epoch=epoch, data=data, created_at=datetime.now(UTC), run_id=run
+        )
+
+    assert live.apply(delta(1, 0, "Hel")) == "Hel"
+    assert live.apply(delta(1, 3, "lo wor")) == "Hello wor"
+    assert live.apply(delta(1, 0, "Hi")) == "Hi"  # a retried model call starts again at 0
+    assert live.apply(delta(1, 9, "ld")) == "Hi"  # a gap: a delta was missed, wait for the end
+    # The worker was lost: the run's next claim writes under epoch 2 and replaces the text.
+    assert live.apply(event("run.claimed", 2)) is None
+    assert live.text(run) == ""
+    assert live.apply(delta(1, 2, " late")) == ""  # the old claim's piece is dropped
+    assert live.apply(delta(2, 0, "Hello")) == "Hello"
+    whole = live.apply(event("message.completed", 2, {"text": "Hello world.", "message": 0}))
+    assert whole == "Hello world."
+    assert live.apply(delta(2, 5, " world")) == ""  # that message is complete
+    assert live.apply(delta(2, 0, "Next", message=1)) == "Next"

@@ -76,13 +76,15 @@ class HeldStream(EventSourceResponse):
 
 
 def frame(event: ServerSentEvent) -> bytes:
-    """One event in the SSE wire format, its data as JSON."""
-    return format_sse_event(
+    """One event in the SSE wire format, its data as JSON. The `id:` line comes first, as this
+    API has always sent it (`format_sse_event` puts it last; the order means nothing to a
+    conforming parser, but line-by-line readers written against this API expect it first)."""
+    body = format_sse_event(
         data_str=None if event.data is None else json.dumps(event.data, separators=(",", ":")),
         event=event.event,
-        id=event.id,
         comment=event.comment,
     )
+    return body if event.id is None else f"id: {event.id}\n".encode() + body
 
 
 def durable(event: Event, event_id: str, extra: dict[str, Any] | None = None) -> bytes:
