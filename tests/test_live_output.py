@@ -30,7 +30,7 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.watch import Inbox, LiveWatch
-from app.client import AsyncTurnstile, Delta, Event, LiveText
+from app.client import AsyncTurnstile, Delta, Event, LiveText, Turnstile
 from app.db.embedded import LocalCluster, free_port
 from app.db.engine import plain_url
 from app.queue.deltas import CHANNEL, MAX_PAYLOAD_BYTES, pack, unpack
@@ -526,3 +526,32 @@ def test_live_text_follows_the_rules_for_client_authors() -> None:
     assert whole == "Hello world."
     assert live.apply(delta(2, 5, " world")) == ""  # that message is complete
     assert live.apply(delta(2, 0, "Next", message=1)) == "Next"
+
+
+async def test_the_blocking_client_follows_a_session_and_a_run_leaves_deltas_out(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with running_api(database_url, engine, workers=True) as api:
+        key = await api.key()
+
+        def follow() -> tuple[list[str], list[str], list[str]]:
+            with Turnstile(api.base, key) as turnstile:
+                session = turnstile.create_session()
+                run = turnstile.submit_turn(session, say()["input"])
+                kinds: list[str] = []
+                for item in turnstile.session_events(session):
+                    kinds.append("delta" if isinstance(item, Delta) else item.type)
+                    if kinds[-1] == "run.succeeded":
+                        break
+                resumed: list[str] = []
+                for item in turnstile.session_events(session, after="1.2"):
+                    if isinstance(item, Event):
+                        resumed.append(f"{item.run_no}.{item.seq}")
+                        if item.type == "run.succeeded":
+                            break
+                return kinds, [e.type for e in turnstile.events(run)], resumed
+
+        kinds, run_events, resumed = await asyncio.to_thread(follow)
+    assert kinds.index("message.completed") < kinds.index("run.succeeded")
+    assert run_events == [k for k in kinds if k != "delta"]
+    assert resumed == [f"1.{seq}" for seq in range(3, len(run_events) + 1)]
