@@ -33,7 +33,7 @@ from app.api.watch import Inbox, LiveWatch
 from app.client import AsyncTurnstile, Delta, Event, LiveText, Turnstile
 from app.db.embedded import LocalCluster, free_port
 from app.db.engine import plain_url
-from app.queue.deltas import CHANNEL, MAX_PAYLOAD_BYTES, pack, unpack
+from app.queue.deltas import CHANNEL, MAX_PAYLOAD_BYTES, DeltaChannel, pack, unpack
 from app.queue.deltas import Delta as WireDelta
 from app.security.api_keys import create_key
 from app.worker.deltas import DeltaPublisher
@@ -140,13 +140,14 @@ async def test_the_publisher_sends_at_most_ten_bounded_notifications_a_second(
     try:
         runs = [uuid4() for _ in range(20)]
         sent = dict.fromkeys(runs, "")
-        for round_ in range(3):  # bursts: each more than one payload can hold
-            for index in range(40):
-                run = runs[index % len(runs)]
-                piece = f"{round_}:{index}:" + "x" * 90 + "é"
-                assert publisher.offer(wire(run, len(sent[run]), piece))
-                sent[run] += piece
-            await asyncio.sleep(0)  # other tasks run between bursts, as between model chunks
+        for index in range(600):
+            run = runs[index % len(runs)]
+            piece = f"{index}:" + "x" * 15 + "é"
+            assert publisher.offer(wire(run, len(sent[run]), piece))
+            sent[run] += piece
+            # Other tasks run between pieces, as between a model's chunks: pieces are offered
+            # while a notification is being sent too.
+            await asyncio.sleep(0)
 
         async def all_heard() -> bool:
             return texts(heard) == sent
@@ -159,13 +160,52 @@ async def test_the_publisher_sends_at_most_ten_bounded_notifications_a_second(
     assert len(heard) == publisher.notifications
     assert all(len(payload.encode()) <= MAX_PAYLOAD_BYTES for payload in heard)
     assert publisher.largest_payload <= MAX_PAYLOAD_BYTES
-    # Coalesced: 120 deltas in about as many notifications as the bytes need, not 120.
-    assert math.ceil(total / MAX_PAYLOAD_BYTES) <= len(heard) < 120 // 4
+    # Coalesced: 600 deltas in about as many notifications as the bytes need, not 600.
+    assert math.ceil(total / MAX_PAYLOAD_BYTES) <= len(heard) < 600 // 20
     # The rate bound: each notification's tick began at least 0.1 s after the previous one.
     starts = list(publisher.send_starts)
     assert len(starts) == len(heard)
     assert all(b - a >= 0.1 - 1e-3 for a, b in itertools.pairwise(starts))
     assert publisher.dropped == {"full": 0, "paused": 0, "disconnected": 0}
+
+
+class GatedChannel(DeltaChannel):
+    """The publisher's real connection, its sends held at a gate: a notification in flight for
+    as long as the test wants."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        super().__init__(conn)
+        self.gate = asyncio.Event()
+        self.sending = asyncio.Event()
+
+    async def send(self, payload: str) -> None:
+        self.sending.set()
+        await self.gate.wait()
+        await super().send(payload)
+
+
+async def test_pieces_offered_while_a_notification_is_sent_are_not_lost(
+    database_url: str,
+) -> None:
+    conn, heard = await listening(database_url)
+    channel = GatedChannel(await asyncpg.connect(plain_url(database_url)))
+    publisher = DeltaPublisher(database_url, channel=channel)
+    await publisher.start()
+    run = uuid4()
+    try:
+        assert publisher.offer(wire(run, 0, "first "))
+        await channel.sending.wait()  # its notification is on its way
+        assert publisher.offer(wire(run, 6, "second "))
+        assert publisher.offer(wire(run, 13, "third"))
+        channel.gate.set()
+
+        async def all_heard() -> bool:
+            return texts(heard).get(run) == "first second third"
+
+        await eventually(all_heard, within=10, what="every piece")
+    finally:
+        await publisher.stop()
+        await conn.close()
 
 
 async def test_a_publisher_that_falls_behind_drops_deltas_and_never_blocks(

@@ -47,6 +47,7 @@ class DeltaPublisher:
         usage_check_seconds: float = 1.0,
         metrics: Metrics | None = None,
         application_name: str = "turnstile deltas",
+        channel: DeltaChannel | None = None,
     ) -> None:
         if not 0 < max_per_second <= 10:
             raise ValueError("max_per_second must be in (0, 10]")
@@ -67,7 +68,8 @@ class DeltaPublisher:
         self._sent = asyncio.Event()  # set after every tick; settle waits on it
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._channel: DeltaChannel | None = None
+        # Its connection: opened at the first tick (and again after a loss) unless given.
+        self._channel: DeltaChannel | None = channel
         self._last_usage_check = float("-inf")
         self.paused = False  # the notification queue is above max_queue_usage
         self.usage = 0.0
@@ -195,7 +197,9 @@ class DeltaPublisher:
         if self.metrics is not None:
             self.metrics.delta_notifications.inc()
             self.metrics.delta_chars_sent.inc(sent)
-        self._replace_buffer(rest)
+        # Pieces offered while the notification was being sent are behind what was taken.
+        arrived = list(self._buffer)[len(taken) :]
+        self._replace_buffer([*rest, *arrived])
         return True
 
     # --- bookkeeping --------------------------------------------------------------------------
