@@ -90,7 +90,13 @@ def _box(state: ServiceState) -> SecretBox:
     response_model=WebhookCreated,
     summary="Create a webhook endpoint: signed deliveries of this tenant's run transitions",
     responses=responses(
-        "unauthorized", "forbidden", "invalid-request", "destination-refused", "secret-key-missing"
+        "unauthorized",
+        "forbidden",
+        "invalid-request",
+        "destination-refused",
+        "secret-key-missing",
+        "malformed-json",
+        "body-too-large",
     ),
 )
 async def create_webhook(body: WebhookRequest, request: Request, caller: OperatorDep) -> Any:
