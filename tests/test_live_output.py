@@ -595,3 +595,24 @@ async def test_the_blocking_client_follows_a_session_and_a_run_leaves_deltas_out
     assert kinds.index("message.completed") < kinds.index("run.succeeded")
     assert run_events == [k for k in kinds if k != "delta"]
     assert resumed == [f"1.{seq}" for seq in range(3, len(run_events) + 1)]
+
+
+async def test_a_session_stream_takes_a_place_under_the_stream_caps(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with running_api(database_url, engine, max_streams_per_key=1) as api:
+        client = await api.client()
+        session = await open_session(client)
+        async with client.stream("GET", f"/sessions/{session}/events") as first:
+            assert first.status_code == 200
+            second = await client.get(f"/sessions/{session}/events")
+            assert second.status_code == 429
+            assert second.headers["retry-after"]
+            assert second.json()["type"].endswith("too-many-streams")
+        # Its place is given back when the client leaves.
+
+        async def place_free() -> bool:
+            async with client.stream("GET", f"/sessions/{session}/events") as again:
+                return again.status_code == 200
+
+        await eventually(place_free, within=10, what="the place to be given back")
