@@ -2,9 +2,10 @@
 
 The runtime (agents, tools, checkpoints) implements `Executor`; the pool only claims, holds
 leases and stops executions. `ExecutionContext` is the executor's hold on the run: it offers the
-fenced writes themselves (tool started, finished or not sent; complete, wait for the user, fail,
-release), each presenting the lease, marking the execution finishing when it ends the hold, and
-turning a zero-row answer into the one stop path. The runtime writes only through it.
+fenced writes themselves (tool started, finished or not sent; a live message completed;
+complete, wait for the user, fail, release), each presenting the lease, marking the execution
+finishing when it ends the hold, and turning a zero-row answer into the one stop path. The
+runtime writes only through it, and hands its live text to `deltas` (never a write).
 """
 
 from __future__ import annotations
