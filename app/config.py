@@ -145,6 +145,11 @@ class Settings(BaseSettings):
     openai_api_key: SecretStr | None = None
     openai_timeout_seconds: float = Field(default=60.0, gt=0)
     openai_system_prompt: str | None = None
+    openai_stream: bool = Field(
+        default=True,
+        description="Ask the endpoint to stream (`stream: true`) and show the text live as "
+        "`message.delta` events; false for endpoints that cannot stream.",
+    )
     history_max_messages: int = Field(
         default=50,
         ge=0,

@@ -19,7 +19,7 @@ from fastapi_offline import FastAPIOffline
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.services import ServiceState
-from app.api.watch import RunWatch, StreamLimits
+from app.api.watch import LiveWatch, RunWatch, StreamLimits
 from app.config import Settings, get_settings
 from app.db.engine import create_engine
 from app.db.resolve import ResolvedDatabase, resolve_database
@@ -41,6 +41,7 @@ from app.runtime.webhooks import AGENT as WEBHOOK_AGENT
 from app.runtime.webhooks import TOOL as WEBHOOK_TOOL
 from app.runtime.webhooks import WebhookAgent, WebhookDeliveryTool
 from app.security.secret_box import SecretBox
+from app.worker.deltas import DeltaPublisher
 from app.worker.execution import Executor
 from app.worker.notifier import Notifier
 from app.worker.pool import WorkerPool
@@ -67,6 +68,8 @@ class AppState:
     egress: HttpRequestTool
     streams: StreamLimits
     watch: RunWatch = field(default_factory=RunWatch)
+    live: LiveWatch = field(default_factory=LiveWatch)
+    deltas: DeltaPublisher | None = None
     # Set when the process is asked to stop, before uvicorn waits for open connections:
     # long polls and event streams watch it so they end promptly.
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
@@ -171,6 +174,7 @@ async def services(
             client=http_client,
             history_max_messages=settings.history_max_messages,
             history_max_chars=settings.history_max_chars,
+            stream=settings.openai_stream,
         )
     load_plugins(settings.plugins, registry)
     runtime = RuntimeExecutor(
@@ -181,7 +185,21 @@ async def services(
         ),
     )
     notifier = Notifier(
-        settings.listen_database_url or database.url, application_name=f"turnstile {role} listen"
+        settings.listen_database_url or database.url,
+        application_name=f"turnstile {role} listen",
+        # Only processes that hold streams hear the live output (docs/adr/0007).
+        listen_deltas=role != "worker",
+    )
+    # The live output of this process's runs: its own connection, never the pool's (a direct
+    # one, like LISTEN's, since PgBouncer in transaction mode would share it).
+    deltas = (
+        DeltaPublisher(
+            settings.listen_database_url or database.url,
+            metrics=metrics,
+            application_name=f"turnstile {role} deltas",
+        )
+        if settings.run_workers
+        else None
     )
     pool: WorkerPool | None = None
     maintainer: Maintainer | None = None
@@ -189,6 +207,8 @@ async def services(
     stop_tracing = tracing.configure_from_env(role)
     try:
         await notifier.start()
+        if deltas is not None:
+            await deltas.start()
         # Every process registers in `workers`; an API-only one with no slot groups.
         pool = WorkerPool(
             queue,
@@ -199,6 +219,7 @@ async def services(
             poll_interval_seconds=settings.poll_interval_seconds,
             notifier=notifier,
             role=role if settings.run_workers else "api",
+            deltas=deltas,
         )
         await pool.start()
         if pool.groups:
@@ -229,14 +250,18 @@ async def services(
                 per_key=settings.max_streams_per_key,
                 per_process=settings.max_streams_per_process,
             ),
+            deltas=deltas,
         )
         notifier.on_runs(state.watch.notify)
+        notifier.on_deltas(state.live.deliver)
         yield state
     finally:
         if maintainer is not None:
             await maintainer.stop()
         if pool is not None:
             await pool.stop(settings.drain_grace_seconds)
+        if deltas is not None:
+            await deltas.stop()
         await notifier.stop()
         await http_client.aclose()
         await engine.dispose()

@@ -33,7 +33,10 @@ their own (`latest-ceiling-api.json` and `.md`), the table whenever the ceiling 
 6. Peak RSS (VmHWM) of every worker process.
 7. In flight (bench/inflight.py): one worker with 100, 500, 2,000 and 5,000 async slots serving
    as many `openai` runs against a loopback endpoint answering after 1 s (bench/fake_model.py).
-8. Peers (bench/peers.py): Turnstile, PGQueuer and Procrastinate on the same workloads (drain,
+8. Streaming (bench/streaming.py): no-op throughput and interactive latency with 50 runs
+   writing text live beside them, against the same without; the delta notifications and the
+   notification queue usage.
+9. Peers (bench/peers.py): Turnstile, PGQueuer and Procrastinate on the same workloads (drain,
    single enqueues, probes behind a backlog, commits and WAL per job), each on its own database.
 """
 
@@ -63,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ceiling
 import inflight
 import peers
+import streaming
 from common import (
     NOOP,
     ROOT,
@@ -188,7 +192,7 @@ TINY = Profile(  # the smoke test's: every phase runs, the figures mean nothing
     peer_probes=4,
 )
 PROFILES = {p.name: p for p in (FULL, QUICK, TINY)}
-PHASES = ("ceiling", "throughput", "latency", "depth", "api", "inflight", "peers")
+PHASES = ("ceiling", "throughput", "latency", "depth", "api", "inflight", "streaming", "peers")
 
 
 # --- 2. throughput ----------------------------------------------------------------------------
@@ -950,6 +954,15 @@ def markdown(results: dict[str, Any]) -> str:
             "",
             inflight.markdown(results["inflight"]).rstrip("\n"),
         ]
+    if results.get("streaming"):
+        lines += [
+            "",
+            "Live output (docs/adr/0007): no-op runs and interactive arrivals on one worker "
+            f"while another runs {streaming.STREAMS} runs writing text live, against the same "
+            "runs sleeping instead:",
+            "",
+            streaming.markdown(results["streaming"]).rstrip("\n"),
+        ]
     if results.get("peers"):
         lines += [
             "",
@@ -1105,6 +1118,18 @@ async def main() -> None:
             results["inflight"] = await retrying(
                 "inflight",
                 lambda: inflight.measure(dbs, settings, profile.inflight_sizes, 1.0, logs),
+            )
+        if "streaming" in phases:
+            results["streaming"] = await retrying(
+                "streaming",
+                lambda: streaming.measure(
+                    dbs,
+                    settings,
+                    noop_runs=min(profile.throughput_runs, 5_000),
+                    latency_seconds=profile.latency_seconds,
+                    rate=profile.interactive_rate,
+                    logs=logs,
+                ),
             )
         if "peers" in phases:
             results["peers"] = await retrying(

@@ -12,13 +12,15 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
+from uuid import UUID
 
 import httpx
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from app.queue.core import Queue
+from app.queue.deltas import Delta
 from app.queue.models import NewRun, Run
 from app.queue.reads import Reads
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, SimulatedCrash, default_registry
@@ -28,6 +30,7 @@ from tests.support.clock import ManualClock
 from tests.support.invariants import check_all_runs
 from tests.support.runtime import current, execute_once, recover
 from tests.support.servers import running_server
+from tests.support.streaming_model import Streamed, call_chunks, ending, text_chunks
 
 API_KEY = "sk-test-secret-never-logged"
 
@@ -36,7 +39,9 @@ API_KEY = "sk-test-secret-never-logged"
 class FakeModel:
     """Answers each chat completion with the next scripted reply; records every request."""
 
-    replies: list[tuple[int, dict[str, Any], dict[str, str]]] = field(default_factory=list)
+    replies: list[tuple[int, dict[str, Any], dict[str, str]] | Streamed] = field(
+        default_factory=list
+    )
     requests: list[dict[str, Any]] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     auth: list[str | None] = field(default_factory=list)
@@ -45,11 +50,14 @@ class FakeModel:
         app = FastAPI()
 
         @app.post("/v1/chat/completions")
-        async def complete(request: Request) -> JSONResponse:
+        async def complete(request: Request) -> Response:
             self.requests.append(await request.json())
             self.times.append(time.monotonic())
             self.auth.append(request.headers.get("authorization"))
-            status, body, headers = self.replies.pop(0)
+            reply = self.replies.pop(0)
+            if isinstance(reply, Streamed):
+                return reply.response()
+            status, body, headers = reply
             return JSONResponse(body, status_code=status, headers=headers)
 
         return app
@@ -101,6 +109,9 @@ class FakeModel:
             )
         )
 
+    def stream(self, chunks: list[dict[str, Any]], **options: Any) -> None:
+        self.replies.append(Streamed(chunks, **options))
+
     def fail(
         self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
     ) -> None:
@@ -134,7 +145,9 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-def executor(base: str, client: httpx.AsyncClient, crash: Any = None) -> RuntimeExecutor:
+def executor(
+    base: str, client: httpx.AsyncClient, crash: Any = None, *, stream: bool = True
+) -> RuntimeExecutor:
     registry = default_registry(["127.0.0.1"], http_timeout_seconds=5)
     registry.agents["openai"] = OpenAIAgent(
         base_url=f"{base}/v1",
@@ -143,6 +156,7 @@ def executor(base: str, client: httpx.AsyncClient, crash: Any = None) -> Runtime
         tools=lambda: registry.tools,
         backoff_seconds=0.01,
         client=client,
+        stream=stream,
     )
     return RuntimeExecutor(registry, RuntimeLimits(retry_backoff_seconds=0.01), crash_hook=crash)
 
@@ -619,3 +633,104 @@ def test_transcript_entries_become_chat_messages() -> None:
     assert sent[1]["tool_calls"][0]["id"] == sent[2]["tool_call_id"] == "history_1_1"
     assert json.loads(sent[2]["content"])["status"] == "unknown"  # never "failed"
     assert sent[6]["content"] == json.dumps({"done": True})
+
+
+# --- streaming (issue 23) ----------------------------------------------------------------------
+class Recorder:
+    """The process's delta publisher, as a run sees it: keeps every delta it is offered."""
+
+    def __init__(self) -> None:
+        self.deltas: list[Delta] = []
+
+    def offer(self, delta: Delta) -> bool:
+        self.deltas.append(delta)
+        return True
+
+    async def settle(self, run_id: UUID, within: float | None = None) -> bool:
+        return True
+
+    def text(self, message: int) -> str:
+        text = ""
+        for delta in self.deltas:
+            if delta.message == message:
+                assert delta.offset <= len(text), "no delta missing"
+                text = text[: delta.offset] + delta.text
+        return text
+
+
+async def test_a_streamed_answer_shows_its_text_live_and_assembles_its_tool_calls(
+    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+) -> None:
+    fake, base = model
+    fake.stream(
+        text_chunks("Let me check that. ", 4)
+        + call_chunks("c1", "echo", json.dumps({"a": 1, "note": "from fragments"}), 4)
+        + ending("tool_calls", tokens=10),
+        delay=0.01,
+    )
+    fake.stream(text_chunks("The answer is 4.", 5) + ending(tokens=20), delay=0.01)
+    run = await queue.enqueue(turn())
+    recorder = Recorder()
+    assert await execute_once(queue, executor(base, http), deltas=recorder)
+    done = await current(queue, run.id)
+    assert done.status == "succeeded", done.failure
+    assert done.result["final"] == "The answer is 4."
+    assert done.result["tool_outcomes"][0]["outcome"] == {
+        "echo": {"a": 1, "note": "from fragments"}
+    }
+    assert done.result["usage"]["prompt_tokens"] == 30
+    assert all(request["stream"] is True for request in fake.requests)
+    # The model's tool call went back to it whole, with the text it came with.
+    assistant = [m for m in fake.requests[1]["messages"] if m["role"] == "assistant"]
+    assert assistant[0]["content"] == "Let me check that. "
+    assert assistant[0]["tool_calls"][0]["id"] == "c1"
+    events = await queue.events(run.id)
+    types = [e.type for e in events]
+    completed = [e for e in events if e.type == "message.completed"]
+    assert [e.data for e in completed] == [
+        {"text": "Let me check that. ", "message": 0},
+        {"text": "The answer is 4.", "message": 1},
+    ]
+    assert types.index("message.completed") < types.index("tool.started")
+    assert types[-2:] == ["message.completed", "run.succeeded"]
+    assert recorder.text(0) == "Let me check that. "
+    assert recorder.text(1) == "The answer is 4."
+    assert {(d.run_id, d.epoch) for d in recorder.deltas} == {(run.id, completed[0].epoch)}
+    assert len(recorder.deltas) == 8
+
+
+async def test_a_stream_cut_off_midway_is_retried_and_its_partial_text_replaced(
+    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+) -> None:
+    fake, base = model
+    fake.stream(text_chunks("A first try that breaks off", 6) + ending(), cut_after=3)
+    fake.stream(text_chunks("The whole answer.", 3) + ending())
+    run = await queue.enqueue(turn())
+    recorder = Recorder()
+    assert await execute_once(queue, executor(base, http), deltas=recorder)
+    done = await current(queue, run.id)
+    assert done.status == "succeeded", done.failure
+    assert done.result["final"] == "The whole answer."
+    assert [d.offset for d in recorder.deltas][3] == 0  # the retry starts the message over
+    assert recorder.text(0) == "The whole answer."
+    completed = [e.data for e in await queue.events(run.id) if e.type == "message.completed"]
+    assert completed == [{"text": "The whole answer.", "message": 0}]
+
+
+async def test_with_streaming_off_the_request_is_plain_and_nothing_is_live(
+    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+) -> None:
+    fake, base = model
+    fake.say("Plain.")
+    fake.say("Also plain.")  # an endpoint that ignores `stream: true` answers plain JSON
+    recorder = Recorder()
+    for stream in (False, True):
+        run = await queue.enqueue(turn())
+        assert await execute_once(queue, executor(base, http, stream=stream), deltas=recorder)
+        done = await current(queue, run.id)
+        assert done.status == "succeeded", done.failure
+        types = [e.type for e in await queue.events(run.id)]
+        assert "message.completed" not in types  # no live text: no extra write
+    assert "stream" not in fake.requests[0]
+    assert fake.requests[1]["stream"] is True
+    assert recorder.deltas == []

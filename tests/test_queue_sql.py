@@ -39,6 +39,8 @@ NOTIFYING = {
     "cancel",
     # A schedule's next tick is an enqueue (app/queue/schedules.sql).
     "create_ticks",
+    # Live output, on its own channel and connection, bounded by docs/adr/0007 (deltas.sql).
+    "publish_deltas",
 }
 REQUEUE_PATHS = {"sweep_expired", "release_graceful", "release_early", "deliver_input"}
 

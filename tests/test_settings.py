@@ -1,5 +1,5 @@
 """Settings people write by hand: any case where case means nothing; the HTTP server's
-keep-alive longer than its clients'."""
+keep-alive longer than its clients'; streaming from the model turned off by its variable."""
 
 from __future__ import annotations
 
@@ -56,3 +56,12 @@ def test_bad_submission_rate_limits_are_refused_with_what_to_write(
     with pytest.raises(ValidationError) as refused:
         Settings(**{field: value})  # type: ignore[arg-type]
     assert says in str(refused.value)
+
+
+def test_streaming_from_the_model_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().openai_stream is True
+    monkeypatch.setenv("TURNSTILE_OPENAI_STREAM", "false")
+    assert Settings().openai_stream is False
+    monkeypatch.setenv("TURNSTILE_OPENAI_STREAM", "maybe")
+    with pytest.raises(ValidationError):
+        Settings()

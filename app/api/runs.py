@@ -7,13 +7,11 @@ import asyncio
 import hashlib
 import json
 import re
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import Response
 
 from app.api.auth import CallerDep, submitter_of, visible_principal, visible_tenant
 from app.api.json_responses import FastJSONResponse
@@ -33,10 +31,9 @@ from app.api.sessions import (
     submitted_attributes,
     submitted_response,
 )
+from app.api.streams import HeldStream, run_stream
 from app.api.watch import (
     POLL_RECHECK_SECONDS,
-    STREAM_RECHECK_SECONDS,
-    StreamSlot,
     recheck_seconds,
     wait_for_change,
 )
@@ -50,8 +47,6 @@ from app.security.api_keys import Caller
 router = APIRouter(tags=["runs"])
 
 MAX_WAIT_SECONDS = 60.0
-KEEPALIVE_SECONDS = 15.0  # proxies close connections that stay silent much longer
-STREAM_PAGE = 500
 MAX_SEQ = 2**63 - 1  # sequence numbers are bigint
 
 
@@ -176,7 +171,10 @@ async def get_run(
     description=(
         "JSON: the events after `after`, up to `limit`. With `Accept: text/event-stream`, a "
         "stream of the events (`id` is the sequence number), resuming after `Last-Event-ID` or "
-        "`after`, that ends after the run's terminal event. Event streams and long polls are "
+        "`after`, that ends after the run's terminal event. While the run writes a message, "
+        "`message.delta` events (no `id`; `{run_id, epoch, message, offset, text}`) carry its "
+        "text live, then the durable `message.completed` has the whole text: a client drops "
+        "partial text of an older epoch (the run was re-run). Event streams and long polls are "
         "capped per key and per API process (429 `too-many-streams` with `Retry-After`)."
     ),
     responses={
@@ -212,85 +210,13 @@ async def run_events(
                 )
             start = int(last_event_id.strip())
         slot = state.streams.acquire(caller.key_id)
-        return HeldStream(
-            slot,
-            stream_events(request, run_id, caller, start),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return HeldStream(slot, run_stream(request, run_id, caller, start))
     events = await state.queue.events(run_id, after=after, limit=limit)
     return EventPage(
         events=[e.__dict__ for e in events],
         last_seq=events[-1].seq if events else after,
         finished=run.status in TERMINAL and (not events or events[-1].seq >= run.last_event_seq),
     )
-
-
-class HeldStream(StreamingResponse):
-    """A streaming response that gives its place back however it ends: finished, client gone,
-    server stopping, or never started (the place is taken before the response exists)."""
-
-    def __init__(self, slot: StreamSlot, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.slot = slot
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.slot.release()
-
-
-async def stream_events(
-    request: Request, run_id: UUID, caller: Caller, after: int
-) -> AsyncIterator[str]:
-    """The run's events as Server-Sent Events. Each recheck is one statement (where the run
-    stands and what is new), run when a notification wakes the stream or its recheck is due
-    (`recheck_seconds`); keep-alive comments in between cost the database nothing."""
-    state = state_of(request)
-    loop = asyncio.get_running_loop()
-    last_sent = loop.time()
-    next_check = loop.time()  # at once: the first page
-    with state.watch.watching(str(run_id)) as changed:
-        while not state.shutdown.is_set():
-            if changed.is_set() or loop.time() >= next_check:
-                changed.clear()  # before the read, so a change during it wakes us again
-                progress, events = await state.queue.watch_events(
-                    run_id,
-                    after=after,
-                    limit=STREAM_PAGE,
-                    tenant_id=visible_tenant(caller),
-                    principal=visible_principal(caller),
-                )
-                if progress is None:
-                    return  # deleted by retention meanwhile
-                for event in events:
-                    data = json.dumps(
-                        {
-                            "seq": event.seq,
-                            "type": event.type,
-                            "epoch": event.epoch,
-                            "data": event.data,
-                            "created_at": event.created_at.isoformat(),
-                        }
-                    )
-                    yield f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n"
-                    after = event.seq
-                    last_sent = loop.time()
-                if len(events) == STREAM_PAGE:
-                    continue  # more are waiting: next page at once
-                if progress.status in TERMINAL and after >= progress.last_event_seq:
-                    return
-                next_check = loop.time() + recheck_seconds(
-                    progress.status,
-                    progress.scheduled_for,
-                    active_seconds=STREAM_RECHECK_SECONDS,
-                )
-            if loop.time() - last_sent >= KEEPALIVE_SECONDS:
-                yield ": keep-alive\n\n"
-                last_sent = loop.time()
-            pause = min(next_check, last_sent + KEEPALIVE_SECONDS) - loop.time()
-            await wait_for_change(changed, state.shutdown, max(pause, 0.0))
 
 
 @router.post(

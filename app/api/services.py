@@ -11,7 +11,7 @@ from typing import Any, Protocol, cast
 from fastapi import Request
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.api.watch import RunWatch, StreamLimits
+from app.api.watch import LiveWatch, RunWatch, StreamLimits
 from app.config import Settings
 from app.observability.metrics import Metrics
 from app.queue.core import Queue
@@ -76,6 +76,9 @@ class ServiceState(Protocol):
 
     @property
     def watch(self) -> RunWatch: ...
+
+    @property
+    def live(self) -> LiveWatch: ...
 
     @property
     def shutdown(self) -> asyncio.Event: ...

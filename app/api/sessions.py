@@ -1,10 +1,12 @@
 """Sessions and turns: `POST /sessions`, `GET /sessions/{id}`, `GET /sessions/{id}/runs`,
-`GET /sessions/{id}/messages` (the transcript), `POST /sessions/{id}/turns`. Routing and
+`GET /sessions/{id}/messages` (the transcript), `GET /sessions/{id}/events` (the conversation's
+one event stream, app/api/streams.py), `POST /sessions/{id}/turns`. Routing and
 idempotency are the core's (app/queue/submit.py); these handlers parse, authorize and render."""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -25,6 +27,7 @@ from app.api.schemas import (
     run_page_document,
 )
 from app.api.services import state_of
+from app.api.streams import HeldStream, session_stream
 from app.observability import tracing
 from app.queue.classes import PriorityClass
 from app.queue.errors import SessionNotFoundError
@@ -208,6 +211,55 @@ async def session_messages(
     return message_page_document(page)
 
 
+SESSION_EVENT_ID = re.compile(r"([0-9]{1,9})\.([0-9]{1,18})")
+
+
+def session_cursor(value: str, where: list[str]) -> tuple[int, int]:
+    """`<run number within the session>.<sequence number>`, as the stream's ids are."""
+    found = SESSION_EVENT_ID.fullmatch(value.strip())
+    if found is None:
+        raise ApiProblem(
+            "invalid-request",
+            f"{where[1]} must be a session event id such as 3.7 (run number, then sequence)",
+            errors=[{"loc": where, "msg": "not a session event id", "type": "session_event_id"}],
+        )
+    return int(found.group(1)), int(found.group(2))
+
+
+@router.get(
+    "/sessions/{session_id}/events",
+    summary="The conversation's events: every run of the session, in order, with live text",
+    description=(
+        "Server-Sent Events (`Accept: text/event-stream`): the durable events of all the "
+        "session's runs in order (their data as in `GET /runs/{id}/events`, plus `run_id` and "
+        "`run_no`), each with the id `<run_no>.<seq>` (run number within the session, then "
+        "the run's event sequence number), and `message.delta` events (no id) carrying a "
+        "message's text while a run writes it. Resumes after `Last-Event-ID` (or `after`): "
+        "missed durable events first, then live deltas. The stream stays open across runs "
+        "until the client leaves. Capped like run streams (429 `too-many-streams`)."
+    ),
+    responses={
+        **responses("unauthorized", "not-found", "invalid-request", "too-many-streams"),
+        200: {"content": {"text/event-stream": {}}},
+    },
+)
+async def session_events(
+    session_id: UUID,
+    request: Request,
+    caller: CallerDep,
+    after: Annotated[str | None, Query(max_length=30)] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=30)] = None,
+) -> Any:
+    await visible_session(request, session_id, caller)
+    run_no, seq = 1, 0
+    if last_event_id is not None:
+        run_no, seq = session_cursor(last_event_id, ["header", "Last-Event-ID"])
+    elif after is not None:
+        run_no, seq = session_cursor(after, ["query", "after"])
+    slot = state_of(request).streams.acquire(caller.key_id)
+    return HeldStream(slot, session_stream(request, session_id, run_no, seq))
+
+
 @router.post(
     "/sessions/{session_id}/turns",
     status_code=202,
@@ -257,4 +309,6 @@ async def submit_turn(
             await idempotency_of(request, idempotency_key),
         )
         span.set(submitted_attributes(outcome))
+    # This process's streams of the session look again at once (others within their recheck).
+    state.live.session_changed(session_id)
     return submitted_response(outcome)

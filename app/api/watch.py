@@ -12,6 +12,12 @@ otherwise (a run waiting for the user, or queued for later), where notifications
 and the timer is only a safety net. An idle stream therefore costs the database about one
 statement per half minute.
 
+Live output: `LiveWatch` takes the deltas this process's notifier hears on the
+`turnstile_deltas` channel (one listener per API process) and hands each to the inboxes of the
+streams following its run or its session. An inbox is bounded: a stream that stops reading loses
+deltas (the durable `message.completed` still comes), and never holds up the listener, the other
+streams or any run.
+
 Capping: each open stream or long poll holds a place (`StreamLimits`), at most
 `max_streams_per_key` per API key and `max_streams_per_process` per API process; over either
 cap the request is refused at once with 429 `too-many-streams` and `Retry-After`.
@@ -21,11 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from uuid import UUID
 
 from app.api.problems import ApiProblem
+from app.queue.deltas import Delta
 from app.queue.models import RUN_ID_PREFIX
 
 STREAM_RECHECK_SECONDS = 0.5  # a running run's events reach its streams within this
@@ -80,6 +88,80 @@ class RunWatch:
                 waiters.discard(event)
                 if not waiters:
                     del self._waiters[prefix]
+
+
+INBOX_CAPACITY = 1_024  # deltas a stream may have unread before newer ones are dropped
+
+
+class Inbox:
+    """The deltas waiting for one stream, and a flag that wakes it."""
+
+    def __init__(self, capacity: int = INBOX_CAPACITY) -> None:
+        self.capacity = capacity
+        self.ready = asyncio.Event()
+        self.dropped = 0
+        self.poked = False  # its session has a new run: look again now
+        self._items: deque[Delta] = deque()
+
+    def put(self, delta: Delta) -> None:
+        if len(self._items) >= self.capacity:
+            self.dropped += 1  # the stream is not reading: lose this one, hold nothing up
+        else:
+            self._items.append(delta)
+        self.ready.set()
+
+    def poke(self) -> None:
+        """Wake the stream with no delta (its session has a new run)."""
+        self.poked = True
+        self.ready.set()
+
+    def take(self) -> list[Delta]:
+        self.ready.clear()
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+
+class LiveWatch:
+    """Inboxes of open streams by the run and by the session they follow."""
+
+    def __init__(self) -> None:
+        self._by_run: dict[UUID, set[Inbox]] = {}
+        self._by_session: dict[UUID, set[Inbox]] = {}
+        self.received = 0
+
+    def deliver(self, deltas: list[Delta]) -> None:
+        """Called by the notifier with one notification's deltas; never blocks."""
+        self.received += len(deltas)
+        for delta in deltas:
+            for inbox in self._by_run.get(delta.run_id, ()):
+                inbox.put(delta)
+            if delta.session_id is not None:
+                for inbox in self._by_session.get(delta.session_id, ()):
+                    inbox.put(delta)
+
+    def session_changed(self, session_id: UUID) -> None:
+        """A turn was submitted here: the session's streams look again at once."""
+        for inbox in self._by_session.get(session_id, ()):
+            inbox.poke()
+
+    @contextlib.contextmanager
+    def following(
+        self, *, run_id: UUID | None = None, session_id: UUID | None = None
+    ) -> Iterator[Inbox]:
+        inbox = Inbox()
+        keyed = [(self._by_run, run_id), (self._by_session, session_id)]
+        for table, key in keyed:
+            if key is not None:
+                table.setdefault(key, set()).add(inbox)
+        try:
+            yield inbox
+        finally:
+            for table, key in keyed:
+                if key is not None and key in table:
+                    table[key].discard(inbox)
+                    if not table[key]:
+                        del table[key]
 
 
 class StreamSlot:
@@ -142,9 +224,11 @@ def _too_many(why: str) -> ApiProblem:
     )
 
 
-async def wait_for_change(event: asyncio.Event, shutdown: asyncio.Event, seconds: float) -> None:
-    """Return when `event` or `shutdown` is set, or after `seconds`."""
-    waiters = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(shutdown.wait())]
+async def wait_for_change(
+    event: asyncio.Event, shutdown: asyncio.Event, seconds: float, *more: asyncio.Event
+) -> None:
+    """Return when `event`, `shutdown` or any of `more` is set, or after `seconds`."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in (event, shutdown, *more)]
     try:
         await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -21,7 +21,15 @@ from httpx_sse import aconnect_sse
 from app.client import calls
 from app.client.calls import RunRef, SessionRef
 from app.client.errors import StreamEndedError, WaitTimeoutError, problem_from
-from app.client.models import JSON, SETTLED_STATUSES, Event, PriorityClass, Run, Session
+from app.client.models import (
+    JSON,
+    SETTLED_STATUSES,
+    Delta,
+    Event,
+    PriorityClass,
+    Run,
+    Session,
+)
 from app.client.retry import (
     RETRIED_TRANSPORT_ERRORS,
     RetryPolicy,
@@ -168,8 +176,8 @@ class AsyncTurnstile:
                         await asyncio.sleep(self.retry.delay(failures, retry_after))
                         continue
                     async for message in source.aiter_sse():
-                        if not message.data:
-                            continue
+                        if not message.data or message.event == calls.DELTA_EVENT:
+                            continue  # live text: session_events (or LiveText) shows it
                         event = calls.decode_event(message.data)
                         if event.seq <= last:
                             continue  # already delivered before a reconnect
@@ -192,6 +200,61 @@ class AsyncTurnstile:
                 if failures >= self.retry.attempts:
                     raise StreamEndedError(f"the event stream of run {calls.run_id(run)} ended")
                 await asyncio.sleep(self.retry.delay(failures, None))
+
+    async def session_events(
+        self, session: SessionRef, *, after: str | None = None
+    ) -> AsyncGenerator[Event | Delta, None]:
+        """The conversation's stream (`GET /sessions/{id}/events`): the durable events of all
+        the session's runs in order (each an `Event` with `run_id` and `run_no`) and live
+        `Delta`s of the messages being written, after the event id `after` (`<run_no>.<seq>`).
+        It does not end with a run: stop iterating to leave. A dropped connection is resumed
+        with `Last-Event-ID`, so each durable event comes exactly once; deltas missed while
+        disconnected are gone (their `message.completed` is not). `LiveText` assembles the
+        deltas and drops those of an older epoch."""
+        last = calls.session_position(after) if after else None
+        failures = 0
+        while True:
+            try:
+                async with aconnect_sse(
+                    self._http,
+                    "GET",
+                    calls.session_events_path(session),
+                    headers=calls.session_stream_headers(last),
+                    timeout=httpx.Timeout(self.timeout, read=calls.STREAM_READ_TIMEOUT),
+                ) as source:
+                    response = source.response
+                    if response.is_error:
+                        await response.aread()
+                        retry_after = retry_after_of(response)
+                        failures += 1
+                        if not retryable_answer(response) or failures >= self.retry.attempts:
+                            raise problem_from(response, retry_after=retry_after)
+                        await asyncio.sleep(self.retry.delay(failures, retry_after))
+                        continue
+                    async for message in source.aiter_sse():
+                        if not message.data:
+                            continue
+                        item = calls.decode_item(message.event, message.data)
+                        if isinstance(item, Event):
+                            if last is not None and item.position <= last:
+                                continue  # already delivered before a reconnect
+                            last = item.position
+                        failures = 0
+                        yield item
+            except RETRIED_TRANSPORT_ERRORS:
+                failures += 1
+                if failures >= self.retry.attempts:
+                    raise
+                await asyncio.sleep(self.retry.delay(failures, None))
+                continue
+            # The stream ended cleanly: the API process is stopping. Reconnect (maybe to
+            # another), after a pause.
+            failures += 1
+            if failures >= self.retry.attempts:
+                raise StreamEndedError(
+                    f"the event stream of session {calls.session_id(session)} ended"
+                )
+            await asyncio.sleep(self.retry.delay(failures, None))
 
     # --- sending -------------------------------------------------------------------------------
     async def _send(self, call: calls.Call) -> Any:

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from app.client.models import JSON, Event, Run, Session
+from app.client.models import JSON, Delta, Event, Run, Session
 
 USER_AGENT = "turnstile-client"
 
@@ -131,6 +131,33 @@ def stream_headers(last_seq: int) -> dict[str, str]:
 
 def decode_event(data: str) -> Event:
     return Event.from_document(json.loads(data))
+
+
+DELTA_EVENT = "message.delta"
+
+
+def session_events_path(session: SessionRef) -> str:
+    return f"/sessions/{session_id(session)}/events"
+
+
+def session_stream_headers(last: tuple[int, int] | None) -> dict[str, str]:
+    """A session stream resumes after its last durable event, `<run_no>.<seq>`."""
+    headers = {"Accept": "text/event-stream"}
+    if last is not None:
+        headers["Last-Event-ID"] = f"{last[0]}.{last[1]}"
+    return headers
+
+
+def session_position(event_id: str) -> tuple[int, int]:
+    run_no, _, seq = event_id.strip().partition(".")
+    return int(run_no), int(seq)
+
+
+def decode_item(event_type: str, data: str) -> Event | Delta:
+    """A stream's item: a live delta, or a durable event."""
+    if event_type == DELTA_EVENT:
+        return Delta.from_document(json.loads(data))
+    return decode_event(data)
 
 
 def as_run(document: Any) -> Run:

@@ -132,10 +132,18 @@ class Event:
     epoch: int
     data: JSON
     created_at: datetime
+    # On a session's stream: the run it belongs to, and that run's number in the session.
+    run_id: UUID | None = None
+    run_no: int | None = None
 
     @property
     def terminal(self) -> bool:
         return self.type in TERMINAL_EVENTS
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """Where the event stands in its session's stream: (run number, sequence number)."""
+        return (self.run_no or 0, self.seq)
 
     @classmethod
     def from_document(cls, document: dict[str, Any]) -> Event:
@@ -145,4 +153,83 @@ class Event:
             epoch=int(document["epoch"]),
             data=document.get("data"),
             created_at=_required_time(document["created_at"]),
+            run_id=_uuid(document.get("run_id")),
+            run_no=int(document["run_no"]) if document.get("run_no") is not None else None,
         )
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A piece of the message a run is writing (`message.delta`): never stored, so it may be
+    missed; `message.completed` (an `Event`) carries the whole text. `epoch` is the claim that
+    wrote it (a re-run after a lost lease writes with a higher one: drop the older partial
+    text), `message` counts the messages that claim completed before it, and `offset` says
+    where `text` goes in the message (in characters)."""
+
+    run_id: UUID
+    epoch: int
+    message: int
+    offset: int
+    text: str
+
+    @classmethod
+    def from_document(cls, document: dict[str, Any]) -> Delta:
+        return cls(
+            run_id=UUID(str(document["run_id"])),
+            epoch=int(document["epoch"]),
+            message=int(document["message"]),
+            offset=int(document["offset"]),
+            text=str(document["text"]),
+        )
+
+
+@dataclass
+class _Partial:
+    epoch: int = 0
+    message: int = 0
+    text: str = ""
+
+
+class LiveText:
+    """The text of each run's message as it is being written, from a stream's deltas and
+    events: feed it every item (`apply`) and show `text(run_id)`.
+
+    The rules a client follows (docs/runtime.md): a delta of an older epoch than the run's
+    newest is dropped, and one of a newer epoch (the run was re-run) replaces the partial text;
+    a delta places its text at its offset (an offset before the end replaces from there, as a
+    retried model call does; one past the end means a delta was missed: it waits for the whole
+    text); `message.completed` is the authoritative text and ends the message."""
+
+    def __init__(self) -> None:
+        self._runs: dict[UUID, _Partial] = {}
+
+    def text(self, run_id: UUID) -> str:
+        partial = self._runs.get(run_id)
+        return partial.text if partial else ""
+
+    def apply(self, item: Event | Delta, run_id: UUID | None = None) -> str | None:
+        """Take one item of a stream (`run_id`: the run, for a run's own stream, whose events
+        do not name it); the run's partial text after it, or the whole text of a message it
+        completed."""
+        if isinstance(item, Delta):
+            partial = self._runs.setdefault(item.run_id, _Partial())
+            if (item.epoch, item.message) < (partial.epoch, partial.message):
+                return partial.text  # an older claim's or an already completed message
+            if (item.epoch, item.message) > (partial.epoch, partial.message):
+                partial.epoch, partial.message, partial.text = item.epoch, item.message, ""
+            if item.offset <= len(partial.text):
+                partial.text = partial.text[: item.offset] + item.text
+            return partial.text
+        owner = item.run_id or run_id
+        if owner is None:
+            return None
+        partial = self._runs.setdefault(owner, _Partial())
+        if item.epoch > partial.epoch:
+            partial.epoch, partial.message, partial.text = item.epoch, 0, ""
+        if item.type == "message.completed" and isinstance(item.data, dict):
+            partial.message = int(item.data.get("message", 0)) + 1
+            partial.text = ""
+            return str(item.data.get("text", ""))
+        if item.terminal:
+            self._runs.pop(owner, None)
+        return None

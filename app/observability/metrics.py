@@ -129,6 +129,28 @@ class Metrics:
             registry=self.registry,
         )
 
+        # Live output (docs/adr/0007-live-output-deltas.md): each worker process's publisher.
+        self.delta_notifications = Counter(
+            "turnstile_delta_notifications",
+            "Notifications sent on the turnstile_deltas channel by this process (at most 10 a "
+            "second, each at most 4,000 bytes).",
+            registry=self.registry,
+        )
+        self.delta_chars_sent = Counter(
+            "turnstile_delta_chars_sent",
+            "Characters of live output sent as deltas by this process.",
+            registry=self.registry,
+        )
+        self.delta_drops = Counter(
+            "turnstile_deltas_dropped",
+            "Deltas dropped by this process's publisher: full (its buffer was full: it fell "
+            "behind), paused (the notification queue was above 1 %), disconnected.",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in ("full", "paused", "disconnected"):
+            self.delta_drops.labels(reason)
+
         self.schedules = Gauge(
             "turnstile_schedules",
             "Schedules per state (active, paused), from the database, by the process holding "

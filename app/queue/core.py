@@ -39,6 +39,7 @@ from app.queue.models import (
     NewRun,
     Run,
     RunProgress,
+    SessionProgress,
     SweepReport,
     ToolCall,
     TranscriptEntry,
@@ -699,6 +700,40 @@ class Queue:
             status=first["status"],
             last_event_seq=first["last_event_seq"],
             scheduled_for=first["scheduled_for"],
+        )
+        events = [
+            Event(
+                seq=row["seq"],
+                type=row["type"],
+                epoch=row["epoch"],
+                data=row["data"],
+                created_at=row["created_at"],
+            )
+            for row in rows
+            if row["seq"] is not None
+        ]
+        return progress, events
+
+    async def watch_session_events(
+        self, session_id: UUID, *, from_run_no: int, after: int, limit: int
+    ) -> tuple[SessionProgress | None, list[Event]]:
+        """One round trip for a session stream: the session's first run numbered `from_run_no`
+        or later, where it stands, and its events after `after` (after 0 when it is a later
+        run); (None, []) when the session has no such run yet."""
+        rows = await self._rows(
+            "watch_session_events",
+            {"session_id": session_id, "from_run_no": from_run_no, "after": after, "limit": limit},
+        )
+        if not rows:
+            return None, []
+        first = rows[0]
+        progress = SessionProgress(
+            run_id=first["run_id"],
+            run_no=first["run_no"],
+            status=first["status"],
+            last_event_seq=first["last_event_seq"],
+            scheduled_for=first["scheduled_for"],
+            has_next=first["has_next"],
         )
         events = [
             Event(

@@ -225,6 +225,18 @@ class Event:
 
 
 @dataclass(frozen=True)
+class SessionProgress:
+    """Where a session stream's current run stands (app/queue/reads.sql: watch_session_events)."""
+
+    run_id: UUID
+    run_no: int
+    status: str
+    last_event_seq: int
+    scheduled_for: datetime | None
+    has_next: bool
+
+
+@dataclass(frozen=True)
 class RunProgress:
     """Where a run stands, as an event stream rechecks it."""
 

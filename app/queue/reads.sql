@@ -76,6 +76,37 @@ WHERE r.id = :run_id
 ORDER BY e.seq;
 
 
+-- name: watch_session_events
+-- A session stream's recheck in one statement (GET /sessions/{id}/events): the session's first
+-- run numbered :from_run_no or later (its run numbers have gaps only where retention deleted
+-- runs), where it stands, whether a later run exists, and its events after :after (after 0
+-- when it is a later run than :from_run_no), from one snapshot. One row with null event columns
+-- when nothing is new; zero rows when the session has no such run. Both reads go through
+-- uq_runs_session_id_session_run_no; the caller checked the session's tenant and principal.
+WITH cur AS MATERIALIZED (
+    SELECT id, session_run_no, status, last_event_seq, scheduled_for,
+           CASE WHEN session_run_no = :from_run_no THEN CAST(:after AS bigint) ELSE 0 END
+               AS after_seq
+    FROM runs
+    WHERE session_id = :session_id AND session_run_no >= :from_run_no
+    ORDER BY session_run_no
+    LIMIT 1
+)
+SELECT cur.id AS run_id, cur.session_run_no AS run_no, cur.status, cur.last_event_seq,
+       cur.scheduled_for,
+       EXISTS (SELECT 1 FROM runs n
+               WHERE n.session_id = :session_id AND n.session_run_no > cur.session_run_no)
+           AS has_next,
+       e.seq, e.type, e.epoch, e.data, e.created_at
+FROM cur
+LEFT JOIN LATERAL (
+    SELECT seq, type, epoch, data, created_at FROM run_events
+    WHERE run_id = cur.id AND seq > cur.after_seq AND cur.last_event_seq > cur.after_seq
+    ORDER BY seq
+    LIMIT :limit
+) e ON true
+ORDER BY e.seq;
+
 -- Runbook reads: queue depth, stuck runs, the dead letter.
 
 -- name: queue_depth

@@ -3,7 +3,8 @@
 (runs, their events, the runbook), `submission.sql` (sessions, idempotency keys, turn routing,
 operator actions), `workers.sql` (the worker registry, maintenance leases, prunes),
 `dashboard.sql` (the dashboard's read models), `schedules.sql` (schedules and their ticks),
-`webhooks.sql` (webhook endpoints) and `tenants.sql` (tenants' limits, allowances and counts).
+`webhooks.sql` (webhook endpoints), `tenants.sql` (tenants' limits, allowances and counts) and
+`deltas.sql` (live output deltas, not rows).
 Names are unique across them (the loader refuses a duplicate). Only app/queue executes them."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ FILES = (
     "schedules.sql",
     "webhooks.sql",
     "tenants.sql",
+    "deltas.sql",
 )
 
 __all__ = ["FILES", "Statement", "parse", "q", "statements"]

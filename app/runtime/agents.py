@@ -5,17 +5,23 @@
     {"script": [{"call": "sleep", "args": {"seconds": 0.2}},
                 {"call": "http_request", "args": {...}, "idempotency_key": true},
                 {"ask": "Which account?"},
+                {"say": "Here is what I found.", "pieces": 5, "delay": 0.05},
                 {"final": "done"}]}
 
 It is what the demo, the tests and the benchmarks use. Its result lists every tool outcome it
 saw (`uncertain` included) and the answers it received. An input without a script finishes at
-once, answering with the input. With `"echo_history": true` in the input, the result also
+once, answering with the input. A `say` step writes its text live, in `pieces` parts (default:
+one per word) `delay` seconds apart (default 0.02), then ends it as a durable
+`message.completed`; a script whose last step is a `say` finishes with that text as its final
+message. With `"echo_history": true` in the input, the result also
 shows the session history the run was given (`history`: role, kind, content and run number of
 each entry), which is how tests and demos see what an agent receives.
 """
 
 from __future__ import annotations
 
+import asyncio
+import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -69,14 +75,21 @@ class ScriptedAgent:
         if not isinstance(script, list):
             raise AgentError("input.script must be a list of steps", permanent=True)
         cursor = int(state.agent.get("cursor", 0))
-        # Tool outcomes and answers advance the cursor; recompute it from the state so a
-        # checkpoint written at any boundary resumes at the right item.
-        cursor = self._advance(script, cursor, state)
-        if cursor >= len(script):
-            return Finish(self._result(None, state))
-        item = script[cursor]
-        if not isinstance(item, dict):
-            raise AgentError(f"script step {cursor} must be an object", permanent=True)
+        while True:
+            # Tool outcomes, answers and said messages advance the cursor; recompute it from
+            # the state so a checkpoint written at any boundary resumes at the right item.
+            cursor = self._advance(script, cursor, state)
+            if cursor >= len(script):
+                last = script[-1] if script else None
+                said = last.get("say") if isinstance(last, dict) else None
+                return Finish(self._result(said, state))
+            item = script[cursor]
+            if not isinstance(item, dict):
+                raise AgentError(f"script step {cursor} must be an object", permanent=True)
+            if "say" not in item:
+                break
+            await self._say(item, state)
+            state.agent["said"] = int(state.agent.get("said", 0)) + 1
         if "call" in item:
             args = dict(item.get("args") or {})
             if item.get("idempotency_key"):
@@ -86,12 +99,31 @@ class ScriptedAgent:
             return Ask(item["ask"])
         if "final" in item:
             return Finish(self._result(item["final"], state))
-        raise AgentError(f"script step {cursor} has none of call, ask, final", permanent=True)
+        raise AgentError(f"script step {cursor} has none of call, ask, say, final", permanent=True)
+
+    @staticmethod
+    async def _say(item: dict[str, JSON], state: RunState) -> None:
+        text = item.get("say")
+        if not isinstance(text, str):
+            raise AgentError("a say step's text must be a string", permanent=True)
+        pieces = _pieces(text, item.get("pieces"))
+        delay = item.get("delay", 0.02)
+        if not isinstance(delay, int | float) or not 0 <= delay <= 10:
+            raise AgentError("a say step's delay must be 0 to 10 seconds", permanent=True)
+        output = state.output
+        for index, piece in enumerate(pieces):
+            if index and delay:
+                await asyncio.sleep(float(delay))
+            if output is not None:
+                output.delta(piece)
+        if output is not None:
+            await output.complete(text)
 
     def _advance(self, script: list[JSON], cursor: int, state: RunState) -> int:
         calls_done = len(state.tools)
         answers = len(state.answers)
-        position = calls_seen = asks_seen = 0
+        said = int(state.agent.get("said", 0))
+        position = calls_seen = asks_seen = says_seen = 0
         for position, item in enumerate(script):  # noqa: B007
             if not isinstance(item, dict):
                 break
@@ -109,6 +141,10 @@ class ScriptedAgent:
                         continue
                     break
                 asks_seen += 1
+            elif "say" in item:
+                if says_seen == said:
+                    break
+                says_seen += 1
             else:
                 break
         else:
@@ -138,3 +174,14 @@ class ScriptedAgent:
                 for entry in state.history
             ]
         return result
+
+
+def _pieces(text: str, count: JSON) -> list[str]:
+    """`text` cut into `count` parts of about the same length (None: one part per word, each
+    with the spaces after it); their concatenation is `text`."""
+    if count is None:
+        return re.findall(r"\S+\s*|\s+", text) or [text]
+    if not isinstance(count, int) or count < 1:
+        raise AgentError("a say step's pieces must be a positive integer", permanent=True)
+    size = max(1, -(-len(text) // count))
+    return [text[i : i + size] for i in range(0, len(text), size)] or [text]

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from app.observability import tracing
 from app.queue.models import JSON, UNKNOWN_OUTCOME, JournalEntry, ToolCall
 from app.runtime.agents import Agent, AgentError, Ask, CallTool, Finish
+from app.runtime.live import LiveOutput
 from app.runtime.state import RunState, ToolRecord
 from app.runtime.tools import (
     PermanentToolError,
@@ -94,6 +95,7 @@ class RuntimeExecutor:
         state = RunState.from_json(checkpoint.state) if checkpoint else RunState(inputs=[run.input])
         state.inputs = resume.inputs  # answers delivered since the checkpoint
         await self._load_history(ctx, state)
+        state.output = LiveOutput(ctx)
         limit = agent.time_limit_seconds or self.limits.default_time_limit_seconds
         clock = _Budget(state.elapsed_seconds, limit)
 
@@ -114,6 +116,9 @@ class RuntimeExecutor:
                 else:
                     await self._release_early(ctx, f"agent error: {exc}")
                 return
+            if state.output.partial:
+                # A message the agent left open ends before the run's next durable event.
+                await state.output.complete()
             if isinstance(decision, Finish):
                 if _too_big(decision.result, self.limits.max_result_bytes):
                     await self._fail(

@@ -15,6 +15,15 @@ Failures: timeouts, 429 (honouring Retry-After) and 5xx are transient and retrie
 bounded backoff, then reported as transient (the run is released early); other 4xx, malformed
 responses and unknown tool names are permanent and fail the run with what the endpoint said.
 The API key never appears in a failure or a log line. Token usage is summed on the run.
+
+Streaming (the default; `stream=False` turns it off for endpoints that cannot): the request
+asks for `stream: true`, the text of the answer goes out live as it arrives (`RunState.output`,
+app/runtime/live.py), tool calls are assembled from their streamed fragments, and the streamed
+chunks are put back together into the same reply a non-streaming call returns. A stream that
+breaks off is retried like a failed call, its partial text voided (`restart`). A streamed
+answer ends with the durable `message.completed` event before the run's next durable event. An
+endpoint that answers a streaming request with plain JSON is taken as is (nothing live, no
+`message.completed`: its text is in the result, as with streaming off).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from app.observability import tracing
 from app.queue.models import JSON
 from app.runtime.agents import AgentError, Ask, CallTool, Decision, Finish
 from app.runtime.history import UNKNOWN_RESULT, chat_messages, trim_history
+from app.runtime.live import LiveOutput
 from app.runtime.outbound import ClientShards
 from app.runtime.state import RunState
 from app.runtime.tools import Tool
@@ -62,6 +72,7 @@ class OpenAIAgent:
         client: httpx.AsyncClient | ClientShards | None = None,
         history_max_messages: int = 50,
         history_max_chars: int = 32_000,
+        stream: bool = True,
     ) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
@@ -74,6 +85,7 @@ class OpenAIAgent:
         self.system_prompt = system_prompt
         self.history_max_messages = history_max_messages
         self.history_max_chars = history_max_chars
+        self.stream = stream
         # Clients shared by the process: connections to the endpoint are reused across runs.
         self._client = client
 
@@ -89,7 +101,7 @@ class OpenAIAgent:
         if deferred is not None:
             return deferred
         with tracing.model_call("openai", "chat", self.model, httpx.URL(self.url).host) as span:
-            reply = await self._complete(self._messages(state, turns))
+            reply = await self._complete(self._messages(state, turns), state)
             span.set(_genai_attributes(reply))
         usage = reply.get("usage") or {}
         totals = state.agent.setdefault(
@@ -101,6 +113,12 @@ class OpenAIAgent:
                 totals[field_name] += value
         message = self._message_of(reply)
         calls = message.get("tool_calls") or []
+        content = message.get("content")
+        if state.output is not None and state.output.partial:
+            # The streamed text, whole and durable, before the tool calls or the run's end it
+            # precedes. An answer that was not streamed has no live text to complete: its text
+            # is in the run's result (or its turn), as before, at no extra write.
+            await state.output.complete(content if isinstance(content, str) else None)
         if not calls:
             return Finish(
                 {
@@ -327,8 +345,18 @@ class OpenAIAgent:
         )
         return schema
 
-    async def _complete(self, messages: list[dict[str, JSON]]) -> dict[str, JSON]:
-        body = {"model": self.model, "messages": messages, "tools": self._tool_schema()}
+    async def _complete(
+        self, messages: list[dict[str, JSON]], state: RunState | None = None
+    ) -> dict[str, JSON]:
+        body: dict[str, JSON] = {
+            "model": self.model,
+            "messages": messages,
+            "tools": self._tool_schema(),
+        }
+        if self.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        output = state.output if state is not None else None
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         if isinstance(self._client, ClientShards):
             client = self._client.next()
@@ -340,9 +368,13 @@ class OpenAIAgent:
                 attempt += 1
                 wait = self.backoff * 2 ** (attempt - 1)
                 try:
-                    response = await client.post(
-                        self.url, json=body, headers=headers, timeout=self.timeout
-                    )
+                    if self.stream:
+                        response, streamed = await self._stream(client, body, headers, output)
+                    else:
+                        response = await client.post(
+                            self.url, json=body, headers=headers, timeout=self.timeout
+                        )
+                        streamed = None
                 except httpx.TimeoutException:
                     problem = f"the endpoint did not answer within {self.timeout:g}s"
                 except httpx.TransportError as exc:
@@ -359,6 +391,8 @@ class OpenAIAgent:
                             + self._excerpt(response.text),
                             permanent=True,
                         )
+                    elif streamed is not None:
+                        return streamed
                     else:
                         try:
                             reply = response.json()
@@ -373,6 +407,8 @@ class OpenAIAgent:
                                 "the endpoint's answer is not a JSON object", permanent=True
                             )
                         return reply
+                if output is not None:
+                    output.restart()  # what this attempt showed is void; the next starts over
                 if attempt > self.retries:
                     raise AgentError(f"{problem} (after {attempt} attempts)", permanent=False)
                 log.info(
@@ -383,6 +419,52 @@ class OpenAIAgent:
         finally:
             if self._client is None:
                 await client.aclose()
+
+    async def _stream(
+        self,
+        client: httpx.AsyncClient,
+        body: dict[str, JSON],
+        headers: dict[str, str],
+        output: LiveOutput | None,
+    ) -> tuple[httpx.Response, dict[str, JSON] | None]:
+        """One streaming request: the response, and the reply assembled from its chunks (None
+        when the status says it failed: the caller classifies it from the read body)."""
+        request = client.build_request(
+            "POST", self.url, json=body, headers=headers, timeout=self.timeout
+        )
+        response = await client.send(request, stream=True)
+        try:
+            if response.status_code >= 400:
+                await response.aread()
+                return response, None
+            if "text/event-stream" not in response.headers.get("content-type", ""):
+                # The endpoint ignored `stream`: a plain answer.
+                await response.aread()
+                return response, None
+            assembly = _Assembly()
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue  # comments, event names, blank separators
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    raise AgentError(
+                        "the endpoint streamed a chunk that is not JSON: " + self._excerpt(data),
+                        permanent=True,
+                    ) from None
+                if not isinstance(chunk, dict):
+                    raise AgentError(
+                        "the endpoint streamed a chunk that is not an object", permanent=True
+                    )
+                text = assembly.add(chunk)
+                if text and output is not None:
+                    output.delta(text)
+            return response, assembly.reply()
+        finally:
+            await response.aclose()
 
     def _excerpt(self, text: str, limit: int = EXCERPT_CHARS) -> str:
         """What the endpoint said, for a failure the tenant sees: the configured key redacted
@@ -437,3 +519,71 @@ def _genai_attributes(reply: dict[str, JSON]) -> dict[str, tracing.AttributeValu
         "gen_ai.usage.input_tokens": tokens("prompt_tokens"),
         "gen_ai.usage.output_tokens": tokens("completion_tokens"),
     }
+
+
+class _Assembly:
+    """A streamed chat completion put back together: the text, the tool calls from their
+    fragments (by `index`: the first fragment names the call, the rest add to its arguments),
+    the finish reason, the usage (the last chunk's, with `include_usage`), id and model."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: JSON = None
+        self.id: str | None = None
+        self.model: str | None = None
+
+    def add(self, chunk: dict[str, Any]) -> str:
+        """Take one chunk; the text it adds to the message."""
+        self.id = self.id or chunk.get("id")
+        self.model = self.model or chunk.get("model")
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return ""
+        choice = choices[0]
+        if choice.get("finish_reason"):
+            self.finish_reason = str(choice["finish_reason"])
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return ""
+        for fragment in delta.get("tool_calls") or []:
+            if not isinstance(fragment, dict):
+                raise AgentError(f"malformed tool call fragment: {fragment!r:.300}", permanent=True)
+            index = int(fragment.get("index", len(self.calls)))
+            call = self.calls.setdefault(
+                index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+            )
+            if fragment.get("id"):
+                call["id"] = fragment["id"]
+            function = fragment.get("function")
+            if isinstance(function, dict):
+                if function.get("name"):
+                    call["function"]["name"] += str(function["name"])
+                if function.get("arguments"):
+                    call["function"]["arguments"] += str(function["arguments"])
+        text = delta.get("content")
+        if isinstance(text, str) and text:
+            self.content.append(text)
+            return text
+        return ""
+
+    def reply(self) -> dict[str, JSON]:
+        message: dict[str, JSON] = {
+            "role": "assistant",
+            "content": "".join(self.content) if self.content else None,
+        }
+        if self.calls:
+            message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
+        reply: dict[str, JSON] = {
+            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}]
+        }
+        if self.usage is not None:
+            reply["usage"] = self.usage
+        if self.id:
+            reply["id"] = self.id
+        if self.model:
+            reply["model"] = self.model
+        return reply

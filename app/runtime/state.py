@@ -11,9 +11,12 @@ so a recovered run reads the same history back."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from app.queue.models import JSON
+
+if TYPE_CHECKING:
+    from app.runtime.live import LiveOutput
 
 OutcomeStatus = Literal["succeeded", "failed", "uncertain"]
 
@@ -51,6 +54,9 @@ class RunState:
     history_window: dict[str, int] | None = None
     # The transcript entries of that window, oldest first (not checkpointed).
     history: list[dict[str, JSON]] = field(default_factory=list)
+    # Where the agent writes its message live (app/runtime/live.py); set by the executor for
+    # each execution, never checkpointed.
+    output: LiveOutput | None = field(default=None, repr=False, compare=False)
 
     @property
     def next_step(self) -> int:

@@ -2,9 +2,10 @@
 
 The runtime (agents, tools, checkpoints) implements `Executor`; the pool only claims, holds
 leases and stops executions. `ExecutionContext` is the executor's hold on the run: it offers the
-fenced writes themselves (tool started, finished or not sent; complete, wait for the user, fail,
-release), each presenting the lease, marking the execution finishing when it ends the hold, and
-turning a zero-row answer into the one stop path. The runtime writes only through it.
+fenced writes themselves (tool started, finished or not sent; a live message completed;
+complete, wait for the user, fail, release), each presenting the lease, marking the execution
+finishing when it ends the hold, and turning a zero-row answer into the one stop path. The
+runtime writes only through it, and hands its live text to `deltas` (never a write).
 """
 
 from __future__ import annotations
@@ -14,11 +15,21 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Protocol
+from uuid import UUID
 
 from app.observability import tracing
 from app.queue.core import Queue, ResumeState
+from app.queue.deltas import Delta
 from app.queue.models import JSON, ClaimedRun, Fenced, Lease, ToolCall, WriteOutcome, Written
 from app.worker.completions import CompletionBatcher
+
+
+class DeltaSink(Protocol):
+    """Where a run's live output goes (app/worker/deltas.py: the process's publisher)."""
+
+    def offer(self, delta: Delta) -> bool: ...
+
+    async def settle(self, run_id: UUID, within: float | None = None) -> bool: ...
 
 
 class StopExecution(Exception):
@@ -46,6 +57,8 @@ class ExecutionContext:
     ended: bool = False
     # The slot group's group commit of completions; None completes with a statement of its own.
     completions: CompletionBatcher | None = None
+    # The process's delta publisher; None: this process shows no live output.
+    deltas: DeltaSink | None = None
     _fenced_recorded: bool = False
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -102,6 +115,15 @@ class ExecutionContext:
 
     async def tool_not_sent(self, call: ToolCall, error: str) -> None:
         await self.checked(await self.queue.tool_not_sent(self.lease, call, error), "tool_not_sent")
+
+    async def message_completed(self, text: str, message: int) -> None:
+        """The durable end of a live message (`message.completed`, the whole text), fenced."""
+        await self.checked(
+            await self.queue.append_event(
+                self.lease, "message.completed", {"text": text, "message": message}
+            ),
+            "message_completed",
+        )
 
     async def complete(self, result: JSON) -> None:
         """Complete the run, batched with its slot group's completions when it has a batcher."""

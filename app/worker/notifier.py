@@ -10,6 +10,10 @@ the number of rows: `{"work": [priority, ...]}` when runs became claimable,
 `{"runs": ["<run id prefix>", ...]}` (the first 8 characters of at most 500 ids) when runs
 changed status, and `"more": true` when more runs changed than the payload names, which
 subscribers take as "anything may have changed".
+
+With `listen_deltas` (API processes, which hold streams), the same connection also listens on
+`turnstile_deltas` (live output, docs/adr/0007-live-output-deltas.md) and hands each
+notification's deltas to the `on_deltas` subscribers; worker-only processes do not listen there.
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ from typing import Any
 import asyncpg
 
 from app.db.engine import plain_url
+from app.queue.deltas import CHANNEL as DELTA_CHANNEL
+from app.queue.deltas import Delta, unpack
 
 log = logging.getLogger("turnstile.notifier")
 
 CHANNEL = "turnstile"
 WorkCallback = Callable[[set[int] | None], None]  # None: "anything may have changed"
 RunsCallback = Callable[[set[str] | None], None]  # run id prefixes; None: "look at everything"
+DeltasCallback = Callable[[list[Delta]], None]
 
 
 class Notifier:
@@ -41,6 +48,7 @@ class Notifier:
         reconnect_max_seconds: float = 5.0,
         keepalive_seconds: float = 10.0,
         application_name: str = "turnstile listen",
+        listen_deltas: bool = False,
     ) -> None:
         self.url = plain_url(url)
         self.application_name = application_name
@@ -49,6 +57,8 @@ class Notifier:
         self.keepalive = keepalive_seconds
         self._work: list[WorkCallback] = []
         self._runs: list[RunsCallback] = []
+        self._deltas: list[DeltasCallback] = []
+        self.listen_deltas = listen_deltas
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._lost = asyncio.Event()
@@ -61,6 +71,9 @@ class Notifier:
 
     def on_runs(self, callback: RunsCallback) -> None:
         self._runs.append(callback)
+
+    def on_deltas(self, callback: DeltasCallback) -> None:
+        self._deltas.append(callback)
 
     async def start(self) -> None:
         if self._task is None:
@@ -103,6 +116,12 @@ class Notifier:
     def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         self._dispatch(payload)
 
+    def _on_deltas(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        deltas = unpack(payload)
+        if deltas:
+            for callback in self._deltas:
+                callback(deltas)
+
     def _on_termination(self, _conn: object) -> None:
         self._lost.set()
 
@@ -119,6 +138,8 @@ class Notifier:
                 )
                 conn.add_termination_listener(self._on_termination)
                 await conn.add_listener(CHANNEL, self._on_notification)
+                if self.listen_deltas:
+                    await conn.add_listener(DELTA_CHANNEL, self._on_deltas)
                 self.backend_pid = conn.get_server_pid()
                 self.connections += 1
                 self._lost.clear()

@@ -44,7 +44,7 @@ from app.queue.layout import SlotGroup
 from app.queue.models import ClaimedRun
 from app.queue.schedules import Schedules
 from app.worker.completions import CompletionBatcher
-from app.worker.execution import ExecutionContext, Executor, StopExecution
+from app.worker.execution import DeltaSink, ExecutionContext, Executor, StopExecution
 from app.worker.notifier import Notifier
 
 log = logging.getLogger("turnstile.worker")
@@ -97,8 +97,10 @@ class WorkerPool:
         notifier: Notifier | None = None,
         role: str = "serve",
         worker_id: str | None = None,
+        deltas: DeltaSink | None = None,
     ) -> None:
         self.queue = queue
+        self.deltas = deltas
         self.registry = WorkerRegistry(queue)
         self.schedules = Schedules(queue)
         self._advancing: set[asyncio.Task[None]] = set()
@@ -279,6 +281,7 @@ class WorkerPool:
             lease_seconds=self.lease_seconds,
             trusted_until=trusted_until,
             completions=group.completions,
+            deltas=self.deltas,
         )
         execution = _Execution(ctx=ctx)
         group.running[claimed.lease.key] = execution

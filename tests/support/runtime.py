@@ -10,13 +10,19 @@ from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.models import Run
 from app.runtime.executor import RuntimeExecutor, SimulatedCrash
-from app.worker.execution import ExecutionContext, StopExecution
+from app.worker.execution import DeltaSink, ExecutionContext, StopExecution
 from tests.support.clock import ManualClock
 
 
-async def execute_once(queue: Queue, executor: RuntimeExecutor, *, owner: str = "worker") -> bool:
-    """Claim the next run as worker `owner` and execute it to its next resting point; False
-    when the execution 'crashed'."""
+async def execute_once(
+    queue: Queue,
+    executor: RuntimeExecutor,
+    *,
+    owner: str = "worker",
+    deltas: DeltaSink | None = None,
+) -> bool:
+    """Claim the next run as worker `owner` and execute it to its next resting point (its live
+    output to `deltas`); False when the execution 'crashed'."""
     claimed = await queue.claim(owner, list(PriorityClass))
     assert len(claimed) == 1
     ctx = ExecutionContext(
@@ -25,6 +31,7 @@ async def execute_once(queue: Queue, executor: RuntimeExecutor, *, owner: str = 
         slot_group="test",
         lease_seconds=30,
         trusted_until=time.monotonic() + 30,
+        deltas=deltas,
     )
     try:
         await executor.execute(ctx)
