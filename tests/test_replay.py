@@ -12,6 +12,7 @@ before it reaches the server; or the backend is terminated while the statement w
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from uuid import UUID
@@ -27,6 +28,7 @@ from app.queue.core import Queue, QueueConfig
 from app.queue.models import Fenced, Lease, NewRun, ToolCall, WriteOutcome, Written
 from app.queue.outcomes import OutcomeUnknown
 from app.worker.completions import CompletionBatcher
+from app.worker.execution import ExecutionContext
 from tests.support.invariants import check_all_runs
 from tests.support.pg_proxy import PgProxy, pg_proxy
 from tests.support.waiting import eventually
@@ -370,3 +372,37 @@ async def test_through_transactions_a_lost_commit_is_replayed_and_a_lost_stateme
         "run.succeeded",
     ]
     assert await _journal_rows(engine, lease.run_id) == [(1, "started")]
+
+
+async def test_an_execution_whose_writes_lose_their_answers_goes_on_and_ends_its_hold(
+    direct: Queue, proxied: AsyncEngine, proxy: PgProxy, engine: AsyncEngine
+) -> None:
+    """What the worker sees: its hold journals a call and completes the run, both answers lost
+    after the commit. Neither raises, the hold ends (`ended`, not fenced), and the log is the
+    run's plain path, without a second tool.started or a run.fenced."""
+    run = await direct.enqueue(new_run())
+    [claimed] = await direct.claim("w", [run.priority_class])
+    queue = Queue(proxied)
+    await _warm(queue, run.id)
+    ctx = ExecutionContext(
+        queue=queue,
+        claimed=claimed,
+        slot_group="interactive",
+        lease_seconds=30,
+        trusted_until=time.monotonic() + 30,
+        completions=CompletionBatcher(queue),
+    )
+    proxy.lose_answer("'tool.started'")
+    await ctx.tool_started(CALL)
+    proxy.lose_answer("'run.succeeded'")
+    await ctx.complete({"done": True})
+    assert proxy.cuts == 2
+    assert ctx.ended
+    assert not ctx.fenced
+    assert await _types(direct, run.id) == [
+        "run.created",
+        "run.claimed",
+        "tool.started",
+        "run.succeeded",
+    ]
+    await check_all_runs(engine)

@@ -3,7 +3,10 @@
 Every method runs its statement in a transaction of its own, or on the connection it is given
 (so the submit path can enqueue or deliver inside the transaction that locked the session).
 Fenced methods return `Written | Fenced`, heartbeats return a bool; neither raises on a lost
-lease. Time is the database's unless a `clock` (tests) or an explicit `now` says otherwise.
+lease. A lost connection is sent again only where that is provably safe (app/queue/outcomes.py):
+any statement nothing of which committed, and a fenced write of unknown outcome through a
+replay that recognises its own earlier commit. Time is the database's unless a `clock` (tests)
+or an explicit `now` says otherwise.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import asyncpg
 from sqlalchemy import RowMapping
 from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.queue.classes import PriorityClass, priorities_of
@@ -287,6 +291,8 @@ class Queue:
         conn = self.engine.connect()
         try:
             await conn.start()
+        except PoolTimeout:
+            raise  # every connection busy: sending again would only wait as long again
         except Exception as exc:
             raise NotCommitted(sql, None, exc, connection_invalidated=True) from exc
         try:
@@ -394,6 +400,8 @@ class Queue:
         *,
         transition: str | None = None,
     ) -> WriteOutcome:
+        """A single-run fenced write: `Written` or `Fenced`. One whose connection was lost
+        after it was sent is replayed, recognising its own earlier commit (`_replay`)."""
         params = {"run_id": lease.run_id, "epoch": lease.epoch, **params}
         try:
             rows = await self._rows(name, params, conn)
