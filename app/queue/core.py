@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,8 @@ from app.queue.outcomes import (
 from app.queue.sql import q, statements
 
 Clock = Callable[[], datetime | None]
+
+log = logging.getLogger("turnstile.queue")
 
 DEADLOCK_RETRIES = 3
 """How often a multi-row fenced statement is retried after PostgreSQL chose it as a deadlock
@@ -326,9 +329,21 @@ class Queue:
                     await tx.execute(q("lock_for_replay"), params)
                     found = await tx.execute(q(f"recognise_{name}"), params)
                     rows = list(found.mappings().all())
-                    if not rows:
+                    recognised = bool(rows)
+                    if not recognised:
                         rows = list((await tx.execute(q(name), params)).mappings().all())
-                    return rows
+                # Rare (a connection lost mid-write) and worth knowing: what the replay found.
+                log.warning(
+                    "fenced write of unknown outcome replayed",
+                    extra={
+                        "write": name,
+                        "run_id": str(params["run_id"]),
+                        "epoch": params["epoch"],
+                        "earlier_commit_found": recognised,
+                        "replays": attempt + 1,
+                    },
+                )
+                return rows
             except (DBAPIError, OSError) as exc:
                 if not _lost(exc) or attempt == REPLAY_ATTEMPTS - 1:
                     raise
@@ -353,6 +368,10 @@ class Queue:
                         if key not in done
                     ]
                     if not left:
+                        log.warning(
+                            "completion batch of unknown outcome replayed",
+                            extra={"runs": len(done), "earlier_commits_found": len(done)},
+                        )
                         return [earlier]
                     rest = {
                         **params,
@@ -365,7 +384,11 @@ class Queue:
                     merged = {
                         k: [*earlier[k], *now[k]] for k in ("ids", "epochs", "seqs", "priorities")
                     }
-                    return [merged]
+                log.warning(
+                    "completion batch of unknown outcome replayed",
+                    extra={"runs": len(params["run_ids"]), "earlier_commits_found": len(done)},
+                )
+                return [merged]
             except (DBAPIError, OSError) as exc:
                 if not _lost(exc) or attempt == REPLAY_ATTEMPTS - 1:
                     raise
