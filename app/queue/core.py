@@ -291,31 +291,32 @@ class Queue:
         could be had or the driver found it closed before sending, `OutcomeUnknown` once the
         statement was sent (its implicit transaction commits at the protocol's Sync, before
         the answer that was lost)."""
-        conn = self.engine.connect()
+        had_connection = False
         try:
-            await conn.start()
-        except PoolTimeout:
-            raise  # every connection busy: sending again would only wait as long again
-        except Exception as exc:
-            raise NotCommitted(sql, None, exc, connection_invalidated=True) from exc
-        try:
-            raw = await conn.get_raw_connection()
-            driver: asyncpg.Connection = raw.driver_connection
-            try:
-                rows: list[Any] = await driver.fetch(sql, *args)
-                return rows
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
-                if isinstance(exc, asyncpg.InterfaceError) and not closed_before_send(exc):
-                    # The driver's state is not to be trusted (an operation left in progress).
+            async with self.engine.connect() as conn:
+                had_connection = True
+                raw = await conn.get_raw_connection()
+                driver: asyncpg.Connection = raw.driver_connection
+                try:
+                    rows: list[Any] = await driver.fetch(sql, *args)
+                    return rows
+                except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+                    if isinstance(exc, asyncpg.InterfaceError) and not closed_before_send(exc):
+                        # The driver's state is not to be trusted (an operation left running).
+                        await conn.invalidate()
+                        raise OperationalError(sql, None, exc, connection_invalidated=True) from exc
+                    if not lost_connection(exc):
+                        raise DBAPIError(sql, None, exc) from exc
                     await conn.invalidate()
-                    raise OperationalError(sql, None, exc, connection_invalidated=True) from exc
-                if not lost_connection(exc):
-                    raise DBAPIError(sql, None, exc) from exc
-                await conn.invalidate()
-                unknown = NotCommitted if closed_before_send(exc) else OutcomeUnknown
-                raise unknown(sql, None, exc, connection_invalidated=True) from exc
-        finally:
-            await asyncio.shield(conn.close())
+                    unknown = NotCommitted if closed_before_send(exc) else OutcomeUnknown
+                    raise unknown(sql, None, exc, connection_invalidated=True) from exc
+        except Exception as exc:
+            # Raised before a connection was had (refused, the server starting or stopping,
+            # checkout failed): nothing was sent. A pool timeout is not sent again: every
+            # connection is busy, and a second try would only wait as long again.
+            if had_connection or isinstance(exc, PoolTimeout):
+                raise
+            raise NotCommitted(sql, None, exc, connection_invalidated=True) from exc
 
     async def _replay(self, name: str, params: dict[str, Any]) -> list[RowMapping]:
         """The fenced write `name` once more, after its first sending's outcome was unknown
