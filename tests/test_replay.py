@@ -27,6 +27,7 @@ from app.db.engine import create_engine
 from app.queue.core import Queue, QueueConfig
 from app.queue.models import Fenced, Lease, NewRun, ToolCall, WriteOutcome, Written
 from app.queue.outcomes import OutcomeUnknown
+from app.queue.sql import statements
 from app.worker.completions import CompletionBatcher
 from app.worker.execution import ExecutionContext
 from tests.support.invariants import check_all_runs
@@ -406,3 +407,12 @@ async def test_an_execution_whose_writes_lose_their_answers_goes_on_and_ends_its
         "run.succeeded",
     ]
     await check_all_runs(engine)
+
+
+def test_every_fenced_write_has_its_recognising_read() -> None:
+    """A fenced write replayed after an unknown outcome needs a read that recognises its
+    earlier commit (runs.sql, "Replays"); heartbeat_many needs none (sent again as it is)."""
+    named = statements()
+    fenced = {name for name, statement in named.items() if statement.fenced}
+    missing = sorted(n for n in fenced - {"heartbeat_many"} if f"recognise_{n}" not in named)
+    assert missing == []
