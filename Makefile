@@ -47,12 +47,14 @@ $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 
 ## The benchmark (a few minutes; TEST_DATABASE_URL or DATABASE_URL, else the embedded PostgreSQL):
 ## bench/results/latest.json and latest.md, docs/bench-latest.png. BENCH_QUICK=1: the quick mode.
+## BENCH_PHASES=ceiling,api: those phases only (the API's scale curve beside the ceiling), in
+## files of their own (latest-ceiling-api.json and .md).
 bench: $(VENV)/.installed-bench
-	$(BIN)/python bench/run.py $(if $(BENCH_QUICK),--quick,)
+	$(BIN)/python bench/run.py $(if $(BENCH_QUICK),--quick,) $(if $(BENCH_PHASES),--phases $(BENCH_PHASES),)
 
 ## The quick mode (about a minute): bench/results/quick.json and quick.md, no PNG.
 bench-quick: $(VENV)/.installed-bench
-	$(BIN)/python bench/run.py --quick
+	$(BIN)/python bench/run.py --quick $(if $(BENCH_PHASES),--phases $(BENCH_PHASES),)
 
 ## Churn (opt-in, long: about an hour at the default 2,000,000 runs): runs enqueued, claimed,
 ## completed and pruned by retention through one database; the claim and the tables' sizes,

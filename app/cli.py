@@ -1,7 +1,7 @@
 """The `turnstile` command line: serve, worker, migrate, keys, and the operator commands.
 
-The operator commands (runs, queue, schedules, webhooks) act on the configured database through the
-queue's services.
+The operator commands (runs, queue, schedules, webhooks, tenants) act on the configured database
+through the queue's services.
 
 Thin by design: each command parses its flags, calls into the app, and prints one line on
 error (exit status 2) rather than a traceback.
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from app.queue.reads import Reads
     from app.queue.schedules import Schedules
     from app.queue.submit import Submissions, Submitter
+    from app.queue.tenants import Tenants
     from app.security.api_keys import KeyInfo
 
 
@@ -303,6 +304,7 @@ class Runbook:
     stale_seconds: float  # a worker process not seen for this long is not live (a lease)
     schedules: Schedules
     settings: Settings
+    tenants: Tenants
 
 
 RunbookCommand = Callable[[Runbook, argparse.Namespace], Awaitable[object]]
@@ -313,12 +315,13 @@ def _runbook(command: RunbookCommand) -> Callable[[argparse.Namespace], None]:
     a document or JSON), and turn the core's refusals into one-line errors."""
 
     def entry(args: argparse.Namespace) -> None:
-        from app.main import queue_config, submissions_for
+        from app.main import limit_defaults, queue_config, submissions_for
         from app.queue.core import Queue
         from app.queue.errors import TurnstileError
         from app.queue.reads import Reads
         from app.queue.schedules import Schedules
         from app.queue.submit import Submitter
+        from app.queue.tenants import Tenants
 
         settings = _settings()
 
@@ -335,6 +338,7 @@ def _runbook(command: RunbookCommand) -> Callable[[argparse.Namespace], None]:
                 stale_seconds=settings.lease_seconds,
                 schedules=Schedules(queue),
                 settings=settings,
+                tenants=Tenants(queue, limit_defaults(settings)),
             )
             try:
                 return await command(runbook, args)
@@ -372,6 +376,8 @@ async def queue_stats(runbook: Runbook, args: argparse.Namespace) -> object:
     from app.queue.reads import coverage_of
     from app.queue.statuses import ACTIVE
 
+    if args.by_tenant:
+        return await _tenant_depth(runbook, args)
     depth = await runbook.reads.depth(tenant_id=args.tenant)
     slots = await runbook.reads.live_slots(stale_seconds=runbook.stale_seconds)
     coverage = {klass: coverage_of(entry, slots[klass]) for klass, entry in depth.items()}
@@ -396,6 +402,80 @@ async def queue_stats(runbook: Runbook, args: argparse.Namespace) -> object:
         for klass, entry in depth.items()
         for status in ACTIVE
     ]
+
+
+async def _tenant_depth(runbook: Runbook, args: argparse.Namespace) -> object:
+    """`turnstile queue stats --by-tenant`: running and queued runs per tenant and class, from
+    the counts the transitions keep (no runs counted): one tenant with --tenant, else the
+    busiest --top tenants by queued runs and a `tenant=other` row per class for the rest."""
+    if args.top < 1:
+        raise CommandError("--top must be at least 1")
+    depth = await runbook.tenants.depth(tenant_id=args.tenant, top=args.top)
+    return [
+        {
+            "tenant": entry.tenant_id if entry.tenant_id is not None else "other",
+            "class": klass.value,
+            "running": counts.running,
+            "queued": counts.queued,
+        }
+        for entry in depth
+        for klass, counts in entry.classes.items()
+    ]
+
+
+async def tenants_get(runbook: Runbook, args: argparse.Namespace) -> object:
+    limits = await runbook.tenants.get_limits(args.tenant)
+    return _limits_result(runbook, args.tenant, limits)
+
+
+async def tenants_set(runbook: Runbook, args: argparse.Namespace) -> object:
+    """`turnstile tenants set TENANT ...`: changes only the limits named; `default` returns one
+    to the service's default (`--max-running async=default`, `--submit-rate default`)."""
+    from app.queue.tenants import KEEP
+
+    changes: dict[str, Any] = {}
+    if args.max_running:
+        classes: dict[str, int | None] = {}
+        for given in args.max_running:
+            name, sep, value = given.partition("=")
+            if not sep or not name.strip():
+                raise CommandError(f"--max-running takes CLASS=N or CLASS=default, not {given!r}")
+            count = _limit_value("--max-running", value, int)
+            classes[name.strip()] = None if count is None else int(count)
+        changes["max_running"] = classes
+    for flag, key, kind in (
+        ("--max-queued", "max_queued", int),
+        ("--submit-rate", "submit_rate_per_second", float),
+        ("--submit-burst", "submit_burst", int),
+    ):
+        given = getattr(args, key)
+        changes[key] = KEEP if given is None else _limit_value(flag, given, kind)
+    if not args.max_running and all(v is KEEP for v in changes.values()):
+        raise CommandError(
+            "nothing to set: give --max-running, --max-queued, --submit-rate or --submit-burst"
+        )
+    limits = await runbook.tenants.set_limits(args.tenant, **changes)
+    return _limits_result(runbook, args.tenant, limits)
+
+
+def _limit_value(flag: str, value: str, kind: type[int] | type[float]) -> int | float | None:
+    text = value.strip()
+    if text == "default":
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise CommandError(f"{flag} takes {what} or 'default', not {value!r}") from None
+
+
+def _limits_result(runbook: Runbook, tenant: str, limits: Any) -> dict[str, object]:
+    return {
+        "tenant": tenant,
+        "overrides": limits.to_document(),
+        "effective": runbook.tenants.effective(limits).to_document(),
+        "updated_at": limits.updated_at.isoformat() if limits.updated_at else None,
+    }
 
 
 async def runs_stuck(runbook: Runbook, args: argparse.Namespace) -> object:
@@ -589,6 +669,14 @@ async def webhooks_delete(runbook: Runbook, args: argparse.Namespace) -> object:
     return {"id": str(endpoint_id), "deleted": True, "cancelled_deliveries": cancelled}
 
 
+async def webhooks_enable(runbook: Runbook, args: argparse.Namespace) -> object:
+    from app.queue.webhooks import Webhooks
+
+    endpoint_id = _uuid(args.webhook_id, "webhook")
+    endpoint = await Webhooks(runbook.queue).enable(tenant_id=args.tenant, endpoint_id=endpoint_id)
+    return _webhook_row(endpoint)
+
+
 def _uuid(value: str, what: str = "run") -> uuid.UUID:
     try:
         return uuid.UUID(value)
@@ -666,8 +754,46 @@ def build_parser() -> argparse.ArgumentParser:
     queue_sub = queue.add_subparsers(dest="queue_command", required=True)
     stats = queue_sub.add_parser("stats", help="depth per class and status, oldest age")
     stats.add_argument("--tenant")
+    stats.add_argument(
+        "--by-tenant",
+        action="store_true",
+        help="running and queued runs per tenant and class (the busiest --top, the rest as "
+        "tenant=other)",
+    )
+    stats.add_argument("--top", type=int, default=20, help="tenants shown one by one (20)")
     stats.add_argument("--json", action="store_true")
     stats.set_defaults(func=_runbook(queue_stats))
+
+    tenants = sub.add_parser("tenants", help="a tenant's limits (its overrides of the defaults)")
+    tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True)
+    get_limits = tenants_sub.add_parser("get", help="a tenant's overrides and effective limits")
+    get_limits.add_argument("tenant")
+    get_limits.add_argument("--json", action="store_true")
+    get_limits.set_defaults(func=_runbook(tenants_get))
+    set_limits = tenants_sub.add_parser(
+        "set",
+        help="change a tenant's limits; 'default' returns one to the service's default",
+    )
+    set_limits.add_argument("tenant")
+    set_limits.add_argument(
+        "--max-running",
+        action="append",
+        metavar="CLASS=N",
+        help="at most N running runs of the class (interactive, async, maintenance); "
+        "CLASS=default clears it; repeatable",
+    )
+    set_limits.add_argument("--max-queued", metavar="N", help="at most N queued runs, or default")
+    set_limits.add_argument(
+        "--submit-rate",
+        dest="submit_rate_per_second",
+        metavar="R",
+        help="submissions a second (POST /runs and turns), or default",
+    )
+    set_limits.add_argument(
+        "--submit-burst", metavar="B", help="submissions at once after a pause, or default"
+    )
+    set_limits.add_argument("--json", action="store_true")
+    set_limits.set_defaults(func=_runbook(tenants_set))
 
     schedules = sub.add_parser("schedules", help="recurring runs: one run per cron tick")
     schedules_sub = schedules.add_subparsers(dest="schedules_command", required=True)
@@ -736,6 +862,13 @@ def build_parser() -> argparse.ArgumentParser:
     delete_webhook.add_argument("--tenant", required=True)
     delete_webhook.add_argument("--json", action="store_true")
     delete_webhook.set_defaults(func=_runbook(webhooks_delete))
+    enable_webhook = webhooks_sub.add_parser(
+        "enable", help="re-enable an endpoint that failed deliveries disabled"
+    )
+    enable_webhook.add_argument("webhook_id")
+    enable_webhook.add_argument("--tenant", required=True)
+    enable_webhook.add_argument("--json", action="store_true")
+    enable_webhook.set_defaults(func=_runbook(webhooks_enable))
 
     migrate = sub.add_parser("migrate", help="upgrade the database schema to this version")
     migrate.set_defaults(func=cmd_migrate)

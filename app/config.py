@@ -7,6 +7,7 @@ prefix, except `DATABASE_URL`, which keeps the name every PostgreSQL tool alread
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -20,6 +21,9 @@ if TYPE_CHECKING:
 
 RUN_WRITE_CONNECTIONS = 10
 """At most this many pooled connections serve the runs' own writes (see `Settings.pool_size`)."""
+
+MAX_SUBMIT_RATE = 1_000_000.0
+"""As app/queue/tenants.py's MAX_RATE: the same bound for the default and the overrides."""
 
 
 class Settings(BaseSettings):
@@ -94,6 +98,18 @@ class Settings(BaseSettings):
     idempotency_wait_seconds: float = Field(
         default=5.0, gt=0, description="How long a request waits for its in-flight twin."
     )
+    # --- tenants (README "Limits and rate limits") ---------------------------------------------
+    submit_rate_per_second: float | None = Field(
+        default=None,
+        description="Submissions (POST /runs, POST /sessions/{id}/turns) each tenant may make a "
+        "second, on average: a token bucket per tenant in PostgreSQL, exact across API "
+        "processes. Unset: no limit (tenants' own limits may still set one). Over it: 429.",
+    )
+    submit_burst: int | None = Field(
+        default=None,
+        description="The bucket's size: submissions a tenant may make at once after a pause. "
+        "Unset: one second's worth of the rate (at least 1).",
+    )
 
     # --- runtime -----------------------------------------------------------------------------
     http_allowed_hosts: str = Field(
@@ -115,7 +131,10 @@ class Settings(BaseSettings):
     webhook_backoff_base_seconds: float = Field(default=30.0, ge=0)
     webhook_backoff_max_seconds: float = Field(default=3600.0, ge=0)
     webhook_disable_after: int = Field(
-        default=20, ge=1, description="Failed delivery attempts in a row that disable an endpoint."
+        default=20,
+        ge=1,
+        description="Failed deliveries in a row (each after all its attempts) that disable an "
+        "endpoint.",
     )
     openai_base_url: str | None = Field(
         default=None,
@@ -205,6 +224,27 @@ class Settings(BaseSettings):
     def _any_case(cls, value: object) -> object:
         # People write INFO as often as info.
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("submit_rate_per_second")
+    @classmethod
+    def _check_submit_rate(cls, value: float | None) -> float | None:
+        # One message for 0, negatives, inf and nan alike: what to write instead.
+        if value is not None and not (math.isfinite(value) and 0 < value <= MAX_SUBMIT_RATE):
+            raise ValueError(
+                f"must be a number of submissions a second above 0 and at most "
+                f"{MAX_SUBMIT_RATE:g} (TURNSTILE_SUBMIT_RATE_PER_SECOND; unset it for no limit)"
+            )
+        return value
+
+    @field_validator("submit_burst")
+    @classmethod
+    def _check_submit_burst(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= 2**31 - 1:
+            raise ValueError(
+                "must be a whole number of submissions of at least 1 (TURNSTILE_SUBMIT_BURST; "
+                "unset it for one second's worth of the rate)"
+            )
+        return value
 
     @field_validator("slots")
     @classmethod

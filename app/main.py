@@ -30,6 +30,7 @@ from app.queue.core import Clock, Queue, QueueConfig
 from app.queue.reads import Reads
 from app.queue.schedules import Schedules
 from app.queue.submit import Submissions
+from app.queue.tenants import LimitDefaults, Tenants
 from app.queue.webhooks import Webhooks
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
 from app.runtime.http_tool import HttpRequestTool
@@ -58,6 +59,7 @@ class AppState:
     submissions: Submissions
     reads: Reads
     schedules: Schedules
+    tenants: Tenants
     agents: frozenset[str]
     metrics: Metrics
     webhooks: Webhooks
@@ -98,6 +100,18 @@ def submissions_for(queue: Queue, settings: Settings) -> Submissions:
         idempotency_ttl_seconds=settings.idempotency_ttl_seconds,
         idempotency_wait_seconds=settings.idempotency_wait_seconds,
         lock_timeout_ms=settings.lock_timeout_ms,
+        submit_rate_per_second=settings.submit_rate_per_second,
+        submit_burst=settings.submit_burst,
+    )
+
+
+def limit_defaults(settings: Settings) -> LimitDefaults:
+    """Every tenant's limits where it has no override of its own. The concurrency defaults
+    (TURNSTILE_TENANT_MAX_RUNNING, TURNSTILE_TENANT_MAX_QUEUED) are wired in with the fair
+    claim (issue 21, items 1, 2 and 4)."""
+    return LimitDefaults(
+        submit_rate_per_second=settings.submit_rate_per_second,
+        submit_burst=settings.submit_burst,
     )
 
 
@@ -134,7 +148,11 @@ async def services(
     registry.internal_agents[WEBHOOK_AGENT] = WebhookAgent()
     registry.internal_tools[WEBHOOK_AGENT] = {
         WEBHOOK_TOOL: WebhookDeliveryTool(
-            webhooks, egress, secret_box, on_attempt=metrics.webhook_attempt
+            webhooks,
+            egress,
+            secret_box,
+            on_attempt=metrics.webhook_attempt,
+            on_disabled=metrics.webhook_endpoint_disabled,
         )
     }
     # Shared, and sized so every slot can have its model call in flight at once.
@@ -201,6 +219,7 @@ async def services(
             submissions=submissions,
             reads=Reads(queue),
             schedules=Schedules(queue, keys=submissions),
+            tenants=Tenants(queue, limit_defaults(settings)),
             agents=registry.agent_names(),
             metrics=metrics,
             webhooks=webhooks,
@@ -260,7 +279,16 @@ def create_app(
         swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.shutdown = shutdown
-    from app.api import health, problems, runbook, runs, schedules, sessions, webhooks
+    from app.api import (
+        health,
+        problems,
+        runbook,
+        runs,
+        schedules,
+        sessions,
+        tenants,
+        webhooks,
+    )
     from app.api.forwarded import ForwardedProto
     from app.api.limits import BodyLimit
 
@@ -276,6 +304,7 @@ def create_app(
     app.include_router(runs.router)
     app.include_router(schedules.router)
     app.include_router(webhooks.router)
+    app.include_router(tenants.router)
     from app.ui import routes as ui
 
     ui.install(app)

@@ -1,14 +1,20 @@
 """The load generator for `POST /sessions/{id}/turns`: its own process, never the service's.
 
-Usage: python bench/http_load.py --port P --key K --sessions FILE [--connections 32]
-       [--seconds 10] [--warmup 2]
+Usage: python bench/http_load.py --port P[,P2...] --key K --sessions FILE [--connections 32]
+       [--seconds 10] [--warmup 2] [--begin-at EPOCH] [--latencies]
 
 Each connection is a keep-alive HTTP/1.1 connection on plain asyncio streams (a full client
 library would cost more CPU than the server it measures, on a 2-core machine). A connection
 posts one turn to the next unused session (a session takes one turn: the next would be 409
 `session-busy`, as no worker claims the run), with a unique `Idempotency-Key`, waits for the
 answer, and posts the next. Requests answered during the warm-up are not counted. Prints one
-JSON object: requests, statuses, requests/s and latency percentiles in ms.
+JSON object: requests, statuses, requests/s, latency percentiles in ms, and this process's own
+CPU time (so a reader can see that the load generator was not the limit).
+
+Several ports: connection i goes to port i mod n, as a round-robin load balancer would spread
+them over API processes (without a balancer's own cost). Several load generator processes:
+`bench/run.py` starts them with disjoint session files and one `--begin-at` (wall clock), so
+their warm-ups and measurement windows coincide, and merges their `--latencies`.
 """
 
 from __future__ import annotations
@@ -46,13 +52,26 @@ async def read_response(reader: asyncio.StreamReader) -> int:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", required=True, help="one port, or several separated by commas")
     parser.add_argument("--key", required=True)
     parser.add_argument("--sessions", type=Path, required=True)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument(
+        "--begin-at",
+        type=float,
+        default=None,
+        help="wall-clock time (epoch seconds) at which the warm-up begins; default: now",
+    )
+    parser.add_argument(
+        "--latencies", action="store_true", help="include every measured latency (ms)"
+    )
     args = parser.parse_args()
+    ports = [int(port) for port in args.port.split(",")]
+    if args.begin_at is not None:
+        await asyncio.sleep(max(0.0, args.begin_at - time.time()))
+    cpu_started = time.process_time()
     sessions = iter(args.sessions.read_text().split())
     body = json.dumps({"input": {"text": "hello"}}).encode()
     latencies: list[float] = []
@@ -63,22 +82,22 @@ async def main() -> None:
     exhausted = False
     total = 0  # every answered request, warm-up included
 
-    async def connection() -> None:
+    async def connection(port: int) -> None:
         nonlocal exhausted, total
-        reader, writer = await asyncio.open_connection(args.host, args.port)
+        reader, writer = await asyncio.open_connection(args.host, port)
         try:
             while time.monotonic() < stop_at:
                 if writer.is_closing():
                     # The server closed or reset the last connection: a new one, as a client
                     # with a pool would (the failed request is counted, not retried).
-                    reader, writer = await asyncio.open_connection(args.host, args.port)
+                    reader, writer = await asyncio.open_connection(args.host, port)
                 session = next(sessions, None)
                 if session is None:
                     exhausted = True
                     return
                 request = (
                     f"POST /sessions/{session}/turns HTTP/1.1\r\n"
-                    f"Host: {args.host}:{args.port}\r\n"
+                    f"Host: {args.host}:{port}\r\n"
                     f"Authorization: Bearer {args.key}\r\n"
                     f"Idempotency-Key: {uuid.uuid4().hex}\r\n"
                     "Content-Type: application/json\r\n"
@@ -99,25 +118,31 @@ async def main() -> None:
         finally:
             writer.close()
 
-    await asyncio.gather(*(connection() for _ in range(args.connections)))
+    await asyncio.gather(*(connection(ports[i % len(ports)]) for i in range(args.connections)))
     window = min(time.monotonic(), stop_at) - measure_from
-    print(
-        json.dumps(
-            {
-                "connections": args.connections,
-                "seconds": round(window, 3),
-                "requests": len(latencies),
-                "requests_total": total,
-                "statuses": {str(k): v for k, v in sorted(statuses.items(), key=str)},
-                "sessions_exhausted": exhausted,
-                "requests_per_second": round(len(latencies) / window, 1) if window > 0 else None,
-                "p50_ms": percentile(latencies, 50),
-                "p95_ms": percentile(latencies, 95),
-                "p99_ms": percentile(latencies, 99),
-                "max_ms": max(latencies) if latencies else None,
-            }
-        )
-    )
+    elapsed = time.monotonic() - started
+    # User + system time of this process, warm-up included (per request: requests_total).
+    cpu = time.process_time() - cpu_started
+    report: dict[str, object] = {
+        "connections": args.connections,
+        "seconds": round(window, 3),
+        "requests": len(latencies),
+        "requests_total": total,
+        "statuses": {str(k): v for k, v in sorted(statuses.items(), key=str)},
+        "sessions_exhausted": exhausted,
+        "requests_per_second": round(len(latencies) / window, 1) if window > 0 else None,
+        "p50_ms": percentile(latencies, 50),
+        "p95_ms": percentile(latencies, 95),
+        "p99_ms": percentile(latencies, 99),
+        "max_ms": max(latencies) if latencies else None,
+        "client_cpu_seconds": round(cpu, 3),
+        # The share of one core this process used from its first request to its last:
+        # well under 1, it was waiting on the servers, not the other way round.
+        "client_cpu_share": round(cpu / elapsed, 3) if elapsed > 0 else None,
+    }
+    if args.latencies:
+        report["latencies_ms"] = [round(ms, 3) for ms in latencies]
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":

@@ -2,28 +2,34 @@
 in the same run. A script, not a test: it reports, it asserts nothing.
 
 Usage: .venv/bin/python bench/run.py [--quick] [--out bench/results] [--png docs/bench-latest.png]
-       (`BENCH_QUICK=1` is the same as `--quick`)
+       [--phases ceiling,api] (`BENCH_QUICK=1` is the same as `--quick`)
 
 The server is DATABASE_URL, else TURNSTILE_DATABASE_URL, else TEST_DATABASE_URL, else the
 embedded PostgreSQL. Every phase runs on a fresh database cloned from a freshly migrated
 template, dropped afterwards (also when a phase fails). This process is the load generator:
 it enqueues, it times claims and it reads the results; the service runs in `turnstile worker`
-and `turnstile serve --no-workers` processes it starts, and the HTTP client is a process of its
-own (bench/http_load.py).
+and `turnstile serve --no-workers` processes it starts, and the HTTP clients are processes of
+their own (bench/http_load.py). Some phases only (`--phases ceiling,api`): results in files of
+their own (`latest-ceiling-api.json` and `.md`), the table whenever the ceiling ran.
 
 1. Ceiling: pgbench (one single-row UPDATE per transaction, 8 clients) and asyncpg (8
    connections committing single-row UPDATEs), at the server's own durability settings, which
    are Turnstile's; (7) the asyncpg figure again with one pg_notify per transaction.
 2. Throughput: no-op scripted runs, bulk-enqueued sessionless, drained by 1, 2 and 4 worker
-   processes at several async slot counts (the quick profile: 1 and 2). Runs/s over the drain
-   window by the database clock (first claim to last completion), and the ratio to the pgbench
-   ceiling.
+   processes at several async slot counts (the quick profile: fewer runs and slot counts).
+   Runs/s over the drain window by the database clock (first claim to last completion), and
+   the ratio to the pgbench ceiling; the CPU per run of the workers and of PostgreSQL's
+   backends.
 3. Latency under backlog: 10,000 async runs (each a 50 ms sleep tool call: claim, journal,
    checkpoint, complete) keep every async slot of one worker busy, while interactive no-op
    runs arrive at a steady rate. Enqueue-to-claim by the database clock, per class.
 4. Claim latency with 1k, 100k and 1M queued runs (claim_one and claim_many of 8), timed from
    this process around the whole claim transaction.
-5. POST /sessions/{id}/turns from bench/http_load.py against one `turnstile serve --no-workers`.
+5. POST /sessions/{id}/turns against 1 and 2 API processes (each a `turnstile serve
+   --no-workers`, its own uvicorn on its own port, as docs/deployment.md runs API replicas),
+   from two bench/http_load.py processes spreading their connections over the ports. With the
+   throughput phase's 1, 2 and 4 worker processes: the scale curve, each role's figures as
+   shares of pgbench, with CPU per operation of the role and of PostgreSQL's backends.
 6. Peak RSS (VmHWM) of every worker process.
 7. In flight (bench/inflight.py): one worker with 100, 500, 2,000 and 5,000 async slots serving
    as many `openai` runs against a loopback endpoint answering after 1 s (bench/fake_model.py).
@@ -68,6 +74,7 @@ from common import (
     enqueue_bulk,
     log,
     peak_rss_mb,
+    percentile,
     retrying,
     server_url,
     service_env,
@@ -101,6 +108,8 @@ class Profile:
     claims_per_depth: int
     api_seconds: float
     api_connections: int
+    api_processes: tuple[int, ...]
+    api_clients: int
     inflight_sizes: tuple[int, ...]
     peer_jobs: int
     peer_processes: tuple[int, ...]
@@ -123,6 +132,8 @@ FULL = Profile(
     claims_per_depth=300,
     api_seconds=15,
     api_connections=32,
+    api_processes=(1, 2),
+    api_clients=2,
     inflight_sizes=(100, 500, 2_000, 5_000),
     peer_jobs=20_000,
     peer_processes=(1, 2),
@@ -135,7 +146,7 @@ QUICK = Profile(
     ceiling_seconds=3,
     throughput_runs=2_000,
     throughput_slots=(4, 32),
-    throughput_processes=(1, 2),
+    throughput_processes=(1, 2, 4),  # the scale curve's worker rows
     backlog_runs=10_000,
     backlog_sleep_seconds=0.05,
     latency_seconds=6,
@@ -144,6 +155,8 @@ QUICK = Profile(
     claims_per_depth=100,
     api_seconds=4,
     api_connections=32,
+    api_processes=(1, 2),
+    api_clients=2,
     inflight_sizes=(100, 500),
     peer_jobs=2_000,
     peer_processes=(1, 2),
@@ -165,6 +178,8 @@ TINY = Profile(  # the smoke test's: every phase runs, the figures mean nothing
     claims_per_depth=20,
     api_seconds=1,
     api_connections=4,
+    api_processes=(1, 2),
+    api_clients=2,
     inflight_sizes=(20,),
     peer_jobs=100,
     peer_processes=(1,),
@@ -173,6 +188,7 @@ TINY = Profile(  # the smoke test's: every phase runs, the figures mean nothing
     peer_probes=4,
 )
 PROFILES = {p.name: p for p in (FULL, QUICK, TINY)}
+PHASES = ("ceiling", "throughput", "latency", "depth", "api", "inflight", "peers")
 
 
 # --- 2. throughput ----------------------------------------------------------------------------
@@ -190,6 +206,8 @@ async def throughput(
                 for i in range(processes)
             ]
             await wait_workers(conn, processes, workers)
+            pg_cpu = inflight.BackendCpu()
+            await pg_cpu.sample(conn)
             cpu_before = sum(w.cpu_seconds() for w in workers)
             began = time.monotonic()
             await enqueue_bulk(Queue(engine), profile.throughput_runs, NOOP, ASYNC.base)
@@ -204,6 +222,7 @@ async def throughput(
                     "(SELECT count(*) FROM pg_stat_activity WHERE datname = current_database())"
                 )
                 connections = max(connections, backends - 2)
+                await pg_cpu.sample(conn)
                 if done >= profile.throughput_runs:
                     break
                 if time.monotonic() > deadline:
@@ -212,6 +231,7 @@ async def throughput(
             wall = time.monotonic() - began
             rss = [w.peak_rss_mb() for w in workers]
             cpu = sum(w.cpu_seconds() for w in workers) - cpu_before
+            postgres_cpu = pg_cpu.seconds()
         finally:
             for worker in workers:
                 worker.stop()
@@ -239,6 +259,12 @@ async def throughput(
         # The workers' CPU time (user + system) per run while they drained: what a run costs
         # a worker process, whatever else competed for the cores.
         "worker_cpu_ms_per_run": round(cpu * 1000 / int(row["runs"]), 3),
+        # PostgreSQL's backends of this database (the bench's bulk enqueue included; the
+        # server's background processes, such as the WAL writer, not), per run.
+        "postgres_cpu_ms_per_run": (
+            None if postgres_cpu is None else round(postgres_cpu * 1000 / int(row["runs"]), 3)
+        ),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -456,84 +482,209 @@ def start_server(env: dict[str, str], log_file: IO[bytes]) -> subprocess.Popen[b
     )
 
 
-async def api(dbs: Databases, profile: Profile, logs: Path) -> dict[str, Any]:
+WAL_SQL = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
+# Backends of this database waiting for the lock PostgreSQL takes to commit a transaction that
+# notified (PreCommit_Notify: AccessExclusiveLock on object 0 of pg_database, one for the whole
+# server, held until the commit's WAL flush is done), and those active at all.
+NOTIFY_WAIT_SQL = """
+SELECT count(*) FILTER (WHERE l.pid IS NOT NULL) AS waiting,
+       count(*) FILTER (WHERE a.state = 'active') AS active
+FROM pg_stat_activity a
+LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'object'
+     AND l.classid = 'pg_database'::regclass AND l.objid = 0 AND NOT l.granted
+WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+"""
+
+
+def tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-2000:]
+
+
+async def wait_listening(server: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        if server.poll() is not None:
+            raise RuntimeError(tail(log_path))
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+def stop_server(server: subprocess.Popen[bytes]) -> None:
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+def merge_clients(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from the load generator processes' reports: counts summed, latency
+    percentiles over every client's latencies together, the window the longest of theirs (they
+    share one start, so their windows coincide)."""
+    latencies = [ms for report in reports for ms in report.pop("latencies_ms")]
+    window = max(report["seconds"] for report in reports)
+    statuses: dict[str, int] = {}
+    for report in reports:
+        for status, count in report["statuses"].items():
+            statuses[status] = statuses.get(status, 0) + count
+    return {
+        "connections": sum(report["connections"] for report in reports),
+        "clients": len(reports),
+        "seconds": window,
+        "requests": len(latencies),
+        "requests_total": sum(report["requests_total"] for report in reports),
+        "statuses": dict(sorted(statuses.items())),
+        "sessions_exhausted": any(report["sessions_exhausted"] for report in reports),
+        "requests_per_second": round(len(latencies) / window, 1) if window > 0 else None,
+        "p50_ms": _round(percentile(latencies, 50)),
+        "p95_ms": _round(percentile(latencies, 95)),
+        "p99_ms": _round(percentile(latencies, 99)),
+        "max_ms": _round(max(latencies) if latencies else None),
+        "client_cpu_seconds": round(sum(r["client_cpu_seconds"] for r in reports), 3),
+        "client_cpu_share_max": max((r["client_cpu_share"] or 0.0) for r in reports),
+    }
+
+
+async def api(dbs: Databases, profile: Profile, logs: Path, processes: int = 1) -> dict[str, Any]:
+    """`POST /sessions/{id}/turns` against `processes` API processes, each a `turnstile serve
+    --no-workers` (its own uvicorn) on its own port, as docs/deployment.md runs API replicas;
+    the load comes from `profile.api_clients` bench/http_load.py processes, whose connections
+    take the ports in turn (a round-robin balancer's spread, without a balancer's cost)."""
     async with dbs.fresh() as url:
-        port = free_port()
-        env = service_env(url, port=str(port), host="127.0.0.1")
+        ports: list[int] = []
+        while len(ports) < processes:
+            if (port := free_port()) not in ports:
+                ports.append(port)
+        env = service_env(url, port=str(ports[0]), host="127.0.0.1")
         key = await asyncio.to_thread(create_key, env)
         conn = await asyncpg.connect(url)
         sessions = await conn.fetch(
             "INSERT INTO sessions (tenant_id, principal, created_at) "
             "SELECT 'bench', 'bench', now() FROM generate_series(1, $1) RETURNING id",
-            int(max(20_000, 4_000 * (profile.api_seconds + 3))),
+            int(max(20_000, 4_000 * processes * (profile.api_seconds + 3))),
         )
-        log_file = (logs / "api.log").open("wb")
-        server = start_server(env, log_file)
+        servers: list[subprocess.Popen[bytes]] = []
+        log_files: list[IO[bytes]] = []
+        listings: list[str] = []
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                if server.poll() is not None:
-                    raise RuntimeError((logs / "api.log").read_text(errors="replace")[-2000:])
-                try:
-                    _, writer = await asyncio.open_connection("127.0.0.1", port)
-                    writer.close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(0.1)
-            cpu_before = cpu_seconds(server.pid) or 0.0
+            for i, port in enumerate(ports):
+                log_path = logs / f"api-{processes}x-{i}.log"
+                log_files.append(log_path.open("wb"))
+                servers.append(
+                    start_server(service_env(url, port=str(port), host="127.0.0.1"), log_files[-1])
+                )
+            for i, (server, port) in enumerate(zip(servers, ports, strict=True)):
+                await wait_listening(server, port, logs / f"api-{processes}x-{i}.log")
+            pg_cpu = inflight.BackendCpu()
+            await pg_cpu.sample(conn)
+            wal_before = await conn.fetchval(WAL_SQL)
+            cpu_before = [cpu_seconds(server.pid) or 0.0 for server in servers]
             # BENCH_PROFILE_API=FILE.svg samples the API process with py-spy while it serves
             # the load (where the time goes, for docs/performance.md); its CPU figure then
             # includes the sampler's cost, so profile in a run whose figures are not published.
+            # One API process only: the profile of the one-process row.
             sampler = None
-            if profile_to := os.environ.get("BENCH_PROFILE_API"):
+            if (profile_to := os.environ.get("BENCH_PROFILE_API")) and processes == 1:
                 sampler = await asyncio.create_subprocess_exec(
                     str(Path(sys.executable).with_name("py-spy")),
                     "record",
                     *("--format", "raw" if profile_to.endswith(".txt") else "flamegraph"),
-                    *("-o", profile_to, "--pid", str(server.pid), "-r", "250"),
+                    *("-o", profile_to, "--pid", str(servers[0].pid), "-r", "250"),
                     *("-d", str(int(profile.api_seconds))),
                     stdout=asyncio.subprocess.DEVNULL,
                     stderr=asyncio.subprocess.DEVNULL,
                 )
-            with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as listing:
-                listing.write("\n".join(str(row["id"]) for row in sessions))
-            try:
-                client = await asyncio.create_subprocess_exec(
+            # Disjoint sessions per load generator process (a session takes one turn).
+            clients = max(1, min(profile.api_clients, profile.api_connections))
+            for i in range(clients):
+                with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as listing:
+                    listing.write("\n".join(str(row["id"]) for row in sessions[i::clients]))
+                listings.append(listing.name)
+            # One start for every client, late enough for their interpreters to be up.
+            begin_at = time.time() + 1.5
+            load = [
+                await asyncio.create_subprocess_exec(
                     sys.executable,
                     str(ROOT / "bench" / "http_load.py"),
-                    "--port",
-                    str(port),
-                    "--key",
-                    key,
-                    "--sessions",
-                    listing.name,
+                    *("--port", ",".join(map(str, ports)), "--key", key),
+                    *("--sessions", listing),
                     "--connections",
-                    str(profile.api_connections),
-                    "--seconds",
-                    str(profile.api_seconds),
+                    # The connections split between the clients, the remainder to the first.
+                    str(
+                        profile.api_connections // clients + (i < profile.api_connections % clients)
+                    ),
+                    *("--seconds", str(profile.api_seconds), "--begin-at", str(begin_at)),
+                    "--latencies",
                     stdout=asyncio.subprocess.PIPE,
                 )
-                out, _ = await client.communicate()
-            finally:
-                os.unlink(listing.name)
-            result: dict[str, Any] = json.loads(out)
-            cpu = (cpu_seconds(server.pid) or 0.0) - cpu_before
+                for i, listing in enumerate(listings)
+            ]
+            outputs = asyncio.gather(*(client.communicate() for client in load))
+            # PostgreSQL's backends sampled while the load runs (a backend that closes in
+            # between keeps its last sample).
+            waits: list[tuple[int, int]] = []
+            while not outputs.done():
+                await asyncio.wait([outputs], timeout=0.5)
+                await pg_cpu.sample(conn)
+                waiting, active = await conn.fetchrow(NOTIFY_WAIT_SQL)
+                waits.append((int(waiting), int(active)))
+            for client in load:
+                if client.returncode != 0:
+                    raise RuntimeError(f"the load generator exited {client.returncode}")
+            result = merge_clients([json.loads(out) for out, _ in outputs.result()])
+            cpu = [
+                (cpu_seconds(server.pid) or 0.0) - before
+                for server, before in zip(servers, cpu_before, strict=True)
+            ]
+            postgres_cpu = pg_cpu.seconds()
+            wal = await conn.fetchval(WAL_SQL) - wal_before
             if sampler is not None:
                 await sampler.wait()
-            # The server's CPU time per request, warm-up requests included.
-            result["server_cpu_ms_per_request"] = round(cpu * 1000 / result["requests_total"], 3)
-            result["server_peak_rss_mb"] = peak_rss_mb(server.pid)
+            requests = result["requests_total"]
+
+            def per_request(seconds: float | None) -> float | None:
+                return (
+                    None if seconds is None or not requests else round(seconds * 1000 / requests, 3)
+                )
+
+            result = {"processes": processes, **result}
+            # CPU time per request, warm-up requests included: of the API processes together,
+            # of the PostgreSQL backends of this database (not its background processes, such
+            # as the WAL writer), and of the load generator processes together.
+            result["server_cpu_ms_per_request"] = per_request(sum(cpu))
+            result["server_cpu_seconds_each"] = [round(seconds, 3) for seconds in cpu]
+            result["postgres_cpu_ms_per_request"] = per_request(postgres_cpu)
+            result["client_cpu_ms_per_request"] = per_request(result["client_cpu_seconds"])
+            # The whole server's WAL (pg_current_wal_lsn): on a shared server, other databases'
+            # writes are in it too, so it is an upper bound.
+            result["wal_bytes_per_request"] = round(wal / requests) if requests else None
+            # Sampled every 0.5 s under load: how many of the API's backends were queued on the
+            # notifying-commit lock, of how many active (the next bottleneck, when it is that).
+            result["notify_lock_waiters_mean"] = (
+                round(sum(w for w, _ in waits) / len(waits), 1) if waits else None
+            )
+            result["active_backends_mean"] = (
+                round(sum(a for _, a in waits) / len(waits), 1) if waits else None
+            )
+            result["server_peak_rss_mb"] = max(
+                (peak_rss_mb(server.pid) or 0.0) for server in servers
+            )
             result["runs_created"] = await conn.fetchval("SELECT count(*) FROM runs")
+            result["load_average"] = [round(x, 2) for x in os.getloadavg()]
         finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-            log_file.close()
+            for server in servers:
+                stop_server(server)
+            for log_file in log_files:
+                log_file.close()
+            for name in listings:
+                os.unlink(name)
             await conn.close()
     return result
 
@@ -552,6 +703,157 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
     }
+
+
+def api_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The API phase's rows, one per count of API processes (a results file written before the
+    scale curve holds one row, `api`)."""
+    if results.get("api_scale"):
+        return list(results["api_scale"])
+    return [results["api"]] if results.get("api") else []
+
+
+def latency_rows(latency: dict[str, Any], pgbench: float) -> list[str]:
+    lines = []
+    lat = latency["classes"]
+    for klass in ("interactive", "async"):
+        if klass in lat:
+            row = lat[klass]
+            target = "p99 <= 20 ms" if klass == "interactive" else "-"
+            met = "-"
+            if klass == "interactive" and row["p99_ms"] is not None:
+                met = "yes" if row["p99_ms"] <= 20 else "no"
+            lines.append(
+                f"| Enqueue-to-claim, {klass}, behind {latency['backlog_runs']:,} "
+                f"async runs (p50 / p95 / p99 ms, n={row['n']}) | {row['p50_ms']} / "
+                f"{row['p95_ms']} / {row['p99_ms']} | {pgbench:,.0f} tps | {target} | {met} |"
+            )
+    enq = latency.get("interactive_enqueue_transaction")
+    after = latency.get("interactive_claim_after_enqueue_returned")
+    if enq and after:
+        lines.append(
+            f"| of which the enqueue's own transaction, as its client saw it (p50 / p99 ms); "
+            f"claim start after the enqueue returned (p50 / p99 ms) | {enq['p50_ms']} / "
+            f"{enq['p99_ms']}; {after['p50_ms']} / {after['p99_ms']} | {pgbench:,.0f} tps | - | - |"
+        )
+    return lines
+
+
+def scale_curve(results: dict[str, Any], pgbench: float) -> list[str]:
+    """The scale curve: 1, 2 and 4 worker processes (at the largest slot count measured) and 1
+    and 2 API processes against one PostgreSQL, each as a share of the run's pgbench and of the
+    role's one-process figure, with what an operation cost the role's processes and PostgreSQL's
+    backends, and how many of the machine's cores those backends kept busy (rate x their CPU per
+    operation): where that nears the cores PostgreSQL can have, PostgreSQL is the limit."""
+    throughput = results.get("throughput") or []
+    slots = max((row["slots_per_process"] for row in throughput), default=0)
+    workers = sorted(
+        (row for row in throughput if row["slots_per_process"] == slots),
+        key=lambda row: row["processes"],
+    )
+    apis = sorted(api_rows(results), key=lambda row: row.get("processes", 1))
+    if not workers and not apis:
+        return []
+
+    def fmt(value: float | None, spec: str = "") -> str:
+        return "?" if value is None else format(value, spec)
+
+    def row_line(
+        label: str,
+        rate: float,
+        base: float | None,
+        latency: str,
+        role_ms: float | None,
+        postgres_ms: float | None,
+        load: list[float] | None,
+    ) -> str:
+        cores = None if postgres_ms is None else rate * postgres_ms / 1000
+        return (
+            f"| {label} | {rate:,.0f} | {rate / pgbench:.1%} | "
+            f"{f'{rate / base:.2f}x' if base else '-'} | {latency} | "
+            f"{fmt(role_ms)} / {fmt(postgres_ms)} | {fmt(cores, '.2f')} | "
+            f"{load[0] if load else '?'} |"
+        )
+
+    lines = [
+        "",
+        "The scale curve: processes of each role against one PostgreSQL, as shares of this "
+        f"run's pgbench ({pgbench:,.0f} tps) and of the role's one-process figure. CPU per "
+        "operation is user + system time from /proc: the role's processes together, and "
+        "PostgreSQL's backends of the phase's database (not its background processes, such as "
+        "the WAL writer); PostgreSQL cores busy is the rate times its CPU per operation. The "
+        "load average (1 minute) is read at the end of each row.",
+        "",
+        "| Role x processes, workload | Per second | Share of pgbench | vs 1 process "
+        "| p50 / p99 ms | CPU ms per operation: role / PostgreSQL | PostgreSQL cores busy "
+        "| Load average |",
+        "|---|---:|---:|---:|---|---|---:|---:|",
+    ]
+    base = next((r["runs_per_second"] for r in workers if r["processes"] == 1), None)
+    for row in workers:
+        lines.append(
+            row_line(
+                f"`turnstile worker` x {row['processes']} ({slots} async slots each), no-op runs",
+                row["runs_per_second"],
+                base,
+                "-",
+                row.get("worker_cpu_ms_per_run"),
+                row.get("postgres_cpu_ms_per_run"),
+                row.get("load_average"),
+            )
+        )
+    base = next(
+        (
+            r["requests_per_second"]
+            for r in apis
+            if r.get("processes", 1) == 1 and r.get("requests_per_second")
+        ),
+        None,
+    )
+    for row in apis:
+        lines.append(
+            row_line(
+                f"`turnstile serve --no-workers` x {row.get('processes', 1)}, "
+                "`POST /sessions/{id}/turns`",
+                row.get("requests_per_second") or 0.0,
+                base,
+                f"{_round(row['p50_ms'])} / {_round(row['p99_ms'])}",
+                row.get("server_cpu_ms_per_request"),
+                row.get("postgres_cpu_ms_per_request"),
+                row.get("load_average"),
+            )
+        )
+    waited = [row for row in apis if row.get("notify_lock_waiters_mean") is not None]
+    if waited:
+        lines += [
+            "",
+            "PostgreSQL's notifying-commit lock under the API's load (one lock for the whole "
+            "server, held through each notifying commit's WAL flush; every turn notifies): "
+            + "; ".join(
+                f"with {row['processes']} API process{'es' if row['processes'] > 1 else ''}, "
+                f"{row['notify_lock_waiters_mean']} of {row['active_backends_mean']} active "
+                "backends waiting for it on average"
+                for row in waited
+            )
+            + ".",
+        ]
+    loaded = [row for row in apis if row.get("client_cpu_ms_per_request") is not None]
+    if loaded:
+        lines += [
+            "",
+            "The API's load generator: "
+            + "; ".join(
+                f"with {row['processes']} API process{'es' if row['processes'] > 1 else ''}, "
+                f"{row['connections']} connections from {row['clients']} bench/http_load.py "
+                f"process{'es' if row['clients'] > 1 else ''} (each spreading its connections "
+                f"over the API ports in turn), {row['client_cpu_ms_per_request']} ms of their "
+                f"CPU per request, the busiest at {row['client_cpu_share_max']:.0%} of a core"
+                for row in loaded
+            )
+            + ". Well under a core each, the clients waited on the servers: they were not the "
+            "limit.",
+        ]
+    return lines
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -586,8 +888,9 @@ def markdown(results: dict[str, Any]) -> str:
         f"| Same with one pg_notify per txn | {ceil['asyncpg_notify_tps']:,.0f} tps | "
         f"{ceil['asyncpg_tps']:,.0f} tps (asyncpg) | - | - |",
     ]
-    best = max(results["throughput"], key=lambda r: r["runs_per_second"])
-    for row in results["throughput"]:
+    throughput = results.get("throughput") or []
+    best = max(throughput, key=lambda r: r["runs_per_second"], default=None)
+    for row in throughput:
         ratio = row["runs_per_second"] / pgbench
         lines.append(
             f"| No-op runs/s, {row['processes']} worker process"
@@ -597,28 +900,9 @@ def markdown(results: dict[str, Any]) -> str:
             f">= 25 % of pgbench | {'yes' if ratio >= 0.25 else 'no'}"
             f"{' (best)' if row is best else ''} |"
         )
-    lat = results["latency"]["classes"]
-    for klass in ("interactive", "async"):
-        if klass in lat:
-            row = lat[klass]
-            target = "p99 <= 20 ms" if klass == "interactive" else "-"
-            met = "-"
-            if klass == "interactive" and row["p99_ms"] is not None:
-                met = "yes" if row["p99_ms"] <= 20 else "no"
-            lines.append(
-                f"| Enqueue-to-claim, {klass}, behind {results['latency']['backlog_runs']:,} "
-                f"async runs (p50 / p95 / p99 ms, n={row['n']}) | {row['p50_ms']} / "
-                f"{row['p95_ms']} / {row['p99_ms']} | {pgbench:,.0f} tps | {target} | {met} |"
-            )
-    enq = results["latency"].get("interactive_enqueue_transaction")
-    after = results["latency"].get("interactive_claim_after_enqueue_returned")
-    if enq and after:
-        lines.append(
-            f"| of which the enqueue's own transaction, as its client saw it (p50 / p99 ms); "
-            f"claim start after the enqueue returned (p50 / p99 ms) | {enq['p50_ms']} / "
-            f"{enq['p99_ms']}; {after['p50_ms']} / {after['p99_ms']} | {pgbench:,.0f} tps | - | - |"
-        )
-    depths = results["depth"]
+    if results.get("latency"):
+        lines += latency_rows(results["latency"], pgbench)
+    depths = results.get("depth") or []
     if depths:
         base = depths[0]["claim_one"]["p50_ms"]
         for row in depths:
@@ -630,25 +914,31 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{many['p99_ms']}) | {pgbench:,.0f} tps | p50 <= 1.5x of 1k | "
                 f"{ratio:.2f}x{' yes' if ratio <= 1.5 else ' no'} |"
             )
-    api_row = results["api"]
-    met = (
-        api_row["requests_per_second"] >= 1000 and (api_row["p99_ms"] or 1e9) <= 50
-        if api_row.get("requests_per_second")
-        else False
-    )
-    lines.append(
-        f"| POST /sessions/{{id}}/turns, {api_row['connections']} connections, one uvicorn "
-        f"process (req/s; p50 / p99 ms; server CPU per request) | "
-        f"{api_row['requests_per_second']:,.0f}; {_round(api_row['p50_ms'])} / "
-        f"{_round(api_row['p99_ms'])}; {api_row.get('server_cpu_ms_per_request', '?')} ms | "
-        f"{pgbench:,.0f} tps | "
-        f">= 1,000 req/s at p99 <= 50 ms | {'yes' if met else 'no'} |"
-    )
-    rss = results["worker_peak_rss_mb"]
-    lines.append(
-        f"| Peak RSS of a worker process | {rss} MB | - | <= 150 MB | "
-        f"{'yes' if rss is not None and rss <= 150 else 'no'} |"
-    )
+    for api_row in api_rows(results):
+        processes = api_row.get("processes", 1)
+        rps = api_row.get("requests_per_second") or 0.0
+        met = rps >= 1000 and (api_row["p99_ms"] or 1e9) <= 50
+        clients = api_row.get("clients", 1)
+        postgres = api_row.get("postgres_cpu_ms_per_request")
+        lines.append(
+            f"| POST /sessions/{{id}}/turns, {api_row['connections']} connections from "
+            f"{clients} client process{'es' if clients > 1 else ''}, {processes} uvicorn "
+            f"process{'es' if processes > 1 else ''} (req/s; p50 / p99 ms; CPU per request: "
+            f"{'the API processes' if processes > 1 else 'the server'}"
+            f"{' / PostgreSQL' if postgres is not None else ''}) | "
+            f"{rps:,.0f} ({rps / pgbench:.1%}); {_round(api_row['p50_ms'])} / "
+            f"{_round(api_row['p99_ms'])}; {api_row.get('server_cpu_ms_per_request', '?')}"
+            f"{f' / {postgres}' if postgres is not None else ''} ms | "
+            f"{pgbench:,.0f} tps | "
+            f">= 1,000 req/s at p99 <= 50 ms | {'yes' if met else 'no'} |"
+        )
+    if throughput or results.get("latency"):
+        rss = results.get("worker_peak_rss_mb")
+        lines.append(
+            f"| Peak RSS of a worker process | {rss} MB | - | <= 150 MB | "
+            f"{'yes' if rss is not None and rss <= 150 else 'no'} |"
+        )
+    lines += scale_curve(results, pgbench)
     if results.get("inflight"):
         delay = results["inflight"][0]["model_delay_seconds"]
         lines += [
@@ -737,8 +1027,8 @@ async def main() -> None:
     parser.add_argument("--png", type=Path, default=None)
     parser.add_argument(
         "--phases",
-        default="ceiling,throughput,latency,depth,api,inflight,peers",
-        help="comma-separated",
+        default=",".join(PHASES),
+        help="comma-separated, of: " + ", ".join(PHASES),
     )
     parser.add_argument(
         "--report-only",
@@ -757,6 +1047,8 @@ async def main() -> None:
         return
     profile = PROFILES[args.profile or ("quick" if args.quick else "full")]
     phases = set(args.phases.split(","))
+    if unknown := phases - set(PHASES):
+        parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
     settings = Settings()
     dbs = Databases(await server_url())
     logs = args.out / "logs"
@@ -769,6 +1061,7 @@ async def main() -> None:
         "load_average": {"start": [round(x, 2) for x in os.getloadavg()]},
         "throughput": [],
         "depth": [],
+        "api_scale": [],
     }
     await dbs.create_template()
     try:
@@ -796,9 +1089,18 @@ async def main() -> None:
         if "depth" in phases:
             results["depth"] = await retrying("depth", lambda: depth(dbs, settings, profile))
         if "api" in phases:
-            log("POST /sessions/{id}/turns")
-            results["api"] = await retrying("api", lambda: api(dbs, profile, logs))
-            log(f"  {results['api']}")
+            for processes in profile.api_processes:
+                log(f"POST /sessions/{{id}}/turns, {processes} API process(es)")
+                row = await retrying(
+                    "api", lambda n=processes: api(dbs, profile, logs, processes=n)
+                )
+                log(f"  {row}")
+                results["api_scale"].append(row)
+            # The one-process row under its earlier name, for readers of earlier results.
+            results["api"] = next(
+                (row for row in results["api_scale"] if row["processes"] == 1),
+                results["api_scale"][0],
+            )
         if "inflight" in phases:
             results["inflight"] = await retrying(
                 "inflight",
@@ -832,13 +1134,20 @@ async def main() -> None:
     results["worker_peak_rss_mb"] = max(rss) if rss else None
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "latest" if profile is FULL else profile.name
+    complete = phases >= {"ceiling", "throughput", "latency", "depth", "api"}
+    if not complete:
+        # Some phases only (`--phases ceiling,api`): files of their own, so a partial run never
+        # replaces the results of a whole one.
+        stem += "-" + "-".join(phase for phase in PHASES if phase in phases)
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2, default=str))
-    if phases >= {"ceiling", "throughput", "latency", "depth", "api"}:
+    if "ceiling" in phases:
+        # Every figure is given beside the ceiling, so the table needs it; it shows the
+        # phases that ran.
         table = markdown(results)
         (args.out / f"{stem}.md").write_text(table)
         print(table)
         png = args.png or (ROOT / "docs" / "bench-latest.png" if profile is FULL else None)
-        if png is not None:
+        if png is not None and complete:
             plot(results, png)
     else:
         summary_only = {k: v for k, v in results.items() if k != "latency"}

@@ -198,3 +198,38 @@ async def test_downgrading_0008_resets_the_storage_parameters(empty_database: st
         "run_events": "",
         "run_inputs": "",
     }
+
+
+async def test_0012_adds_the_bucket_step_and_its_downgrade_removes_it(
+    empty_database: str,
+) -> None:
+    """Migration 0012 replaces turnstile_submit with 0005's text plus the bucket step (its
+    changes marked in the text), and a downgrade to 0010 puts 0005's back."""
+    functions = (
+        "SELECT p.proname, p.prosrc, pg_get_function_arguments(p.oid) AS args FROM pg_proc p "
+        "WHERE p.proname IN ('turnstile_submit', 'turnstile_submit_allowance')"
+    )
+    await asyncio.to_thread(upgrade, empty_database, "0012")
+    conn = await asyncpg.connect(plain_url(empty_database))
+    try:
+        found = {r["proname"]: r for r in await conn.fetch(functions)}
+        assert set(found) == {"turnstile_submit", "turnstile_submit_allowance"}
+        assert found["turnstile_submit"]["prosrc"].count("[0012 rate limits]") == 2
+        assert "p_submit_rate double precision DEFAULT NULL" in found["turnstile_submit"]["args"]
+        assert "OUT rate_tokens double precision" in found["turnstile_submit"]["args"]
+        options = await conn.fetchval(
+            "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE relname = 'submit_buckets'"
+        )
+        assert options == "fillfactor=50"
+    finally:
+        await conn.close()
+    await asyncio.to_thread(downgrade, empty_database, "0010")
+    conn = await asyncpg.connect(plain_url(empty_database))
+    try:
+        found = {r["proname"]: r for r in await conn.fetch(functions)}
+        assert set(found) == {"turnstile_submit"}
+        assert "[0012" not in found["turnstile_submit"]["prosrc"]
+        assert "p_submit_rate" not in found["turnstile_submit"]["args"]
+        assert await conn.fetchval("SELECT to_regclass('submit_buckets')") is None
+    finally:
+        await conn.close()

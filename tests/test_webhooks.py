@@ -220,24 +220,57 @@ async def test_an_unreachable_receiver_ends_in_the_dead_letter_and_is_disabled(
         await create_hook(ops, closed)
         client = await api.client("acme", "alice")
         await run_until(api, client, {"final": "x"}, "succeeded")
-        [dead] = await eventually(
+        [first] = await eventually(
             lambda: _rows_or_none(delivery_runs(engine, "failed")), what="dead letter", within=30
         )
-        # Two failed attempts in a row disabled the endpoint: no more deliveries are made.
+        # One failed delivery (two failed attempts): counted once, the endpoint stays enabled.
         [listed] = (await ops.get("/webhooks")).json()["webhooks"]
-        assert listed["enabled"] is False
-        assert listed["consecutive_failures"] == 2
+        assert (listed["enabled"], listed["consecutive_failures"]) == (True, 1)
+        assert "webhook.endpoint_disabled" not in await _event_types(ops, first["id"])
+
         await run_until(api, client, {"final": "y"}, "succeeded")
-    assert dead["attempts"] == 2
-    assert dead["failure"]["kind"] == "attempts_exhausted"
-    assert "could not connect" in dead["failure"]["message"]
+        dead = await eventually(
+            lambda: _rows_or_none(delivery_runs(engine, "failed"), at_least=2),
+            what="the second dead letter",
+            within=30,
+        )
+        # The second failed delivery in a row disabled it, and its run's events say so.
+        [listed] = (await ops.get("/webhooks")).json()["webhooks"]
+        assert (listed["enabled"], listed["consecutive_failures"]) == (False, 2)
+        events = (await ops.get(f"/runs/{dead[1]['id']}/events")).json()["events"]
+        [disabled] = [e for e in events if e["type"] == "webhook.endpoint_disabled"]
+        assert disabled["data"] == {
+            "endpoint_id": listed["id"],
+            "consecutive_failed_deliveries": 2,
+            "disable_after": 2,
+        }
+        # A disabled endpoint receives no more deliveries...
+        await run_until(api, client, {"final": "z"}, "succeeded")
+        assert await scalar(engine, "SELECT count(*) FROM webhook_deliveries") == 2
+        # ...until an operator re-enables it: its count starts again, deliveries resume.
+        enabled = await ops.post(f"/webhooks/{listed['id']}/enable")
+        assert enabled.status_code == 200, enabled.text
+        assert (enabled.json()["enabled"], enabled.json()["consecutive_failures"]) == (True, 0)
+        await run_until(api, client, {"final": "again"}, "succeeded")
+        assert await scalar(engine, "SELECT count(*) FROM webhook_deliveries") == 3
+        other = await api.client("other", "ops", "operator")
+        assert (await other.post(f"/webhooks/{listed['id']}/enable")).status_code == 404
+    assert [d["attempts"] for d in dead] == [2, 2]
+    assert dead[1]["failure"]["kind"] == "attempts_exhausted"
+    assert "could not connect" in dead[1]["failure"]["message"]
     # A failed delivery reports nothing itself.
-    assert await scalar(engine, "SELECT count(*) FROM webhook_deliveries") == 1
+    assert await scalar(engine, "SELECT count(*) FROM webhook_deliveries") == 3
 
 
-async def _rows_or_none(rows: Any) -> list[Any] | None:
-    found = await rows
-    return found or None
+async def _event_types(client: httpx.AsyncClient, run_id: UUID) -> list[str]:
+    answer = await client.get(f"/runs/{run_id}/events")
+    assert answer.status_code == 200, answer.text
+    return [e["type"] for e in answer.json()["events"]]
+
+
+async def _rows_or_none(rows: Any, *, at_least: int = 1) -> list[Any] | None:
+    found: list[Any] = await rows
+    return found if len(found) >= at_least else None
 
 
 async def test_a_destination_refused_at_delivery_fails_permanently(
@@ -313,7 +346,7 @@ async def test_no_delivery_for_another_tenant_or_a_fenced_write_or_a_deleted_end
     assert hook.deliveries == []
 
 
-async def test_cli_webhooks_create_list_delete(database_url: str) -> None:
+async def test_cli_webhooks_create_list_enable_delete(database_url: str) -> None:
     env = {"DATABASE_URL": database_url, "TURNSTILE_HTTP_ALLOWED_HOSTS": "127.0.0.1"}
     code, _, err = await run_cli(
         "webhooks", "create", "--tenant", "acme", "--url", "http://127.0.0.1:9/x", env=env
@@ -336,6 +369,14 @@ async def test_cli_webhooks_create_list_delete(database_url: str) -> None:
     code, out, _ = await run_cli("webhooks", "list", "--tenant", "acme", "--json", env=env)
     assert [w["id"] for w in json.loads(out)] == [created["id"]]
     assert "secret" not in out
+    code, out, _ = await run_cli(
+        "webhooks", "enable", created["id"], "--tenant", "acme", "--json", env=env
+    )
+    assert code == 0
+    assert json.loads(out)["enabled"] is True
+    code, _, err = await run_cli("webhooks", "enable", created["id"], "--tenant", "other", env=env)
+    assert code == 2
+    assert "not found" in err
     code, out, _ = await run_cli(
         "webhooks", "delete", created["id"], "--tenant", "other", "--json", env=env
     )

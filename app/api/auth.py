@@ -51,8 +51,15 @@ async def operator_caller(caller: Annotated[Caller, Depends(current_caller)]) ->
     return caller
 
 
+async def admin_caller(caller: Annotated[Caller, Depends(current_caller)]) -> Caller:
+    if not caller.is_admin:
+        raise ApiProblem("forbidden", "this action needs a key with the admin scope")
+    return caller
+
+
 CallerDep = Annotated[Caller, Depends(current_caller)]
 OperatorDep = Annotated[Caller, Depends(operator_caller)]
+AdminDep = Annotated[Caller, Depends(admin_caller)]
 
 
 def visible_tenant(caller: Caller) -> str | None:

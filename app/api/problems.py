@@ -19,12 +19,15 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.json_responses import FastJSONResponse
+from app.api.rate_limits import rate_limit_headers
 from app.queue.errors import (
     AnswerConflictError,
     IdempotencyKeyInFlightError,
     IdempotencyKeyReusedError,
     InvalidCursorError,
+    InvalidLimitsError,
     InvalidScheduleError,
+    RateLimitedError,
     RunFinishedError,
     RunNotFailedError,
     RunNotFoundError,
@@ -113,6 +116,15 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
         "(TURNSTILE_MAX_STREAMS_PER_KEY) and per API process "
         "(TURNSTILE_MAX_STREAMS_PER_PROCESS). Close one, or retry after the `Retry-After` "
         "seconds.",
+    ),
+    "rate-limited": (
+        429,
+        "Too many submissions",
+        "The tenant's submissions (POST /runs, POST /sessions/{id}/turns) are over its rate "
+        "limit (TURNSTILE_SUBMIT_RATE_PER_SECOND and TURNSTILE_SUBMIT_BURST, or the tenant's "
+        "own limits). Nothing was written. Retry after the `Retry-After` seconds; the "
+        "`RateLimit-Policy` and `RateLimit` headers (draft-ietf-httpapi-ratelimit-headers-11) "
+        "describe the limit and what is left of it.",
     ),
     "database-busy": (
         503,
@@ -249,6 +261,28 @@ def _core_problem(exc: TurnstileError, request: Request) -> JSONResponse:
             instance=path,
             errors=[{"loc": ["query", "cursor"], "msg": "invalid cursor", "type": "cursor"}],
         )
+    if isinstance(exc, RateLimitedError):
+        return problem_response(
+            "rate-limited",
+            str(exc),
+            instance=path,
+            headers={"Retry-After": str(exc.retry_after)},
+            retry_after_seconds=exc.retry_after,
+        )
+    if isinstance(exc, InvalidLimitsError):
+        where = "path" if exc.field == "tenant" else "body"
+        return problem_response(
+            "invalid-request",
+            f"{where}.{exc.field}: {exc.message}",
+            instance=path,
+            errors=[
+                {
+                    "loc": [where, *exc.field.split(".")],
+                    "msg": exc.message,
+                    "type": "invalid_limit",
+                }
+            ],
+        )
     if isinstance(exc, InvalidScheduleError):
         return problem_response(
             "invalid-request",
@@ -310,7 +344,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(TurnstileError)
     async def core_error(request: Request, exc: TurnstileError) -> JSONResponse:
-        return _core_problem(exc, request)
+        response = _core_problem(exc, request)
+        # A refused submission shows its tenant's rate limit too, like an accepted one.
+        response.headers.update(rate_limit_headers(exc.allowance))
+        return response
 
     @app.exception_handler(ApiProblem)
     async def api_problem(request: Request, exc: ApiProblem) -> JSONResponse:

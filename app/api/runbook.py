@@ -19,12 +19,15 @@ from app.api.schemas import (
     RunPage,
     StuckRun,
     StuckRuns,
+    TenantClassCounts,
+    TenantDepth,
     run_document,
     run_page_document,
 )
 from app.api.services import state_of
 from app.api.sessions import IdempotencyHeader, idempotency_of, submitted_response
 from app.queue.reads import coverage_of
+from app.queue.tenants import MAX_TOP_TENANTS, TOP_TENANTS
 
 runbook = APIRouter(tags=["runbook"])
 
@@ -32,14 +35,24 @@ runbook = APIRouter(tags=["runbook"])
 @runbook.get(
     "/queue/stats",
     response_model=QueueStats,
-    summary="Queue depth per class and status, the oldest eligible age, the live slots",
-    description="Operator keys see their tenant; admin keys see the whole queue.",
-    responses=responses("unauthorized", "forbidden"),
+    summary="Queue depth per class and status, the oldest eligible age, the live slots, and "
+    "running and queued runs per tenant",
+    description=(
+        "Operator keys see their tenant; admin keys see the whole queue, and in `tenants` the "
+        "`top` busiest tenants by queued runs with the rest summed (`tenant: null`). The "
+        "per-tenant figures are kept by the transitions themselves: reading them counts no runs."
+    ),
+    responses=responses("unauthorized", "forbidden", "invalid-request"),
 )
-async def queue_stats(request: Request, caller: OperatorDep) -> Any:
+async def queue_stats(
+    request: Request,
+    caller: OperatorDep,
+    top: Annotated[int, Query(ge=1, le=MAX_TOP_TENANTS)] = TOP_TENANTS,
+) -> Any:
     tenant = visible_tenant(caller)
     state = state_of(request)
     depth = await state.reads.depth(tenant_id=tenant)
+    tenants = await state.tenants.depth(tenant_id=tenant, top=top)
     # A worker process not seen for a lease period has stopped beating: not live.
     slots = await state.reads.live_slots(stale_seconds=state.settings.lease_seconds)
     return QueueStats(
@@ -52,6 +65,18 @@ async def queue_stats(request: Request, caller: OperatorDep) -> Any:
             )
             for klass, entry in depth.items()
         },
+        tenants=[
+            TenantDepth(
+                tenant=entry.tenant_id,
+                running=entry.running,
+                queued=entry.queued,
+                classes={
+                    klass: TenantClassCounts(running=counts.running, queued=counts.queued)
+                    for klass, counts in entry.classes.items()
+                },
+            )
+            for entry in tenants
+        ],
     )
 
 

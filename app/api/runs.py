@@ -25,6 +25,7 @@ from app.api.schemas import (
 )
 from app.api.services import state_of
 from app.api.sessions import (
+    SUBMITTED_HEADERS,
     IdempotencyHeader,
     TraceparentHeader,
     idempotency_of,
@@ -77,6 +78,10 @@ async def load_run(request: Request, run_id: UUID, caller: Caller) -> Run:
     status_code=202,
     response_model=RunDocument,
     summary="Submit a sessionless run (back-end work; async by default)",
+    description=(
+        "With a submission rate limit, a run over it is refused with 429 `rate-limited` and "
+        "`Retry-After`, and every answer carries `RateLimit-Policy` and `RateLimit`."
+    ),
     responses={
         **responses(
             "unauthorized",
@@ -86,8 +91,9 @@ async def load_run(request: Request, run_id: UUID, caller: Caller) -> Run:
             "idempotency-key-in-flight",
             "malformed-json",
             "body-too-large",
+            "rate-limited",
         ),
-        202: {"headers": {"Location": {"schema": {"type": "string"}}}},
+        202: {"headers": SUBMITTED_HEADERS},
     },
 )
 async def submit_run(

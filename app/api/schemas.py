@@ -16,6 +16,8 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
+    StrictFloat,
+    StrictInt,
 )
 
 from app.queue.classes import PriorityClass
@@ -205,9 +207,69 @@ class ClassDepth(BaseModel):
     )
 
 
+class TenantClassCounts(BaseModel):
+    running: int = 0
+    queued: int = 0
+
+
+class TenantDepth(BaseModel):
+    tenant: str | None = Field(
+        description="The tenant; null sums every tenant beyond the busiest ones listed."
+    )
+    running: int
+    queued: int
+    classes: dict[PriorityClass, TenantClassCounts]
+
+
 class QueueStats(BaseModel):
     scope: str = Field(description="'tenant:<id>' or 'all' (admin keys).")
     classes: dict[PriorityClass, ClassDepth]
+    tenants: list[TenantDepth] = Field(
+        default_factory=list,
+        description="Running and queued runs per tenant and class. Operator keys: their own "
+        "tenant (empty when it has none). Admin keys: the busiest tenants by queued runs (then "
+        "running), at most `top`, then one entry with `tenant: null` summing the others.",
+    )
+
+
+class TenantLimitsRequest(Strict):
+    """A tenant's limit overrides, replacing the ones it had. A field left out or null, and a
+    class left out of `max_running` (or null there), is the service's default."""
+
+    max_running: dict[str, StrictInt | None] = Field(
+        default_factory=dict,
+        description="At most this many running runs of the tenant per class "
+        "(interactive, async, maintenance).",
+        examples=[{"interactive": 4, "async": 20}],
+    )
+    max_queued: StrictInt | None = Field(
+        default=None, description="At most this many queued runs (new runs beyond: 429)."
+    )
+    submit_rate_per_second: StrictFloat | None = Field(
+        default=None,
+        description="Submissions a second, on average (POST /runs and turns; beyond: 429).",
+    )
+    submit_burst: StrictInt | None = Field(
+        default=None, description="Submissions at once after a pause (the bucket's size)."
+    )
+
+
+class TenantLimitValues(BaseModel):
+    max_running: dict[PriorityClass, int | None]
+    max_queued: int | None
+    submit_rate_per_second: float | None
+    submit_burst: int | None
+
+
+class TenantLimitsDocument(BaseModel):
+    tenant: str
+    overrides: TenantLimitValues = Field(
+        description="What this tenant has of its own; null: the service's default."
+    )
+    effective: TenantLimitValues = Field(
+        description="What applies: the overrides over the defaults; null: no limit."
+    )
+    updated_at: datetime | None = Field(description="When an admin last set them.")
 
 
 class StuckRun(BaseModel):

@@ -18,6 +18,7 @@ from app.queue.core import Queue
 from app.queue.reads import Reads
 from app.queue.schedules import Schedules
 from app.queue.submit import Submissions
+from app.queue.tenants import Tenants
 from app.queue.webhooks import Webhooks
 from app.runtime.http_tool import HttpRequestTool
 from app.security.secret_box import SecretBox
@@ -51,6 +52,9 @@ class ServiceState(Protocol):
 
     @property
     def schedules(self) -> Schedules: ...
+
+    @property
+    def tenants(self) -> Tenants: ...
 
     @property
     def agents(self) -> frozenset[str]: ...

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from app.api.auth import CallerDep, submitter_of, visible_principal
 from app.api.json_responses import FastJSONResponse
 from app.api.problems import ApiProblem, responses
+from app.api.rate_limits import rate_limit_headers
 from app.api.schemas import (
     MessagePage,
     RunDocument,
@@ -98,6 +99,21 @@ async def visible_session(request: Request, session_id: UUID, caller: Caller) ->
     return session
 
 
+SUBMITTED_HEADERS: dict[str, Any] = {
+    "Location": {"schema": {"type": "string"}},
+    "RateLimit-Policy": {
+        "schema": {"type": "string"},
+        "description": "With a submission rate limit: the tenant's bucket, e.g. "
+        '`"submit";q=10;w=5` (draft-ietf-httpapi-ratelimit-headers-11).',
+    },
+    "RateLimit": {
+        "schema": {"type": "string"},
+        "description": "With a submission rate limit: submissions left now and seconds to the "
+        'next, e.g. `"submit";r=3;t=1`.',
+    },
+}
+
+
 def submitted_attributes(outcome: Submitted) -> dict[str, str | None]:
     """What the submission's span records of its outcome."""
     return {
@@ -108,7 +124,7 @@ def submitted_attributes(outcome: Submitted) -> dict[str, str | None]:
 
 
 def submitted_response(outcome: Submitted) -> JSONResponse:
-    headers = {"Location": f"/runs/{outcome.run_id}"}
+    headers = {"Location": f"/runs/{outcome.run_id}", **rate_limit_headers(outcome.allowance)}
     if outcome.replayed:
         headers["Idempotent-Replayed"] = "true"
     return FastJSONResponse(outcome.document, status_code=outcome.status_code, headers=headers)
@@ -202,7 +218,9 @@ async def session_messages(
         "When the session's run is waiting for the user, the input is delivered to that same "
         "run, which goes back to the queue (202). When its run is queued or running, the turn "
         "is refused with 409 `session-busy`. With `Idempotency-Key`, a retry of the same "
-        "request replays the first outcome (`Idempotent-Replayed: true`)."
+        "request replays the first outcome (`Idempotent-Replayed: true`). With a submission "
+        "rate limit, a turn over it is refused with 429 `rate-limited` and `Retry-After`, and "
+        "every answer carries `RateLimit-Policy` and `RateLimit`."
     ),
     responses={
         **responses(
@@ -215,8 +233,9 @@ async def session_messages(
             "idempotency-key-in-flight",
             "malformed-json",
             "body-too-large",
+            "rate-limited",
         ),
-        202: {"headers": {"Location": {"schema": {"type": "string"}}}},
+        202: {"headers": SUBMITTED_HEADERS},
     },
 )
 async def submit_turn(

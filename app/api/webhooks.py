@@ -1,4 +1,5 @@
-"""Webhooks over HTTP: create (the signing secret shown once), list, rotate the secret, delete.
+"""Webhooks over HTTP: create (the signing secret shown once), list, rotate the secret,
+re-enable one that failed deliveries disabled, delete.
 Operator scope; an endpoint belongs to its creator's tenant and receives that tenant's run
 transitions only; another tenant's is not found. The URL passes the `http_request` tool's
 allow-list and address checks here (422 when refused) and again at every delivery. Delivery
@@ -90,7 +91,13 @@ def _box(state: ServiceState) -> SecretBox:
     response_model=WebhookCreated,
     summary="Create a webhook endpoint: signed deliveries of this tenant's run transitions",
     responses=responses(
-        "unauthorized", "forbidden", "invalid-request", "destination-refused", "secret-key-missing"
+        "unauthorized",
+        "forbidden",
+        "invalid-request",
+        "destination-refused",
+        "secret-key-missing",
+        "malformed-json",
+        "body-too-large",
     ),
 )
 async def create_webhook(body: WebhookRequest, request: Request, caller: OperatorDep) -> Any:
@@ -140,6 +147,22 @@ async def rotate_secret(webhook_id: UUID, request: Request, caller: OperatorDep)
     except WebhookNotFoundError as exc:
         raise ApiProblem("not-found", str(exc)) from None
     return WebhookSecret(id=webhook_id, secret=shown)
+
+
+@router.post(
+    "/webhooks/{webhook_id}/enable",
+    response_model=WebhookDocument,
+    summary="Re-enable an endpoint that failed deliveries disabled (its count starts again)",
+    responses=responses("unauthorized", "forbidden", "not-found"),
+)
+async def enable_webhook(webhook_id: UUID, request: Request, caller: OperatorDep) -> Any:
+    try:
+        endpoint = await state_of(request).webhooks.enable(
+            tenant_id=caller.tenant_id, endpoint_id=webhook_id
+        )
+    except WebhookNotFoundError as exc:
+        raise ApiProblem("not-found", str(exc)) from None
+    return WebhookDocument.of(endpoint)
 
 
 @router.delete(

@@ -433,3 +433,14 @@ tenant_class_counts = Table(
     CheckConstraint("band BETWEEN 0 AND 2", name="band"),
     CheckConstraint("running >= 0 AND queued >= 0", name="non_negative"),
 )
+
+submit_buckets = Table(
+    "submit_buckets",
+    metadata,
+    # A tenant's submission token bucket (migration 0012; fillfactor 50 there, for the HOT
+    # update every limited submission makes): turnstile_submit refills it for the time since
+    # `refilled_at` and takes a token, holding the row to its commit.
+    Column("tenant_id", Text, primary_key=True),
+    Column("tokens", Float, nullable=False),
+    _ts("refilled_at", nullable=False),
+)

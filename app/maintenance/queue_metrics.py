@@ -1,6 +1,7 @@
 """Queue metrics from the database (depth, oldest eligible age, stuck runs, the live slots per
-class and the classes no live process serves, the NOTIFY queue's fill level), computed by one
-process at a time into that process's gauges."""
+class and the classes no live process serves, the NOTIFY queue's fill level, running and queued
+runs of the busiest tenants with the rest as `other`), computed by one process at a time into
+that process's gauges."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from app.observability.metrics import Metrics
 from app.queue.core import Queue
 from app.queue.reads import STUCK_REASONS, Reads, coverage_of
 from app.queue.statuses import ACTIVE
+from app.queue.tenants import TOP_TENANTS, Tenants
+
+OTHER_TENANTS = "other"
+"""The tenant label of every tenant beyond the busiest ones, summed."""
 
 
 class QueueMetrics(MaintenanceService):
@@ -29,10 +34,12 @@ class QueueMetrics(MaintenanceService):
         stale_seconds: float = 30,
         queued_seconds: float = 300,
         waiting_seconds: float = 86_400,
+        top_tenants: int = TOP_TENANTS,
         on_success: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(queue, holder=holder, interval=interval, on_success=on_success)
         self.metrics = metrics
+        self.top_tenants = top_tenants
         self.stale_seconds = stale_seconds
         self.queued_seconds = queued_seconds
         self.waiting_seconds = waiting_seconds
@@ -66,3 +73,21 @@ class QueueMetrics(MaintenanceService):
             self.metrics.stuck.labels(reason).set(count)
         usage = await self.housekeeping.notification_queue_usage()
         self.metrics.notification_queue_usage.set(usage)
+        await self._tenant_runs()
+
+    async def _tenant_runs(self) -> None:
+        """At most `top_tenants` + 1 tenant labels: the busiest by queued runs, and `other`.
+        Summed per label, so a tenant that is itself called "other" adds to the rest rather
+        than hiding it."""
+        depth = await Tenants(self.queue).depth(tenant_id=None, top=self.top_tenants)
+        figures: dict[tuple[str, str, str], int] = {}
+        for entry in depth:
+            label = entry.tenant_id if entry.tenant_id is not None else OTHER_TENANTS
+            for klass, counts in entry.classes.items():
+                for status, value in (("running", counts.running), ("queued", counts.queued)):
+                    key = (label, klass.value, status)
+                    figures[key] = figures.get(key, 0) + value
+        # A tenant whose work is done leaves the figures: its series go with the next tick.
+        self.metrics.tenant_runs.clear()
+        for (label, class_name, status), value in figures.items():
+            self.metrics.tenant_runs.labels(label, class_name, status).set(value)

@@ -105,6 +105,16 @@ class Metrics:
             ["class"],
             registry=self.registry,
         )
+        self.tenant_runs = Gauge(
+            "turnstile_tenant_runs",
+            "Running and queued runs per tenant and class, for the busiest tenants by queued "
+            'runs (20 by default) one by one and every other tenant summed as tenant="other", '
+            "so the number of series does not grow with the number of tenants (from the "
+            "per-tenant counts the transitions keep, by the process holding the queue-metrics "
+            "lease).",
+            ["tenant", "class", "status"],
+            registry=self.registry,
+        )
         self.stuck = Gauge(
             "turnstile_stuck_runs",
             "Runs stuck per reason: lease_expired, queued_too_long, waiting_too_long.",
@@ -154,9 +164,19 @@ class Metrics:
         )
         for outcome in ("delivered", "retry", "refused"):
             self.webhook_attempts.labels(outcome)
+        self.webhook_endpoints_disabled = Counter(
+            "turnstile_webhook_endpoints_disabled",
+            "Webhook endpoints this process disabled after TURNSTILE_WEBHOOK_DISABLE_AFTER "
+            "failed deliveries in a row (each delivery that did so has a "
+            "webhook.endpoint_disabled event).",
+            registry=self.registry,
+        )
 
     def webhook_attempt(self, outcome: str) -> None:
         self.webhook_attempts.labels(outcome).inc()
+
+    def webhook_endpoint_disabled(self) -> None:
+        self.webhook_endpoints_disabled.inc()
 
     # --- the queue core's observer ------------------------------------------------------------
     def transition(self, name: str, priority: int, count: int = 1) -> None:

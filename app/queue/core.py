@@ -77,8 +77,9 @@ def positional(name: str) -> tuple[str, tuple[str, ...]]:
     return compiled.string, tuple(compiled.positiontup or ())
 
 
-_REFUSALS = ("TS404", "TS409")
-"""SQLSTATEs our own functions raise for a refusal (migration 0007)."""
+_REFUSALS = ("TS404", "TS409", "TS429")
+"""SQLSTATEs our own functions raise for a refusal (migration 0007; TS429, over the tenant's
+submission rate limit: migration 0012)."""
 
 REPLAY_ATTEMPTS = 5
 """How often a fenced write of unknown outcome is replayed before its error is raised: each
@@ -244,7 +245,7 @@ class Queue:
         """One round trip: the named statement (positional `$n` parameters, one row back) on
         the driver's own connection, where asyncpg prepares it once per connection and runs it
         in its implicit transaction: no BEGIN and COMMIT round trips, no SQLAlchemy compilation.
-        A refusal raised by the statement (SQLSTATE TS404/TS409, the problem's name as the
+        A refusal raised by the statement (SQLSTATE TS404/TS409/TS429, the problem's name as the
         message, its fields as JSON in the detail) becomes `refusals(name, fields)`. A lost
         connection is dropped from the pool; the statement is sent once more on a fresh
         connection when nothing of it committed (`NotCommitted`), and, with
@@ -446,6 +447,9 @@ class Queue:
     async def enqueue(
         self, new: NewRun, *, conn: AsyncConnection | None = None, run_id: UUID | None = None
     ) -> Run:
+        """A new queued run. For back-end services in the deployment and the core's own
+        callers: not rate limited (the submission rate limit is the API's, in
+        `turnstile_submit`)."""
         rows = await self._rows(
             "enqueue",
             {

@@ -4,11 +4,19 @@ nothing here knows about HTTP."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from uuid import UUID
+
+if TYPE_CHECKING:
+    from app.queue.models import SubmitAllowance
 
 
 class TurnstileError(Exception):
-    """Root of every error the core raises on purpose."""
+    """Root of every error the core raises on purpose. A refused submission also carries the
+    submitter's rate allowance as it stands (`allowance`, None when its tenant has no rate
+    limit), so every answer to a submission can show it."""
+
+    allowance: SubmitAllowance | None = None
 
 
 class RunNotFoundError(TurnstileError):
@@ -103,6 +111,28 @@ class ScheduleNotFoundError(TurnstileError):
 
 class InvalidScheduleError(TurnstileError):
     """A schedule's cron expression or time zone is refused; `field` names which."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class RateLimitedError(TurnstileError):
+    """The tenant's submissions are over its rate limit: no token in its bucket. Retry after
+    `retry_after` seconds (a whole token by then)."""
+
+    def __init__(self, allowance: SubmitAllowance) -> None:
+        self.allowance = allowance
+        self.retry_after = allowance.next_token_seconds or 1
+        super().__init__(
+            f"over the submission rate limit ({allowance.rate:g} a second, bursts of "
+            f"{allowance.burst}); retry after {self.retry_after} s"
+        )
+
+
+class InvalidLimitsError(TurnstileError):
+    """A tenant limit refused; `field` names which (`max_running.async`, `submit_burst`...)."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")

@@ -7,6 +7,7 @@ where continuing would be wrong. The only thing to do with it is stop, and recor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -300,3 +301,41 @@ class TranscriptEntry:
         if self.tool is not None:
             document["tool"] = self.tool
         return document
+
+
+@dataclass(frozen=True)
+class SubmitAllowance:
+    """A tenant's submission rate limit and its bucket: `rate` tokens a second up to `burst`,
+    `tokens` in the bucket (after the submission that reported it, or as found)."""
+
+    rate: float
+    burst: int
+    tokens: float
+
+    @property
+    def remaining(self) -> int:
+        """Whole submissions the bucket allows now."""
+        return max(0, math.floor(self.tokens))
+
+    @property
+    def next_token_seconds(self) -> int | None:
+        """Seconds until the bucket holds one more whole token (None when it is full), rounded
+        up: `Retry-After` for a refused submission, the RateLimit field's `t`."""
+        if self.tokens >= self.burst:
+            return None
+        missing = self.remaining + 1 - self.tokens
+        return max(1, math.ceil(missing / self.rate - 1e-9))
+
+    @property
+    def window_seconds(self) -> int:
+        """How long an empty bucket takes to fill (at least 1 s): the policy's window, over
+        which `burst` submissions are allowed."""
+        return max(1, math.ceil(self.burst / self.rate))
+
+    @classmethod
+    def of(
+        cls, rate: float | None, burst: int | None, tokens: float | None
+    ) -> SubmitAllowance | None:
+        if rate is None or burst is None or tokens is None:
+            return None
+        return cls(rate=float(rate), burst=int(burst), tokens=float(tokens))

@@ -1,5 +1,6 @@
 """The queue's read models for the edges: the runbook (depth per class, stuck runs, the dead
-letter), sessions, and the operator dashboard. The API, the dashboard and the CLI call these;
+letter), sessions, and the operator dashboard (its overview lists the busiest tenants from
+app/queue/tenants.py). The API, the dashboard and the CLI call these;
 they never run a statement themselves, and each result is decoded here, once.
 
 Tenant scoping: `tenant_id=None` is the whole queue (admin keys, the CLI); `principal=None`
@@ -19,6 +20,10 @@ from app.queue.core import Queue
 from app.queue.models import JSON, Run
 from app.queue.pages import RunsPage, TranscriptPage, fetch_runs_page, fetch_transcript_page
 from app.queue.sql import q
+from app.queue.tenants import TenantDepth, Tenants
+
+BUSIEST_TENANTS = 10
+"""How many tenants the dashboard's overview lists one by one."""
 
 STUCK_REASONS = ("lease_expired", "queued_too_long", "waiting_too_long")
 
@@ -83,6 +88,8 @@ class Overview:
     dead_letter: int
     slot_groups: list[dict[str, Any]] = field(default_factory=list)
     coverage: dict[PriorityClass, ClassCoverage] = field(default_factory=dict)
+    # The busiest tenants by queued runs (the rest summed, tenant None), or the one tenant.
+    tenants: list[TenantDepth] = field(default_factory=list)
 
     @property
     def unserved(self) -> list[PriorityClass]:
@@ -289,6 +296,7 @@ class Reads:
                 ).mappings()
             }
         classes = _depth(depth)
+        busiest = await Tenants(self.queue).depth(tenant_id=tenant_id, top=BUSIEST_TENANTS)
         return Overview(
             depth=classes,
             coverage={
@@ -299,6 +307,7 @@ class Reads:
             recoveries=recoveries,
             dead_letter=int(dead_letter),
             slot_groups=[dict(row) for row in slots],
+            tenants=busiest,
         )
 
     async def inputs_by_event(self, run_id: UUID) -> dict[int, dict[str, Any]]:

@@ -2,8 +2,8 @@
 `runs.sql` (the transitions of runs: claims, fenced writes, the sweep, cancel), `reads.sql`
 (runs, their events, the runbook), `submission.sql` (sessions, idempotency keys, turn routing,
 operator actions), `workers.sql` (the worker registry, maintenance leases, prunes),
-`dashboard.sql` (the dashboard's read models), `schedules.sql` (schedules and their ticks) and
-`webhooks.sql` (webhook endpoints).
+`dashboard.sql` (the dashboard's read models), `schedules.sql` (schedules and their ticks),
+`webhooks.sql` (webhook endpoints) and `tenants.sql` (tenants' limits, allowances and counts).
 Names are unique across them (the loader refuses a duplicate). Only app/queue executes them."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ FILES = (
     "dashboard.sql",
     "schedules.sql",
     "webhooks.sql",
+    "tenants.sql",
 )
 
 __all__ = ["FILES", "Statement", "parse", "q", "statements"]

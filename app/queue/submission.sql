@@ -140,12 +140,16 @@ RETURNING seq;
 -- takes the key, locks the session, routes, enqueues or delivers, and stores the answer, each
 -- step a statement with a fresh snapshot. Positional parameters: it runs on the driver's own
 -- connection (Queue.call), prepared once per connection. The run's columns are spread out so
--- the driver decodes them by type, as for every other run row.
-SELECT r.outcome, r.stored_status, r.stored_body, r.stored_run_id, (r.the_run).*
+-- the driver decodes them by type, as for every other run row. With a submission rate limit
+-- (migration 0012) it also takes a token from the tenant's bucket and returns the bucket's
+-- figures (rate_limit NULL: no limit) for the RateLimit headers; over the limit it raises
+-- TS429 before writing a run.
+SELECT r.outcome, r.stored_status, r.stored_body, r.stored_run_id,
+       r.rate_limit, r.rate_burst, r.rate_tokens, (r.the_run).*
 FROM turnstile_submit(
     p_now => $1, p_tenant => $2, p_principal => $3, p_own_sessions_only => $4,
     p_actor => $5, p_session => $6, p_key => $7, p_request_hash => $8, p_ttl_seconds => $9,
     p_wait_ms => $10, p_lock_timeout_ms => $11, p_run_id => $12, p_agent => $13,
     p_default_agent => $14, p_priority => $15, p_default_priority => $16,
     p_scheduled_for => $17, p_input => $18, p_max_attempts => $19,
-    p_traceparent => $20) r;
+    p_traceparent => $20, p_submit_rate => $21, p_submit_burst => $22) r;

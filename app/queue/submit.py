@@ -10,6 +10,14 @@ A submission is one transaction:
    -> `SessionBusyError`. The partial unique index is the backstop for anything that slips past.
 3. store the 2xx outcome under the key. Any refusal raises, and the transaction rolls back with
    everything it wrote, the key included: only successful outcomes are remembered.
+
+Turns and sessionless runs are rate limited per tenant when a rate is set (the process default,
+or the tenant's override): between steps 1 and 2 the submission takes a token from its
+tenant's bucket, in the same call (migration 0012); over the limit it is refused
+(`RateLimitedError`) before it writes a run. A replay spends no token, and a refusal leaves the
+bucket as it was. Every outcome, refusals included, carries the tenant's allowance for the
+RateLimit headers. Resubmissions (an operator's action) and the Python queue API
+(`Queue.enqueue`, for back-end services in the same deployment) are not rate limited.
 """
 
 from __future__ import annotations
@@ -32,13 +40,15 @@ from app.queue.errors import (
     AnswerConflictError,
     IdempotencyKeyInFlightError,
     IdempotencyKeyReusedError,
+    RateLimitedError,
     RunNotFailedError,
     RunNotFoundError,
     RunNotWaitingError,
     SessionBusyError,
     SessionNotFoundError,
+    TurnstileError,
 )
-from app.queue.models import JSON, NewRun, Run
+from app.queue.models import JSON, NewRun, Run, SubmitAllowance
 from app.queue.sql import q
 from app.queue.webhooks import WEBHOOK_AGENT
 
@@ -82,6 +92,8 @@ class Submitted:
     run_id: UUID
     replayed: bool
     routed: str  # "created", "delivered", or "replayed"
+    # The tenant's submission rate limit and what is left of it (None: no limit).
+    allowance: SubmitAllowance | None = None
 
 
 def request_hash(method: str, path: str, body: JSON) -> str:
@@ -100,12 +112,18 @@ class Submissions:
         idempotency_ttl_seconds: float,
         idempotency_wait_seconds: float,
         lock_timeout_ms: int,
+        submit_rate_per_second: float | None = None,
+        submit_burst: int | None = None,
     ) -> None:
         self.queue = queue
         self.default_agent = default_agent
         self.ttl = idempotency_ttl_seconds
         self.wait_ms = int(idempotency_wait_seconds * 1000)
         self.lock_timeout_ms = lock_timeout_ms
+        # The process defaults of the submission rate limit (None: no limit unless the
+        # tenant's own limits set one).
+        self.submit_rate = submit_rate_per_second
+        self.submit_burst = submit_burst
 
     # --- public -------------------------------------------------------------------------------
     async def submit_turn(
@@ -251,8 +269,10 @@ class Submissions:
         default_class: PriorityClass,
         idempotency: IdempotencyKey | None,
     ) -> Submitted:
-        """One round trip to `turnstile_submit` (migration 0007 says what it does, step by
-        step). A refusal comes back as SQLSTATE TS404/TS409 and rolls the whole call back."""
+        """One round trip to `turnstile_submit` (migrations 0007 and 0012 say what it does, step
+        by step). A refusal comes back as SQLSTATE TS404/TS409/TS429 and rolls the whole call
+        back; a refusal other than the rate limit's then reads the tenant's allowance (one
+        more round trip, on refusals only) so that its answer shows it too."""
         args = (
             self.queue.clock(),
             who.tenant_id,
@@ -274,19 +294,54 @@ class Submissions:
             dump_json(spec.input),
             self.queue.config.max_attempts,
             spec.traceparent,
+            self.submit_rate,
+            self.submit_burst,
         )
         # A keyed submission may be sent again after its connection died mid-call: the key
         # makes a second call a replay of whatever the first committed.
-        row = await self.queue.call(
-            "submit", args, retry_on_disconnect=idempotency is not None, refusals=_refusal
-        )
+        try:
+            row = await self.queue.call(
+                "submit", args, retry_on_disconnect=idempotency is not None, refusals=_refusal
+            )
+        except RateLimitedError:
+            raise
+        except TurnstileError as refused:
+            refused.allowance = await self.allowance(who.tenant_id)
+            raise
         outcome = row["outcome"]
+        allowance = SubmitAllowance.of(row["rate_limit"], row["rate_burst"], row["rate_tokens"])
         if outcome == "replayed":
-            return _replayed(row["stored_status"], row["stored_body"], row["stored_run_id"])
+            return _replayed(
+                row["stored_status"], row["stored_body"], row["stored_run_id"], allowance
+            )
         run = Run.from_row(row)
         if outcome == "created":
             self.queue.observer.transition("enqueued", run.priority)
-        return Submitted(ACCEPTED, run.to_document(), run.id, False, outcome)
+        return Submitted(ACCEPTED, run.to_document(), run.id, False, outcome, allowance)
+
+    async def allowance(self, tenant_id: str) -> SubmitAllowance | None:
+        """The tenant's submission rate limit and its bucket as they stand, without spending
+        (None: no limit). A failure to read it is not the caller's problem: None."""
+        try:
+            async with self.queue.engine.connect() as conn:
+                row = (
+                    (
+                        await conn.execute(
+                            q("submit_allowance"),
+                            {
+                                "tenant_id": tenant_id,
+                                "now": self.queue.clock(),
+                                "default_rate": self.submit_rate,
+                                "default_burst": self.submit_burst,
+                            },
+                        )
+                    )
+                    .mappings()
+                    .one()
+                )
+        except (DBAPIError, OSError):
+            return None
+        return SubmitAllowance.of(row["rate"], row["burst"], row["tokens"])
 
     async def take_key(
         self, conn: AsyncConnection, who: Submitter, idempotency: IdempotencyKey
@@ -359,16 +414,29 @@ class Submissions:
         )
 
 
-def _replayed(status: int, body: dict[str, JSON], run_id: UUID) -> Submitted:
+def _replayed(
+    status: int,
+    body: dict[str, JSON],
+    run_id: UUID,
+    allowance: SubmitAllowance | None = None,
+) -> Submitted:
     """A stored answer, replayed. `turnstile_submit` keeps the run row it answered with (the
     document is rendered from it, as it was the first time); resubmissions and answers stored
     before migration 0007 keep the document itself."""
     document = Run.from_json(body["run"]).to_document() if set(body) == {"run"} else body
-    return Submitted(int(status), document, run_id, True, "replayed")
+    return Submitted(int(status), document, run_id, True, "replayed", allowance)
 
 
 def _refusal(name: str, detail: dict[str, Any]) -> Exception:
     """The core error for a refusal `turnstile_submit` raised (its message names it)."""
+    if name == "rate-limited":
+        return RateLimitedError(
+            SubmitAllowance(
+                rate=float(detail["rate"]),
+                burst=int(detail["burst"]),
+                tokens=float(detail["tokens"]),
+            )
+        )
     if name == "session-not-found":
         return SessionNotFoundError(UUID(detail["session_id"]))
     if name == "session-busy":

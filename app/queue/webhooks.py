@@ -4,7 +4,7 @@ The core keeps endpoints and knows which runs are deliveries; it never sees a se
 clear (the caller encrypts and decrypts, app/security/secret_box.py) and never sends HTTP (the
 runtime's `webhook` agent does, app/runtime/webhooks.py). Deliveries are inserted by the
 transitions they report (runs.sql's `webhook_deliveries` fragment); deleting an endpoint
-cancels the pending ones; `attempt_failed` counts failed attempts in a row and disables the
+cancels the pending ones; `delivery_failed` counts failed deliveries in a row and disables the
 endpoint at `disable_after`.
 
 Quotas: deliveries are inserted by the transition statements, never through submission, so no
@@ -32,7 +32,15 @@ log = logging.getLogger("turnstile.webhooks")
 # from producing deliveries and to give them their own backoff.
 WEBHOOK_AGENT = "webhook"
 EVENTS = ("run.succeeded", "run.failed", "run.cancelled", "run.waiting")
-DISABLE_AFTER = 20  # failed delivery attempts in a row before an endpoint is disabled
+DISABLE_AFTER = 20  # failed deliveries in a row (each after all its attempts) that disable one
+
+
+@dataclass(frozen=True)
+class Disabled:
+    """A failed delivery just disabled its endpoint."""
+
+    consecutive_failures: int
+    disable_after: int
 
 
 class WebhookNotFoundError(TurnstileError):
@@ -117,6 +125,23 @@ class Webhooks:
         if found is None:
             raise WebhookNotFoundError(endpoint_id)
 
+    async def enable(self, *, tenant_id: str, endpoint_id: UUID) -> Endpoint:
+        """Re-enable an endpoint (disabled after failed deliveries), its count reset."""
+        async with self.queue.engine.begin() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        q("webhook_enable"),
+                        {"id": endpoint_id, "tenant_id": tenant_id, "now": None},
+                    )
+                )
+                .mappings()
+                .first()
+            )
+        if row is None:
+            raise WebhookNotFoundError(endpoint_id)
+        return Endpoint.from_row(row)
+
     async def delete(self, *, tenant_id: str, endpoint_id: UUID, actor: str) -> int:
         """Delete the endpoint and cancel its pending deliveries; how many were cancelled."""
         async with self.queue.engine.begin() as conn:
@@ -156,17 +181,17 @@ class Webhooks:
             live=row["disabled_at"] is None and row["deleted_at"] is None,
         )
 
-    async def attempt_succeeded(self, endpoint_id: UUID) -> None:
+    async def delivery_succeeded(self, endpoint_id: UUID) -> None:
         async with self.queue.engine.begin() as conn:
-            await conn.execute(q("webhook_attempt_succeeded"), {"id": endpoint_id})
+            await conn.execute(q("webhook_delivery_succeeded"), {"id": endpoint_id})
 
-    async def attempt_failed(self, endpoint_id: UUID) -> bool:
-        """Count a failed attempt; True when this one disabled the endpoint."""
+    async def delivery_failed(self, endpoint_id: UUID) -> Disabled | None:
+        """Count a failed delivery; what disabled the endpoint when this one did."""
         async with self.queue.engine.begin() as conn:
             row = (
                 (
                     await conn.execute(
-                        q("webhook_attempt_failed"),
+                        q("webhook_delivery_failed"),
                         {"id": endpoint_id, "disable_after": self.disable_after, "now": None},
                     )
                 )
@@ -174,10 +199,5 @@ class Webhooks:
                 .first()
             )
         if row is None or not row["disabled_now"]:
-            return False
-        log.warning(
-            "webhook endpoint disabled after %s failed delivery attempts in a row",
-            row["consecutive_failures"],
-            extra={"endpoint_id": str(endpoint_id), "tenant_id": row["tenant_id"]},
-        )
-        return True
+            return None
+        return Disabled(int(row["consecutive_failures"]), self.disable_after)

@@ -22,6 +22,15 @@ WHERE id = :id AND tenant_id = :tenant_id AND deleted_at IS NULL
 RETURNING id;
 
 
+-- name: webhook_enable
+-- An operator re-enables an endpoint that failed deliveries disabled (once its receiver is
+-- fixed): its count starts again from zero. The transitions' partial index takes it back.
+UPDATE webhook_endpoints
+SET disabled_at = NULL, consecutive_failures = 0, updated_at = {{now}}
+WHERE id = :id AND tenant_id = :tenant_id AND deleted_at IS NULL
+RETURNING id, tenant_id, url, events, consecutive_failures, disabled_at, created_at;
+
+
 -- name: webhook_delete
 -- The endpoint is marked deleted (its past deliveries keep their link) and its pending
 -- deliveries are cancelled in the same statement, each as `cancel` would: epoch bumped (a worker
@@ -75,15 +84,16 @@ JOIN webhook_endpoints e ON e.id = :endpoint_id AND e.tenant_id = r.tenant_id
 WHERE r.id = :run_id;
 
 
--- name: webhook_attempt_succeeded
+-- name: webhook_delivery_succeeded
 UPDATE webhook_endpoints
 SET consecutive_failures = 0
 WHERE id = :id AND consecutive_failures <> 0;
 
 
--- name: webhook_attempt_failed
--- Counts a failed delivery attempt; at :disable_after in a row the endpoint is disabled (its
--- transitions stop producing deliveries: the partial index leaves it out).
+-- name: webhook_delivery_failed
+-- Counts a failed delivery (its last attempt failed, or the receiver refused it for good); at
+-- :disable_after in a row the endpoint is disabled (its transitions stop producing deliveries:
+-- the partial index leaves it out).
 UPDATE webhook_endpoints e
 SET consecutive_failures = e.consecutive_failures + 1,
     disabled_at = CASE WHEN e.disabled_at IS NULL
@@ -92,5 +102,5 @@ SET consecutive_failures = e.consecutive_failures + 1,
     updated_at = {{now}}
 WHERE e.id = :id
 RETURNING e.tenant_id, e.consecutive_failures,
-          -- true on the attempt that disabled it, so it is reported once
+          -- true on the delivery that disabled it, so it is reported once
           (e.disabled_at IS NOT NULL AND e.consecutive_failures = :disable_after) AS disabled_now;

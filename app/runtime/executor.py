@@ -185,7 +185,14 @@ class RuntimeExecutor:
         record: ToolCall,
     ) -> bool:
         args = record.args if isinstance(record.args, dict) else {}
-        tool_ctx = ToolContext(str(ctx.lease.run_id), record.step, record.idempotency_key)
+        tool_ctx = ToolContext(
+            str(ctx.lease.run_id),
+            record.step,
+            record.idempotency_key,
+            attempt=ctx.claimed.run.attempts,
+            max_attempts=ctx.claimed.run.max_attempts,
+            emit=ctx.append_event,
+        )
         repeatable = record.idempotency_class in ("safe", "keyed")
         # A tool may set its own number of retries inside the run (webhook deliveries: none,
         # each try is an attempt of the run, spaced by the delivery backoff).

@@ -15,6 +15,7 @@ when the call is safe to repeat or provably never reached its target (`sent=Fals
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Protocol
 
@@ -44,6 +45,13 @@ class ToolContext:
     run_id: str
     step: int
     idempotency_key: str | None  # set for keyed calls
+    # The run's attempt (from 1) and its attempts in all: a tool whose failure on the last
+    # attempt means something more (a failed webhook delivery) can tell.
+    attempt: int = 1
+    max_attempts: int = 1
+    # Appends an event to the run's own stream, fenced on the run's lease like every write of
+    # the execution (a lost lease stops the execution instead). None outside a worker.
+    emit: Callable[[str, JSON], Awaitable[None]] | None = None
 
 
 class Tool(Protocol):

@@ -16,8 +16,10 @@ A delivery is an async-class run that a transition inserted (app/queue/runs.sql'
 - is `keyed` (a repeat carries the same webhook-id), with no retries inside the run: a timeout,
   429 or 5xx releases the run early and the queue retries it with the delivery backoff
   (TURNSTILE_WEBHOOK_*), up to its own attempts, then the dead letter; any other non-2xx
-  answer is permanent. Every failed attempt is counted on the endpoint, which is disabled
-  after `DISABLE_AFTER` failed attempts in a row (app/queue/webhooks.py).
+  answer is permanent. A failed delivery (a permanent refusal by the receiver, or its last
+  attempt failing) is counted on the endpoint, a delivered one resets the count; at
+  `DISABLE_AFTER` failed deliveries in a row the endpoint is disabled and the delivery that
+  disabled it records a `webhook.endpoint_disabled` event (app/queue/webhooks.py).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import ClassVar, Protocol
 from uuid import UUID
 
 from app.queue.models import JSON
-from app.queue.webhooks import WEBHOOK_AGENT, DeliveryTarget, Endpoint, Webhooks
+from app.queue.webhooks import WEBHOOK_AGENT, DeliveryTarget, Disabled, Endpoint, Webhooks
 from app.runtime.agents import AgentError, CallTool, Decision, Finish
 from app.runtime.http_tool import HttpRequestTool
 from app.runtime.state import RunState
@@ -57,9 +59,9 @@ class WebhookTargets(Protocol):
 
     async def target(self, delivery_run_id: UUID, endpoint_id: UUID) -> DeliveryTarget | None: ...
 
-    async def attempt_succeeded(self, endpoint_id: UUID) -> None: ...
+    async def delivery_succeeded(self, endpoint_id: UUID) -> None: ...
 
-    async def attempt_failed(self, endpoint_id: UUID) -> bool: ...
+    async def delivery_failed(self, endpoint_id: UUID) -> Disabled | None: ...
 
 
 class SecretOpener(Protocol):
@@ -99,12 +101,14 @@ class WebhookDeliveryTool:
         secrets: SecretOpener | None,
         *,
         on_attempt: Callable[[str], None] | None = None,
+        on_disabled: Callable[[], None] | None = None,
     ) -> None:
         self.targets = targets
         self.http = http
         self.secrets = secrets
         # Called with the attempt's outcome: delivered, retry or refused (the metrics).
         self.on_attempt = on_attempt or (lambda outcome: None)
+        self.on_disabled = on_disabled or (lambda: None)
 
     def idempotency_class(self, args: dict[str, JSON]) -> IdempotencyClass:
         return "keyed"
@@ -147,7 +151,6 @@ class WebhookDeliveryTool:
                 raise PermanentToolError(f"the receiver answered HTTP {status}")
         except (PermanentToolError, TransientToolError) as exc:
             self.on_attempt("retry" if isinstance(exc, TransientToolError) else "refused")
-            await self.targets.attempt_failed(target.endpoint_id)  # logs when it disables
             log.info(
                 "webhook delivery attempt failed",
                 extra={
@@ -156,10 +159,38 @@ class WebhookDeliveryTool:
                     "error": str(exc),
                 },
             )
+            # The delivery has failed when this attempt was its last: a permanent refusal, or
+            # a transient one with no attempt left (the queue dead-letters it). Earlier failed
+            # attempts of the same delivery are not counted: an endpoint is judged by its
+            # deliveries, not by how often one of them was retried.
+            if isinstance(exc, PermanentToolError) or ctx.attempt >= ctx.max_attempts:
+                await self._delivery_failed(target.endpoint_id, ctx)
             raise
         self.on_attempt("delivered")
-        await self.targets.attempt_succeeded(target.endpoint_id)
+        await self.targets.delivery_succeeded(target.endpoint_id)
         return {"status": status, "webhook_id": webhook_id}
+
+    async def _delivery_failed(self, endpoint_id: UUID, ctx: ToolContext) -> None:
+        disabled = await self.targets.delivery_failed(endpoint_id)
+        if disabled is None:
+            return
+        # Said durably on the delivery that disabled it (its run's events, the dead letter's
+        # page), besides the log line and the metric.
+        self.on_disabled()
+        log.warning(
+            "webhook endpoint disabled after %s failed deliveries in a row",
+            disabled.consecutive_failures,
+            extra={"endpoint_id": str(endpoint_id), "run_id": ctx.run_id},
+        )
+        if ctx.emit is not None:
+            await ctx.emit(
+                "webhook.endpoint_disabled",
+                {
+                    "endpoint_id": str(endpoint_id),
+                    "consecutive_failed_deliveries": disabled.consecutive_failures,
+                    "disable_after": disabled.disable_after,
+                },
+            )
 
 
 class DestinationRefusedError(Exception):

@@ -209,6 +209,7 @@ async def overview_context(request: Request, caller: Caller) -> dict[str, Any]:
         "slots": seen.slot_groups,
         "coverage": {klass.value: entry for klass, entry in seen.coverage.items()},
         "unserved": [klass.value for klass in seen.unserved],
+        "tenants": views.tenant_rows(seen.tenants),
         "window_minutes": WINDOW_MINUTES,
         "generated": views.when(datetime.now(UTC)),
     }

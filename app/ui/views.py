@@ -16,6 +16,7 @@ from app.queue import statuses
 from app.queue.classes import BAND_WIDTH, PriorityClass
 from app.queue.models import Event, TranscriptEntry
 from app.queue.reads import ClassDepth
+from app.queue.tenants import TenantDepth
 
 CLASSES = [klass.value for klass in PriorityClass]
 STATUSES = tuple(status.value for status in statuses.ALL)
@@ -265,6 +266,32 @@ def class_rows(
         target.finished = {k: int(row[f"finished_{k}"]) for k in ("1m", "5m", "window")}
         target.failed_window = int(row["failed_window"])
     return list(rows.values())
+
+
+@dataclass(frozen=True)
+class TenantRow:
+    """One line of the overview's busiest tenants: `tenant` None sums the rest."""
+
+    tenant: str | None
+    running: int
+    queued: int
+    classes: dict[str, dict[str, int]]  # class -> {"running": n, "queued": n}
+
+
+def tenant_rows(depth: Iterable[TenantDepth]) -> list[TenantRow]:
+    """The busiest tenants, as `Tenants.depth` ordered them (most queued first)."""
+    return [
+        TenantRow(
+            tenant=entry.tenant_id,
+            running=entry.running,
+            queued=entry.queued,
+            classes={
+                klass.value: {"running": counts.running, "queued": counts.queued}
+                for klass, counts in entry.classes.items()
+            },
+        )
+        for entry in depth
+    ]
 
 
 def age(seconds: float | None) -> str:

@@ -86,6 +86,9 @@ class ExecutionContext:
         )
         return [entry.to_json() for entry in entries]
 
+    async def append_event(self, type_: str, data: JSON) -> None:
+        await self.checked(await self.queue.append_event(self.lease, type_, data), "append_event")
+
     async def tool_started(self, call: ToolCall) -> None:
         await self.checked(await self.queue.tool_started(self.lease, call), "tool_started")
 
