@@ -117,6 +117,14 @@ async def start_service(
     return Service(fleet, client, counter)
 
 
+def _replays(fleet: Fleet) -> str:
+    """Fenced writes and completion batches the workers replayed after a lost connection left
+    their outcome unknown (docs/reliability.md, "Lost connections and replays")."""
+    writes = fleet.log_count(b"fenced write of unknown outcome replayed")
+    batches = fleet.log_count(b"completion batch of unknown outcome replayed")
+    return f"{writes} / {batches}"
+
+
 async def finished_runs(engine: AsyncEngine, ids: list[str], statuses: tuple[str, ...]) -> int:
     """How many of the runs `ids` are in one of `statuses`."""
     async with engine.connect() as conn:
@@ -375,6 +383,7 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
                 "submitting / finishing (s)": f"{loaded - started:.0f} / {finished - loaded:.0f}",
                 "load finished at (s)": ", ".join(f"{k} {v:.0f}" for k, v in phases.items()),
                 "backends terminated": stats["backends terminated"],
+                "writes / completion batches replayed": _replays(fleet),
                 "client retries / replays / reuse refused": (
                     f"{ledger.retries} / {ledger.replayed} / {ledger.key_reuse_refused}"
                 ),
@@ -466,6 +475,7 @@ async def test_database_restarts_under_load_lose_no_accepted_turn(
                         f"{found.requeued} / {found.released} / {found.fenced}"
                     ),
                     "unsafe calls / uncertain": f"{found.unsafe_calls} / {found.uncertain}",
+                    "writes / completion batches replayed": _replays(service.fleet),
                     "duplicate unsafe effects": found.duplicate_unsafe_effects,
                     "invariant-checked runs": checked,
                 },

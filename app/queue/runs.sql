@@ -1032,3 +1032,115 @@ SELECT run.*,
            'runs', jsonb_build_array(left(run.id::text, 8)))
            || CASE WHEN EXISTS (SELECT 1 FROM hook) THEN '{"work": [10]}'::jsonb ELSE '{}'::jsonb END)::text)
 FROM run;
+
+
+-- ============================================================================================
+-- Replays of fenced writes whose outcome is unknown (issue 19; docs/adr/0002, "Replays").
+-- A fenced write whose connection died after it was sent may have committed. It is sent again
+-- only in a transaction of its own that first takes the run row (`lock_for_replay`: a first
+-- sending still running on the server commits or aborts before what follows reads), then asks
+-- the write's recognising read below whether that first sending committed. A row back is the
+-- earlier write's own result, in the columns the write returns; no row, and the write itself
+-- runs in the same transaction. The writes themselves are unchanged, so the normal path pays
+-- nothing. Each read names what only that write leaves behind under its epoch (the sweeper
+-- also writes events with the holder's epoch: run.failed, run.requeued, uncertain
+-- tool.finished, none of which a read below takes for the holder's own).
+-- ============================================================================================
+
+
+-- name: lock_for_replay
+SELECT id FROM runs WHERE id = :run_id FOR UPDATE;
+
+
+-- name: lock_many_for_replay
+-- complete_many's replay: its rows in id order, as every multi-row statement takes them.
+SELECT id FROM runs WHERE id = ANY(CAST(:run_ids AS uuid[])) ORDER BY id FOR UPDATE;
+
+
+-- name: recognise_append_event
+-- The run's latest event of this epoch is this one (type and data). The holder writes one
+-- fenced statement at a time and replays at once, so its earlier sending, if committed, is
+-- its latest event; an identical event just before an uncommitted one would be taken for it.
+SELECT e.seq FROM run_events e
+WHERE e.run_id = :run_id
+  AND e.seq = (SELECT max(l.seq) FROM run_events l
+               WHERE l.run_id = :run_id AND l.epoch = :epoch)
+  AND e.type = :type AND e.data = CAST(:data AS jsonb);
+
+
+-- name: recognise_tool_started
+-- A step is journalled 'started' at most once per epoch (a retry inside the run reuses the
+-- entry; recovery starts an earlier epoch's step under the new one), and only by its holder.
+SELECT j.event_seq AS seq FROM tool_journal j
+WHERE j.run_id = :run_id AND j.epoch = :epoch AND j.step = :step AND j.entry = 'started';
+
+
+-- name: recognise_tool_finished
+-- The step's 'finished' entry of this epoch with its checkpoint: the sweeper's and the
+-- dead-lettering transitions' 'uncertain' entries have none.
+SELECT j.event_seq AS seq FROM tool_journal j
+JOIN checkpoints c ON c.run_id = j.run_id AND c.event_seq = j.event_seq
+WHERE j.run_id = :run_id AND j.epoch = :epoch AND j.step = :step AND j.entry = 'finished';
+
+
+-- name: recognise_tool_not_sent
+SELECT j.event_seq AS seq FROM tool_journal j
+WHERE j.run_id = :run_id AND j.epoch = :epoch AND j.step = :step AND j.entry = 'not_sent';
+
+
+-- name: recognise_save_checkpoint
+-- As append_event: the latest event of this epoch is this checkpoint (step and state).
+SELECT e.seq FROM run_events e
+JOIN checkpoints c ON c.run_id = e.run_id AND c.event_seq = e.seq
+WHERE e.run_id = :run_id
+  AND e.seq = (SELECT max(l.seq) FROM run_events l
+               WHERE l.run_id = :run_id AND l.epoch = :epoch)
+  AND e.type = 'run.checkpoint' AND c.step = :step AND c.state = CAST(:state AS jsonb);
+
+
+-- name: recognise_wait_for_user
+-- run.waiting ends the hold: one per epoch, written only by its holder.
+SELECT e.seq FROM run_events e
+WHERE e.run_id = :run_id AND e.epoch = :epoch AND e.type = 'run.waiting';
+
+
+-- name: recognise_complete
+-- run.succeeded is terminal and written only by the holder.
+SELECT e.seq, r.priority FROM run_events e JOIN runs r ON r.id = e.run_id
+WHERE e.run_id = :run_id AND e.epoch = :epoch AND e.type = 'run.succeeded';
+
+
+-- name: recognise_complete_many
+-- complete's read for each (run, epoch) of the batch, in complete_many's result shape.
+SELECT coalesce(array_agg(e.run_id), '{}') AS ids,
+       coalesce(array_agg(e.epoch), '{}') AS epochs,
+       coalesce(array_agg(e.seq), '{}') AS seqs,
+       coalesce(array_agg(r.priority), '{}') AS priorities
+FROM unnest(CAST(:run_ids AS uuid[]), CAST(:epochs AS bigint[])) AS h(run_id, epoch)
+JOIN run_events e ON e.run_id = h.run_id AND e.epoch = h.epoch AND e.type = 'run.succeeded'
+JOIN runs r ON r.id = h.run_id;
+
+
+-- name: recognise_fail
+-- run.failed of this epoch with this failure's kind: the sweeper's dead letter is
+-- 'lease_expired', an early release's 'attempts_exhausted'.
+SELECT e.seq, r.priority FROM run_events e JOIN runs r ON r.id = e.run_id
+WHERE e.run_id = :run_id AND e.epoch = :epoch AND e.type = 'run.failed'
+  AND (e.data -> 'failure' ->> 'kind') IS NOT DISTINCT FROM (CAST(:failure AS jsonb) ->> 'kind');
+
+
+-- name: recognise_release_graceful
+SELECT e.seq, r.priority FROM run_events e JOIN runs r ON r.id = e.run_id
+WHERE e.run_id = :run_id AND e.epoch = :epoch AND e.type = 'run.released'
+  AND e.data ->> 'graceful' = 'true';
+
+
+-- name: recognise_release_early
+-- Requeued (run.released, not graceful) or, on the last attempt, dead-lettered with
+-- 'attempts_exhausted' (the sweeper's dead letter is 'lease_expired').
+SELECT e.seq, r.priority,
+       CASE e.type WHEN 'run.failed' THEN 'failed' ELSE 'queued' END AS status
+FROM run_events e JOIN runs r ON r.id = e.run_id
+WHERE e.run_id = :run_id AND e.epoch = :epoch
+  AND ((e.type = 'run.released' AND e.data ->> 'graceful' = 'false')
+       OR (e.type = 'run.failed' AND e.data -> 'failure' ->> 'kind' = 'attempts_exhausted'));
