@@ -51,12 +51,18 @@ def new_run(max_attempts: int = 3) -> NewRun:
 @pytest.fixture
 async def proxy(database_url: str) -> AsyncIterator[PgProxy]:
     url = make_url(database_url)
-    async with pg_proxy(url.host or "127.0.0.1", url.port or 5432) as running:
+    # A socket directory and port in the query (the embedded PostgreSQL) win over the URL's.
+    socket_dir, socket_port = url.query.get("host"), url.query.get("port")
+    host = socket_dir if isinstance(socket_dir, str) else url.host or "127.0.0.1"
+    port = int(socket_port) if isinstance(socket_port, str) else url.port or 5432
+    async with pg_proxy(host, port) as running:
         yield running
 
 
 def _proxied_url(database_url: str, proxy: PgProxy) -> str:
     url = make_url(database_url).set(host="127.0.0.1", port=proxy.port)
+    # Not the embedded server's socket: the proxy.
+    url = url.difference_update_query(["host", "port"])
     return url.update_query_dict({"ssl": "disable"}).render_as_string(hide_password=False)
 
 

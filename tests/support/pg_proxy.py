@@ -92,7 +92,13 @@ class PgProxy:
         handler = asyncio.current_task()
         if handler is not None:
             self._handlers.add(handler)  # type: ignore[arg-type]
-        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        host, port = self.upstream
+        if host.startswith("/"):
+            # The embedded PostgreSQL (the suite's default without TEST_DATABASE_URL) listens
+            # on a Unix socket in that directory only.
+            up_reader, up_writer = await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
+        else:
+            up_reader, up_writer = await asyncio.open_connection(host, port)
         link = _Link(client=writer, server=up_writer)
         self._links.add(link)
 
@@ -145,7 +151,8 @@ class PgProxy:
 
 @asynccontextmanager
 async def pg_proxy(host: str, port: int) -> AsyncIterator[PgProxy]:
-    """A proxy on 127.0.0.1 in front of PostgreSQL at `host:port`, for the block."""
+    """A proxy on 127.0.0.1 in front of PostgreSQL at `host:port` (`host` a directory: its
+    Unix socket), for the block."""
     proxy = PgProxy(host, port)
     server = await asyncio.start_server(proxy._handle, "127.0.0.1", 0)
     proxy.port = server.sockets[0].getsockname()[1]
