@@ -88,6 +88,9 @@ def queue_config(settings: Settings) -> QueueConfig:
         webhook_backoff_base_seconds=settings.webhook_backoff_base_seconds,
         webhook_backoff_max_seconds=settings.webhook_backoff_max_seconds,
         direct_calls=not settings.pgbouncer,
+        tenant_max_running=settings.tenant_running_limits,
+        tenant_max_queued=settings.tenant_max_queued,
+        fair_claim=settings.fair_claim,
     )
 
 

@@ -25,6 +25,7 @@ from app.queue.errors import (
     IdempotencyKeyReusedError,
     InvalidCursorError,
     InvalidScheduleError,
+    QueueQuotaError,
     RunFinishedError,
     RunNotFailedError,
     RunNotFoundError,
@@ -113,6 +114,13 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
         "(TURNSTILE_MAX_STREAMS_PER_KEY) and per API process "
         "(TURNSTILE_MAX_STREAMS_PER_PROCESS). Close one, or retry after the `Retry-After` "
         "seconds.",
+    ),
+    "queue-quota": (
+        429,
+        "The tenant's queued quota is full",
+        "The tenant has as many queued runs as its quota allows (TURNSTILE_TENANT_MAX_QUEUED or "
+        "its own limit); new runs are refused until some of them start. An answer to a run "
+        "waiting for the user is never refused. `max_queued` and `queued` give the figures.",
     ),
     "database-busy": (
         503,
@@ -235,6 +243,10 @@ def _core_problem(exc: TurnstileError, request: Request) -> JSONResponse:
         return problem_response("answer-conflict", str(exc), instance=path, field=exc.field)
     if isinstance(exc, IdempotencyKeyReusedError):
         return problem_response("idempotency-key-reused", str(exc), instance=path)
+    if isinstance(exc, QueueQuotaError):
+        return problem_response(
+            "queue-quota", str(exc), instance=path, max_queued=exc.max_queued, queued=exc.queued
+        )
     if isinstance(exc, IdempotencyKeyInFlightError):
         return problem_response(
             "idempotency-key-in-flight",

@@ -213,6 +213,7 @@ async def session_messages(
             "invalid-request",
             "answer-conflict",
             "idempotency-key-in-flight",
+            "queue-quota",
             "malformed-json",
             "body-too-large",
         ),

@@ -32,6 +32,7 @@ from app.queue.errors import (
     AnswerConflictError,
     IdempotencyKeyInFlightError,
     IdempotencyKeyReusedError,
+    QueueQuotaError,
     RunNotFailedError,
     RunNotFoundError,
     RunNotWaitingError,
@@ -252,7 +253,7 @@ class Submissions:
         idempotency: IdempotencyKey | None,
     ) -> Submitted:
         """One round trip to `turnstile_submit` (migration 0007 says what it does, step by
-        step). A refusal comes back as SQLSTATE TS404/TS409 and rolls the whole call back."""
+        step). A refusal comes back as SQLSTATE TS404/TS409/TS429 and rolls the whole call back."""
         args = (
             self.queue.clock(),
             who.tenant_id,
@@ -274,6 +275,8 @@ class Submissions:
             dump_json(spec.input),
             self.queue.config.max_attempts,
             spec.traceparent,
+            # The tenant's queued quota when it has no override (docs/adr/0006).
+            self.queue.config.tenant_max_queued,
         )
         # A keyed submission may be sent again after its connection died mid-call: the key
         # makes a second call a replay of whatever the first committed.
@@ -381,6 +384,8 @@ def _refusal(name: str, detail: dict[str, Any]) -> Exception:
         return IdempotencyKeyReusedError(detail["key"])
     if name == "run-not-waiting":
         return RunNotWaitingError(UUID(detail["run_id"]), "not waiting")
+    if name == "queue-quota":
+        return QueueQuotaError(detail["tenant_id"], detail["max_queued"], int(detail["queued"]))
     if name == "answer-conflict":
         if detail["field"] == "priority":
             return AnswerConflictError(
