@@ -68,6 +68,10 @@ def positional(name: str) -> tuple[str, tuple[str, ...]]:
     return compiled.string, tuple(compiled.positiontup or ())
 
 
+PASSED_OVER_RETRIES = 3
+"""How many times a fair claim that claimed nothing, having passed over runs of a tenant that a
+concurrent claim had just brought to its limit, is asked again at once (docs/adr/0006)."""
+
 _REFUSALS = ("TS404", "TS409", "TS429")
 """SQLSTATEs our own functions raise for a refusal (migration 0007; TS429, a tenant's queued
 quota, migration 0011)."""
@@ -381,10 +385,17 @@ class Queue:
         }
         if not self.config.fair_claim:
             rows = await self._rows("claim_fifo", {**params, "limit": limit})
-        elif limit == 1:
-            rows = await self._rows("claim_one", {**params, **self._limits()})
         else:
-            rows = await self._rows("claim_many", {**params, **self._limits(), "limit": limit})
+            name = "claim_one" if limit == 1 else "claim_many"
+            fair = {**params, **self._limits(), "limit": limit}
+            for _ in range(PASSED_OVER_RETRIES + 1):
+                found = await self._rows(name, dict(fair))
+                rows = [row for row in found if row["id"] is not None]
+                # Nothing claimed, but runs were passed over because a concurrent claim took
+                # their tenant's last room under its limit: other tenants' runs may be waiting
+                # behind them, so ask again now rather than after the caller's poll interval.
+                if rows or not any(row["passed_over"] for row in found):
+                    break
         claimed = [
             ClaimedRun(
                 run=Run.from_row(row),

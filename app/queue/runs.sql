@@ -31,6 +31,10 @@
 -- * Every multi-row fenced statement takes its run rows in id order (a `locked` CTE, `ORDER BY
 --   id FOR UPDATE`) before it updates them: `UPDATE ... FROM unnest(...)` locks rows in the
 --   join's order, and two batches of one process in opposite orders deadlocked each other.
+-- * Every statement that moves a run between queued, running and anything else keeps its
+--   tenant's row in tenant_class_counts in the same statement (the `count_moves` fragment, or
+--   the claims' own count-row lock): count rows are locked after the runs, in (tenant_id,
+--   band) order (docs/adr/0006).
 
 
 -- fragment: webhook_deliveries
@@ -293,23 +297,27 @@ picked AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT h.id, h.is_hook FROM unnest(CAST(:priorities AS smallint[])) AS p(priority)
         CROSS JOIN LATERAL (
-            (SELECT q.id, q.agent = 'webhook' AS is_hook FROM runs q
-             WHERE (cap.cap IS NULL OR t.running < cap.cap)
-               AND q.tenant_id = t.tenant_id AND q.status = 'queued'
-               AND q.priority = p.priority
-               AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
-             ORDER BY coalesce(q.scheduled_for, q.created_at)
-             LIMIT 1
-             FOR UPDATE SKIP LOCKED)
+            -- Under its limit: the tenant's head (webhook deliveries included). At it: its
+            -- deliveries only. Each leg is a subquery, as a UNION's own legs may not lock.
+            SELECT * FROM (
+                SELECT q.id, q.agent = 'webhook' AS is_hook FROM runs q
+                WHERE (cap.cap IS NULL OR t.running < cap.cap)
+                  AND q.tenant_id = t.tenant_id AND q.status = 'queued'
+                  AND q.priority = p.priority
+                  AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
+                ORDER BY coalesce(q.scheduled_for, q.created_at)
+                LIMIT 1
+                FOR UPDATE SKIP LOCKED) AS open_head
             UNION ALL
-            (SELECT q.id, true FROM runs q
-             WHERE cap.cap IS NOT NULL AND t.running >= cap.cap
-               AND q.tenant_id = t.tenant_id AND q.status = 'queued' AND q.agent = 'webhook'
-               AND q.priority = p.priority
-               AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
-             ORDER BY coalesce(q.scheduled_for, q.created_at)
-             LIMIT 1
-             FOR UPDATE SKIP LOCKED)
+            SELECT * FROM (
+                SELECT q.id, true FROM runs q
+                WHERE cap.cap IS NOT NULL AND t.running >= cap.cap
+                  AND q.tenant_id = t.tenant_id AND q.status = 'queued' AND q.agent = 'webhook'
+                  AND q.priority = p.priority
+                  AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
+                ORDER BY coalesce(q.scheduled_for, q.created_at)
+                LIMIT 1
+                FOR UPDATE SKIP LOCKED) AS delivery_head
         ) AS h
         WHERE p.priority / 10 = b.band
         LIMIT 1
@@ -352,13 +360,19 @@ event AS (
 counted AS (
     -- The row `counts` locked. last_claimed_at orders ties between tenants: it is the
     -- database's wall clock (clock_timestamp()), a serving order rather than a run's time, so
-    -- it advances even when a test holds :now still.
+    -- it advances even when a test holds the clock still.
     UPDATE tenant_class_counts c
     SET running = c.running + 1, queued = c.queued - 1, last_claimed_at = clock_timestamp()
     FROM claimed
     WHERE c.tenant_id = claimed.tenant_id AND c.band = claimed.priority / 10
 )
-SELECT * FROM claimed;
+-- A row even when nothing was claimed (its id NULL): `passed_over` counts the runs this claim
+-- locked but left queued because their tenant's locked count row showed it at its limit (a
+-- concurrent claim took the room first). The caller then asks again at once (Queue.claim):
+-- another tenant's run may be waiting.
+SELECT claimed.*,
+       (SELECT count(*) FROM picked) - (SELECT count(*) FROM claimed) AS passed_over
+FROM (SELECT 1) AS one LEFT JOIN claimed ON true;
 
 
 -- name: claim_many
@@ -427,26 +441,30 @@ picked AS MATERIALIZED (
         SELECT h.id, h.is_hook, p.priority, h.at
         FROM unnest(CAST(:priorities AS smallint[])) AS p(priority)
         CROSS JOIN LATERAL (
-            (SELECT q.id, q.agent = 'webhook' AS is_hook,
-                    coalesce(q.scheduled_for, q.created_at) AS at
-             FROM runs q
-             WHERE NOT turn.full
-               AND q.tenant_id = turn.tenant_id AND q.status = 'queued'
-               AND q.priority = p.priority
-               AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
-             ORDER BY coalesce(q.scheduled_for, q.created_at)
-             LIMIT turn.share
-             FOR UPDATE SKIP LOCKED)
+            -- As in claim_one: the tenant's runs under its limit, its deliveries at it.
+            SELECT * FROM (
+                SELECT q.id, q.agent = 'webhook' AS is_hook,
+                       coalesce(q.scheduled_for, q.created_at) AS at
+                FROM runs q
+                WHERE NOT turn.full
+                  AND q.tenant_id = turn.tenant_id AND q.status = 'queued'
+                  AND q.priority = p.priority
+                  AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
+                ORDER BY coalesce(q.scheduled_for, q.created_at)
+                LIMIT turn.share
+                FOR UPDATE SKIP LOCKED) AS open_runs
             UNION ALL
-            (SELECT q.id, true, coalesce(q.scheduled_for, q.created_at)
-             FROM runs q
-             WHERE turn.full
-               AND q.tenant_id = turn.tenant_id AND q.status = 'queued' AND q.agent = 'webhook'
-               AND q.priority = p.priority
-               AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
-             ORDER BY coalesce(q.scheduled_for, q.created_at)
-             LIMIT turn.share
-             FOR UPDATE SKIP LOCKED)
+            SELECT * FROM (
+                SELECT q.id, true, coalesce(q.scheduled_for, q.created_at)
+                FROM runs q
+                WHERE turn.full
+                  AND q.tenant_id = turn.tenant_id AND q.status = 'queued'
+                  AND q.agent = 'webhook'
+                  AND q.priority = p.priority
+                  AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
+                ORDER BY coalesce(q.scheduled_for, q.created_at)
+                LIMIT turn.share
+                FOR UPDATE SKIP LOCKED) AS deliveries
         ) AS h
         WHERE p.priority / 10 = turn.band
         LIMIT turn.share
@@ -501,8 +519,11 @@ counted AS (
     WHERE c.tenant_id = n.tenant_id AND c.band = n.band
 )
 -- No ORDER BY: the rows come back in no set order and the caller sorts the batch, which
--- keeps a Sort node out of the plan.
-SELECT * FROM claimed;
+-- keeps a Sort node out of the plan. A row even when nothing was claimed, with `passed_over`,
+-- as in claim_one.
+SELECT claimed.*,
+       (SELECT count(*) FROM batch) - (SELECT count(*) FROM claimed) AS passed_over
+FROM (SELECT 1) AS one LEFT JOIN claimed ON true;
 
 
 -- name: claim_fifo
