@@ -406,20 +406,33 @@ walk AS MATERIALIZED (
              FROM tenant_limits l WHERE l.tenant_id = t.tenant_id),
             (CAST(:max_running AS integer[]))[b.band + 1]) AS cap
     ) AS cap
-    WHERE EXISTS (
+    CROSS JOIN LATERAL (
+        -- Whether the tenant has a run to claim now: a probe per priority of the band, each
+        -- a LIMIT 1 subquery (an EXISTS would let the planner hash one scan of every queued
+        -- run instead), stopping at the first found.
         SELECT 1 FROM unnest(CAST(:priorities AS smallint[])) AS p(priority)
+        CROSS JOIN LATERAL (
+            SELECT * FROM (
+                SELECT 1 FROM runs q
+                WHERE NOT coalesce(t.running >= cap.cap, false)
+                  AND q.tenant_id = t.tenant_id AND q.status = 'queued'
+                  AND q.priority = p.priority
+                  AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
+                ORDER BY coalesce(q.scheduled_for, q.created_at)  -- the index's order
+                LIMIT 1) AS open_run
+            UNION ALL
+            SELECT * FROM (
+                SELECT 1 FROM runs q
+                WHERE coalesce(t.running >= cap.cap, false)
+                  AND q.tenant_id = t.tenant_id AND q.status = 'queued'
+                  AND q.agent = 'webhook' AND q.priority = p.priority
+                  AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
+                ORDER BY coalesce(q.scheduled_for, q.created_at)  -- the index's order
+                LIMIT 1) AS delivery
+        ) AS found
         WHERE p.priority / 10 = b.band
-          AND ((NOT coalesce(t.running >= cap.cap, false) AND EXISTS (
-                    SELECT 1 FROM runs q
-                    WHERE q.tenant_id = t.tenant_id AND q.status = 'queued'
-                      AND q.priority = p.priority
-                      AND coalesce(q.scheduled_for, q.created_at) <= {{now}}))
-               OR (coalesce(t.running >= cap.cap, false) AND EXISTS (
-                    SELECT 1 FROM runs q
-                    WHERE q.tenant_id = t.tenant_id AND q.status = 'queued'
-                      AND q.agent = 'webhook' AND q.priority = p.priority
-                      AND coalesce(q.scheduled_for, q.created_at) <= {{now}})))
-    )
+        LIMIT 1
+    ) AS probe
     LIMIT :limit
 ),
 turn AS MATERIALIZED (
