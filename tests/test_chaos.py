@@ -300,7 +300,7 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
     flood_key = (await create_key(engine, tenant_id="flood", principal="svc")).secret
     bravo_key = (await create_key(engine, tenant_id="bravo", principal="svc")).secret
     # The flooding tenant runs under a concurrency limit of its own (an admin's override).
-    await set_limits(engine, "flood", max_running={"interactive": 4, "async": 10})
+    await set_limits(engine, "flood", max_running={"interactive": 8, "async": 12})
     ledger = Ledger()
     stats = {"poison kills": 0, "backends terminated": 0}
     async with AsyncExitStack() as stack:
