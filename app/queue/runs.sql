@@ -286,6 +286,10 @@ picked AS MATERIALIZED (
         SELECT c.tenant_id, c.running FROM tenant_class_counts c
         WHERE c.band = b.band AND c.queued > 0
         ORDER BY c.running, c.last_claimed_at NULLS FIRST, c.tenant_id
+        -- No limit in effect, but not a constant: the planner then plans the walk for its
+        -- first rows and reads ix_tenant_class_counts_fair in order, instead of sorting every
+        -- count row of the class for a walk the outer LIMIT stops after a few.
+        LIMIT (SELECT 2147483647)
     ) AS t
     CROSS JOIN LATERAL (
         SELECT coalesce(
@@ -398,6 +402,10 @@ walk AS MATERIALIZED (
         SELECT c.tenant_id, c.running, c.last_claimed_at FROM tenant_class_counts c
         WHERE c.band = b.band AND c.queued > 0
         ORDER BY c.running, c.last_claimed_at NULLS FIRST, c.tenant_id
+        -- No limit in effect, but not a constant: the planner then plans the walk for its
+        -- first rows and reads ix_tenant_class_counts_fair in order, instead of sorting every
+        -- count row of the class for a walk the outer LIMIT stops after a few.
+        LIMIT (SELECT 2147483647)
     ) AS t
     CROSS JOIN LATERAL (
         SELECT coalesce(
