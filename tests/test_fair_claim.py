@@ -18,6 +18,7 @@ from app.queue.classes import PriorityClass
 from app.queue.core import Queue, QueueConfig
 from app.queue.errors import QueueQuotaError
 from app.queue.models import ClaimedRun, NewRun
+from app.queue.schedules import NewSchedule, Schedules
 from tests.support.api import running_api
 from tests.support.clock import ManualClock
 from tests.support.invariants import check_all_runs
@@ -141,6 +142,33 @@ async def test_webhook_deliveries_are_not_held_back_by_a_limit(
     taken = [c.run.agent for c in await queue.claim("w", [ASYNC], limit=5)]
     assert sorted(taken) == ["scripted", "webhook", "webhook"]
     assert [c.run.agent for c in await queue.claim("w", [ASYNC], limit=1)] == []
+
+
+async def test_schedule_ticks_are_neither_refused_nor_held_back(
+    engine: AsyncEngine, clock: ManualClock
+) -> None:
+    queue = Queue(engine, QueueConfig(tenant_max_queued=2), clock=clock)
+    await set_limits(engine, "alice", max_running={"async": 1})
+    await backlog(queue, "alice", 2)  # at its quota
+    assert len(await queue.claim("w", [ASYNC], limit=2)) == 1  # at its limit
+    # A schedule's tick is created over the quota ...
+    schedule = await Schedules(queue).create(
+        NewSchedule(
+            tenant_id="alice",
+            principal="ops",
+            cron="* * * * *",
+            timezone="UTC",
+            agent="scripted",
+            input={"script": [{"final": "tick"}]},
+            priority=ASYNC.base,
+        )
+    )
+    clock.advance(61)
+    # ... and claimed over the limit; the tenant's own run stays queued.
+    taken = await queue.claim("w", [ASYNC], limit=2)
+    assert [c.run.schedule_id for c in taken] == [schedule.id]
+    assert await counts(engine, "alice", 1) == (2, 1)
+    await check_all_runs(engine)
 
 
 async def test_limits_are_exact_under_a_race_of_eight_claimers(

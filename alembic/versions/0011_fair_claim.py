@@ -6,8 +6,8 @@ the fair claim walks, and `turnstile_submit` keeping the tenants' counts and que
 * `ix_runs_tenant_claim`: the head of one tenant's queue at one priority, by eligibility: the
   probe the walk makes for each tenant it passes. As `ix_runs_claim` (which stays, for
   `next_due`, the unfair claim and the reads) with the tenant in front.
-* `ix_runs_tenant_deliveries`: the same for a tenant's webhook deliveries only, which a tenant
-  at its concurrency limit still gets (deliveries are exempt from limits).
+* `ix_runs_tenant_exempt`: the same for a tenant's webhook deliveries and schedule ticks only,
+  which a tenant at its concurrency limit still gets (they are exempt from limits).
 * `turnstile_submit` (last defined by migration 0005) is replaced by the same function with
   three changes, each marked `Fair shares (0011)` in its text: a new run is refused with
   SQLSTATE TS429 'queue-quota' when its tenant's queued runs reached the quota (the tenant's
@@ -135,9 +135,9 @@ def upgrade() -> None:
         "(tenant_id, priority, coalesce(scheduled_for, created_at)) WHERE status = 'queued'"
     )
     op.execute(
-        "CREATE INDEX ix_runs_tenant_deliveries ON runs "
+        "CREATE INDEX ix_runs_tenant_exempt ON runs "
         "(tenant_id, priority, coalesce(scheduled_for, created_at)) "
-        "WHERE status = 'queued' AND agent = 'webhook'"
+        "WHERE status = 'queued' AND (agent = 'webhook' OR schedule_id IS NOT NULL)"
     )
     op.execute(f"DROP FUNCTION {OLD_SIGNATURE}")
     op.execute(_patched())
@@ -146,6 +146,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP FUNCTION turnstile_submit")
     op.execute(_submit_0005())
-    op.drop_index("ix_runs_tenant_deliveries", table_name="runs")
+    op.drop_index("ix_runs_tenant_exempt", table_name="runs")
     op.drop_index("ix_runs_tenant_claim", table_name="runs")
     op.drop_index("ix_tenant_class_counts_fair", table_name="tenant_class_counts")

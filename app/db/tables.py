@@ -151,8 +151,8 @@ runs = Table(
         postgresql_where=text("status = 'queued'"),
     ),
     # The fair claim's probe of one tenant's queue (docs/adr/0006): the head of its queued runs
-    # at one priority, by eligibility; and the same for its webhook deliveries alone, which a
-    # tenant at its concurrency limit still gets (migration 0011).
+    # at one priority, by eligibility; and the same for its webhook deliveries and schedule
+    # ticks alone, which a tenant at its concurrency limit still gets (migration 0011).
     Index(
         "ix_runs_tenant_claim",
         "tenant_id",
@@ -161,11 +161,13 @@ runs = Table(
         postgresql_where=text("status = 'queued'"),
     ),
     Index(
-        "ix_runs_tenant_deliveries",
+        "ix_runs_tenant_exempt",
         "tenant_id",
         "priority",
         text("coalesce(scheduled_for, created_at)"),
-        postgresql_where=text("status = 'queued' AND agent = 'webhook'"),
+        postgresql_where=text(
+            "status = 'queued' AND (agent = 'webhook' OR schedule_id IS NOT NULL)"
+        ),
     ),
     # The sweeper's scan: running runs by lease deadline.
     Index(

@@ -272,8 +272,8 @@ SELECT coalesce((SELECT l.max_queued FROM tenant_limits l WHERE l.tenant_id = :t
 -- The tenant's concurrency limit for the class: its tenant_limits row (read now, so an
 -- admin's change applies to the next claim) over :max_running (the process default per band,
 -- NULL for none). A tenant at its limit is passed over, so its runs never block another
--- tenant's behind them; only its webhook deliveries, exempt from limits, are probed
--- (ix_runs_tenant_deliveries). The walk reads the counts of its snapshot; the limit is then
+-- tenant's behind them; only its webhook deliveries and schedule ticks, exempt from limits
+-- (`is_hook`), are probed (ix_runs_tenant_exempt). The walk reads the counts of its snapshot; the limit is then
 -- checked exactly against the chosen tenant's count row locked FOR UPDATE (after the run, in
 -- (tenant_id, band) order like every statement; the lock waits for a concurrent claim of the
 -- tenant and returns its row as that claim left it).
@@ -304,7 +304,7 @@ picked AS MATERIALIZED (
             -- Under its limit: the tenant's head (webhook deliveries included). At it: its
             -- deliveries only. Each leg is a subquery, as a UNION's own legs may not lock.
             SELECT * FROM (
-                SELECT q.id, q.agent = 'webhook' AS is_hook FROM runs q
+                SELECT q.id, (q.agent = 'webhook' OR q.schedule_id IS NOT NULL) AS is_hook FROM runs q
                 WHERE (cap.cap IS NULL OR t.running < cap.cap)
                   AND q.tenant_id = t.tenant_id AND q.status = 'queued'
                   AND q.priority = p.priority
@@ -316,7 +316,8 @@ picked AS MATERIALIZED (
             SELECT * FROM (
                 SELECT q.id, true FROM runs q
                 WHERE cap.cap IS NOT NULL AND t.running >= cap.cap
-                  AND q.tenant_id = t.tenant_id AND q.status = 'queued' AND q.agent = 'webhook'
+                  AND q.tenant_id = t.tenant_id AND q.status = 'queued'
+                  AND (q.agent = 'webhook' OR q.schedule_id IS NOT NULL)
                   AND q.priority = p.priority
                   AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
                 ORDER BY coalesce(q.scheduled_for, q.created_at)
@@ -433,7 +434,8 @@ walk AS MATERIALIZED (
                 SELECT 1 FROM runs q
                 WHERE coalesce(t.running >= cap.cap, false)
                   AND q.tenant_id = t.tenant_id AND q.status = 'queued'
-                  AND q.agent = 'webhook' AND q.priority = p.priority
+                  AND (q.agent = 'webhook' OR q.schedule_id IS NOT NULL)
+                  AND q.priority = p.priority
                   AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
                 ORDER BY coalesce(q.scheduled_for, q.created_at)  -- the index's order
                 LIMIT 1) AS delivery
@@ -464,7 +466,7 @@ picked AS MATERIALIZED (
         CROSS JOIN LATERAL (
             -- As in claim_one: the tenant's runs under its limit, its deliveries at it.
             SELECT * FROM (
-                SELECT q.id, q.agent = 'webhook' AS is_hook,
+                SELECT q.id, (q.agent = 'webhook' OR q.schedule_id IS NOT NULL) AS is_hook,
                        coalesce(q.scheduled_for, q.created_at) AS at
                 FROM runs q
                 WHERE NOT turn.full
@@ -480,7 +482,7 @@ picked AS MATERIALIZED (
                 FROM runs q
                 WHERE turn.full
                   AND q.tenant_id = turn.tenant_id AND q.status = 'queued'
-                  AND q.agent = 'webhook'
+                  AND (q.agent = 'webhook' OR q.schedule_id IS NOT NULL)
                   AND q.priority = p.priority
                   AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
                 ORDER BY coalesce(q.scheduled_for, q.created_at)
