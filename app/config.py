@@ -16,6 +16,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
+    from app.queue.classes import ClassLimits
     from app.queue.layout import SlotGroup
 
 
@@ -109,6 +110,24 @@ class Settings(BaseSettings):
         default=None,
         description="The bucket's size: submissions a tenant may make at once after a pause. "
         "Unset: one second's worth of the rate (at least 1).",
+    )
+    # --- fair shares between tenants (docs/adr/0006) -----------------------------------------
+    tenant_max_running: str | None = Field(
+        default=None,
+        description="At most this many running runs per tenant per class, unless the tenant's "
+        "own limit says otherwise: one number for every class ('4') or 'class:N,...' "
+        "('interactive:2,async:8'; a class left out has no limit). Unset: no limit.",
+    )
+    tenant_max_queued: int | None = Field(
+        default=None,
+        ge=0,
+        description="At most this many queued runs per tenant, unless its own quota says "
+        "otherwise; new runs over it answer 429 queue-quota. Unset: no quota.",
+    )
+    fair_claim: bool = Field(
+        default=True,
+        description="Test-only: off, claims ignore tenants (priority, then eligibility, across "
+        "all of them) and apply no concurrency limits. Leave on.",
     )
 
     # --- runtime -----------------------------------------------------------------------------
@@ -260,6 +279,25 @@ class Settings(BaseSettings):
         # with the other fields in _check_cross_field.
         parse_slots(value, partial=True)
         return value
+
+    @field_validator("tenant_max_running")
+    @classmethod
+    def _check_tenant_max_running(cls, value: str | None) -> str | None:
+        from app.queue.classes import parse_class_limits
+
+        if value is None or not value.strip():
+            return None
+        parse_class_limits(value)  # its ValueError names the part that is wrong
+        return value
+
+    @property
+    def tenant_running_limits(self) -> ClassLimits:
+        """TURNSTILE_TENANT_MAX_RUNNING by class band (None: no limit)."""
+        from app.queue.classes import parse_class_limits
+
+        if self.tenant_max_running is None:
+            return (None, None, None)
+        return parse_class_limits(self.tenant_max_running)
 
     @property
     def slot_groups(self) -> tuple[SlotGroup, ...]:

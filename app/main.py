@@ -26,6 +26,7 @@ from app.db.resolve import ResolvedDatabase, resolve_database
 from app.maintenance.maintainer import Maintainer
 from app.observability import tracing
 from app.observability.metrics import HttpMetrics, Metrics
+from app.queue.classes import PriorityClass
 from app.queue.core import Clock, Queue, QueueConfig
 from app.queue.reads import Reads
 from app.queue.schedules import Schedules
@@ -93,6 +94,9 @@ def queue_config(settings: Settings) -> QueueConfig:
         webhook_backoff_base_seconds=settings.webhook_backoff_base_seconds,
         webhook_backoff_max_seconds=settings.webhook_backoff_max_seconds,
         direct_calls=not settings.pgbouncer,
+        tenant_max_running=settings.tenant_running_limits,
+        tenant_max_queued=settings.tenant_max_queued,
+        fair_claim=settings.fair_claim,
     )
 
 
@@ -109,10 +113,16 @@ def submissions_for(queue: Queue, settings: Settings) -> Submissions:
 
 
 def limit_defaults(settings: Settings) -> LimitDefaults:
-    """Every tenant's limits where it has no override of its own. The concurrency defaults
-    (TURNSTILE_TENANT_MAX_RUNNING, TURNSTILE_TENANT_MAX_QUEUED) are wired in with the fair
-    claim (issue 21, items 1, 2 and 4)."""
+    """Every tenant's limits where it has no override of its own (TURNSTILE_TENANT_MAX_RUNNING,
+    TURNSTILE_TENANT_MAX_QUEUED, TURNSTILE_SUBMIT_RATE_PER_SECOND, TURNSTILE_SUBMIT_BURST)."""
+    running = settings.tenant_running_limits  # by class band: interactive, async, maintenance
     return LimitDefaults(
+        max_running={
+            klass: limit
+            for klass, limit in zip(PriorityClass, running, strict=True)
+            if limit is not None
+        },
+        max_queued=settings.tenant_max_queued,
         submit_rate_per_second=settings.submit_rate_per_second,
         submit_burst=settings.submit_burst,
     )

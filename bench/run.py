@@ -109,6 +109,9 @@ class Profile:
     latency_seconds: float
     interactive_rate: float
     depths: tuple[int, ...]
+    # Tenants holding the queued runs at each depth (fair shares, docs/adr/0006): the claim
+    # walks tenants, so its cost is measured with one and with many.
+    depth_tenants: tuple[int, ...]
     claims_per_depth: int
     api_seconds: float
     api_connections: int
@@ -133,6 +136,7 @@ FULL = Profile(
     latency_seconds=30,
     interactive_rate=40,
     depths=(1_000, 100_000, 1_000_000),
+    depth_tenants=(1, 1_000),
     claims_per_depth=300,
     api_seconds=15,
     api_connections=32,
@@ -156,6 +160,7 @@ QUICK = Profile(
     latency_seconds=6,
     interactive_rate=40,
     depths=(1_000, 100_000),
+    depth_tenants=(1, 1_000),
     claims_per_depth=100,
     api_seconds=4,
     api_connections=32,
@@ -179,6 +184,7 @@ TINY = Profile(  # the smoke test's: every phase runs, the figures mean nothing
     latency_seconds=1.5,
     interactive_rate=20,
     depths=(1_000,),
+    depth_tenants=(1, 1_000),
     claims_per_depth=20,
     api_seconds=1,
     api_connections=4,
@@ -386,20 +392,28 @@ async def latency(
 
 # --- 4. claim latency against queue depth -----------------------------------------------------
 FILL_SQL = """
-INSERT INTO runs (tenant_id, principal, status, priority, agent, input, max_attempts,
-                  last_event_seq, inputs_count, created_at, updated_at)
-SELECT 'bench', 'bench', 'queued', $1, 'scripted', '{}'::jsonb, 3, 1, 1,
-       now() - interval '1 hour' + g * interval '1 millisecond', now()
-FROM generate_series(1, $2) g
+WITH run AS (
+    INSERT INTO runs (tenant_id, principal, status, priority, agent, input, max_attempts,
+                      last_event_seq, inputs_count, created_at, updated_at)
+    SELECT 'bench-' || (g % $3), 'bench', 'queued', $1, 'scripted', '{}'::jsonb, 3, 1, 1,
+           now() - interval '1 hour' + g * interval '1 millisecond', now()
+    FROM generate_series(1, $2) g
+    RETURNING tenant_id, priority
+)
+-- The tenants' counts, as the queue's own statements keep them (docs/adr/0006).
+INSERT INTO tenant_class_counts AS c (tenant_id, band, running, queued)
+SELECT tenant_id, priority / 10, 0, count(*) FROM run GROUP BY tenant_id, priority / 10
+ON CONFLICT (tenant_id, band) DO UPDATE SET queued = c.queued + excluded.queued
 """
 
 
 class _Depth:
-    """One database holding a queue of `target` claimable async runs."""
+    """One database holding a queue of `target` claimable async runs of `tenants` tenants."""
 
-    def __init__(self, url: str, settings: Settings, target: int) -> None:
+    def __init__(self, url: str, settings: Settings, target: int, tenants: int) -> None:
         self.url = url
         self.target = target
+        self.tenants = tenants
         self.engine = create_engine(settings, url)
         self.queue = Queue(self.engine)
         self.conn: asyncpg.Connection | None = None
@@ -411,7 +425,7 @@ class _Depth:
         queued = await self.conn.fetchval("SELECT count(*) FROM runs WHERE status = 'queued'")
         while queued < self.target:
             n = min(200_000, self.target - queued)
-            await self.conn.execute(FILL_SQL, ASYNC.base, n)
+            await self.conn.execute(FILL_SQL, ASYNC.base, n, self.tenants)
             queued += n
 
     async def close(self) -> None:
@@ -421,29 +435,34 @@ class _Depth:
 
 
 async def depth(dbs: Databases, settings: Settings, profile: Profile) -> list[dict[str, Any]]:
-    """One database per depth, all built first; then the claims are timed in interleaved rounds
-    (a round at each depth in turn), so a noisy moment on a shared machine falls on every depth
-    alike instead of on whichever was being measured. A round takes at most a quarter of its
-    queue, and the queue is filled back to its depth before the next one."""
+    """One database per depth and number of tenants holding the runs, all built first; then
+    the claims are timed in interleaved rounds (a round at each database in turn), so a noisy
+    moment on a shared machine falls on every depth alike instead of on whichever was being
+    measured. A round takes at most a quarter of its queue, and the queue is filled back to its
+    depth before the next one."""
     async with contextlib.AsyncExitStack() as stack:
         queues: list[_Depth] = []
         for target in profile.depths:
-            queues.append(_Depth(await stack.enter_async_context(dbs.fresh()), settings, target))
-            stack.push_async_callback(queues[-1].close)
-            await queues[-1].fill()
-            assert queues[-1].conn is not None
-            await queues[-1].conn.execute("VACUUM ANALYZE runs")
-        times: dict[tuple[int, str], list[float]] = {}
+            for tenants in profile.depth_tenants:
+                url = await stack.enter_async_context(dbs.fresh())
+                queues.append(_Depth(url, settings, target, tenants))
+                stack.push_async_callback(queues[-1].close)
+                await queues[-1].fill()
+                assert queues[-1].conn is not None
+                await queues[-1].conn.execute("VACUUM ANALYZE runs")
+                await queues[-1].conn.execute("ANALYZE tenant_class_counts")
+        times: dict[tuple[int, int, str], list[float]] = {}
         for label, limit in (("claim_one", 1), ("claim_many_8", 8)):
             for q in queues:
                 for _ in range(10):  # warm the connection pool and the plan caches
                     await q.queue.claim("bench", [ASYNC], limit=limit)
             per_round = min(25, max(1, min(profile.depths) // (limit * 4)))
             while any(
-                len(times.get((q.target, label), [])) < profile.claims_per_depth for q in queues
+                len(times.get((q.target, q.tenants, label), [])) < profile.claims_per_depth
+                for q in queues
             ):
                 for q in queues:
-                    series = times.setdefault((q.target, label), [])
+                    series = times.setdefault((q.target, q.tenants, label), [])
                     await q.fill()
                     for _ in range(min(per_round, profile.claims_per_depth - len(series))):
                         started = time.perf_counter()
@@ -454,13 +473,14 @@ async def depth(dbs: Databases, settings: Settings, profile: Profile) -> list[di
         results = [
             {
                 "queued": q.target,
-                "claim_one": summary(times[(q.target, "claim_one")]),
-                "claim_many_8": summary(times[(q.target, "claim_many_8")]),
+                "tenants": q.tenants,
+                "claim_one": summary(times[(q.target, q.tenants, "claim_one")]),
+                "claim_many_8": summary(times[(q.target, q.tenants, "claim_many_8")]),
             }
             for q in queues
         ]
         for row in results:
-            log(f"claim latency at {row['queued']:,} queued: {row}")
+            log(f"claim latency at {row['queued']:,} queued, {row['tenants']} tenant(s): {row}")
         return results
 
 
@@ -912,10 +932,13 @@ def markdown(results: dict[str, Any]) -> str:
         for row in depths:
             one, many = row["claim_one"], row["claim_many_8"]
             ratio = one["p50_ms"] / base if base else float("nan")
+            # Results from before fair shares have no "tenants": one tenant held the runs.
+            tenants = row.get("tenants", 1)
+            held = "1 tenant" if tenants == 1 else f"{tenants:,} tenants"
             lines.append(
-                f"| Claim latency at {row['queued']:,} queued, claim_one p50 / p99 ms "
+                f"| Claim latency at {row['queued']:,} queued ({held}), claim_one p50 / p99 ms "
                 f"(claim_many of 8) | {one['p50_ms']} / {one['p99_ms']} ({many['p50_ms']} / "
-                f"{many['p99_ms']}) | {pgbench:,.0f} tps | p50 <= 1.5x of 1k | "
+                f"{many['p99_ms']}) | {pgbench:,.0f} tps | p50 <= 1.5x of 1k, 1 tenant | "
                 f"{ratio:.2f}x{' yes' if ratio <= 1.5 else ' no'} |"
             )
     for api_row in api_rows(results):

@@ -10,8 +10,14 @@
 2. Database restarts. The same roles on a throwaway cluster of the test's own (never the
    machine's server), which is shut down or crashed four times under load.
 
+The SIGKILL chaos runs with three tenants (fair shares, docs/adr/0006): `flood` sends the
+sessionless flood and the poison runs under a concurrency limit of its own, `acme` holds the
+conversations and `bravo` the idempotency abuse, so every transition also moves its tenant's
+counts while processes die.
+
 Afterwards: every accepted submission has exactly one run and it is terminal; every run's log
-passes the shared invariants (gap-free sequences, one epoch at a time, valid status path);
+passes the shared invariants (gap-free sequences, one epoch at a time, valid status path) and
+every tenant's counts equal its running and queued runs (no drift);
 no unsafe call reached the counting server twice; every unsafe call left without an outcome is
 `uncertain` in the run's result; keyed calls always carried their one key; runs out of attempts
 are failed with a failure. A report is printed at the end of the pytest session.
@@ -61,6 +67,7 @@ from tests.support.chaos import (
 )
 from tests.support.invariants import check_all_runs
 from tests.support.processes import turnstile
+from tests.support.tenants import set_limits
 from tests.support.waiting import eventually
 
 SCALE = max(1, int(os.environ.get("TURNSTILE_CHAOS_SCALE", "1")))
@@ -298,17 +305,27 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
     rng = random.Random(int(os.environ.get("TURNSTILE_CHAOS_SEED", "0")) or None)
     env = {"DATABASE_URL": database_url, **FAST}
     key = (await create_key(engine, tenant_id="acme", principal="svc")).secret
+    flood_key = (await create_key(engine, tenant_id="flood", principal="svc")).secret
+    bravo_key = (await create_key(engine, tenant_id="bravo", principal="svc")).secret
+    # The flooding tenant runs under a concurrency limit of its own (an admin's override).
+    await set_limits(engine, "flood", max_running={"interactive": 8, "async": 12})
     ledger = Ledger()
     stats = {"poison kills": 0, "backends terminated": 0}
     async with AsyncExitStack() as stack:
         service = await start_service(stack, env, key, ledger, workers=3)
         fleet, counter = service.fleet, service.counter
         load = Load(service.client, counter, ledger)
+        tenants: list[Load] = []
+        for other in (flood_key, bravo_key):
+            client = Client(str(service.client.http.base_url), other, ledger)
+            stack.push_async_callback(client.aclose)
+            tenants.append(Load(client, counter, ledger))
+        flood, bravo = tenants
 
         done = asyncio.Event()
         havoc = asyncio.create_task(chaos(engine, fleet, done, rng, stats))
         try:
-            await load.poison(POISON)
+            await flood.poison(POISON)
             phases: dict[str, float] = {}
 
             async def timed(name: str, *work: Any) -> None:
@@ -318,14 +335,14 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
             await asyncio.gather(
                 timed(
                     "sessionless",
-                    load.sessionless(SESSIONLESS, more=lambda: fleet.kills < MIN_KILLS),
+                    flood.sessionless(SESSIONLESS, more=lambda: fleet.kills < MIN_KILLS),
                 ),
                 timed("conversations", *(load.conversation(s) for s in range(SESSIONS))),
                 timed(
                     "idempotency",
-                    load.identical_at_once(20),
-                    load.retried_after_timeouts(20),
-                    load.reused_keys(10),
+                    bravo.identical_at_once(20),
+                    bravo.retried_after_timeouts(20),
+                    bravo.reused_keys(10),
                 ),
             )
             loaded = time.monotonic()
@@ -395,12 +412,12 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
     assert found.problems == [], found.problems[:20]
     assert found.duplicate_unsafe_effects == 0
     assert checked == len(ledger.accepted)
-    expected = load.sessionless_submitted + SESSIONS * TURNS + POISON + 20 + 20 + 10
+    expected = flood.sessionless_submitted + SESSIONS * TURNS + POISON + 20 + 20 + 10
     assert len(ledger.accepted) == expected
     # The chaos really happened: workers died mid-run and their runs came back.
     assert fleet.kills >= MIN_KILLS, fleet.kills
     assert stats["backends terminated"] >= 1
-    assert load.sessionless_submitted >= SESSIONLESS
+    assert flood.sessionless_submitted >= SESSIONLESS
     assert found.requeued > 0
     assert survivors == 3
     # A worker frozen past its lease woke up to find its runs gone, and wrote nothing more for

@@ -56,16 +56,23 @@ def test_every_worker_write_asserts_the_fence(name: str) -> None:
     assert FENCE.search(sql), f"{name} does not assert lease_epoch and status"
     # Rows besides the run itself are written only from the fenced UPDATE's result: directly,
     # or through the webhook deliveries' `hook` and `hook_body` (runs.sql's fragment), whose
-    # one source, `hook_source`, selects from the fenced result.
+    # one source, `hook_source`, selects from the fenced result, or through the tenants' counts
+    # (runs.sql's count_moves, written from `move_total`, the sums of `moves`), whose `moves`
+    # select from the fenced result and its deliveries only.
     inserts = list(re.finditer(r"INSERT INTO (\w+)", sql))
     for i, insert in enumerate(inserts):
         body = sql[insert.end() : inserts[i + 1].start() if i + 1 < len(inserts) else len(sql)]
-        assert re.search(r"FROM (run|hook|hook_body)\b", body), (
+        assert re.search(r"FROM (run|hook|hook_body|move_total)\b", body), (
             f"{name}: {insert.group(1)} not from the fence"
         )
     if re.search(r"FROM hook\b", sql):
         source = sql[sql.index("hook_source AS (") : sql.index("hook AS MATERIALIZED")]
         assert re.search(r"FROM run\b", source), f"{name}: hook_source not from the fence"
+    if "move_total" in sql:
+        moves = sql[sql.index("moves AS (") : sql.index("move_total AS MATERIALIZED")]
+        sources = set(re.findall(r"FROM (\w+)", moves))
+        assert "run" in sources, f"{name}: moves not from the fence"
+        assert sources <= {"run", "hook"}, f"{name}: moves not from the fence"
 
 
 @pytest.mark.parametrize("name", sorted(statements()))

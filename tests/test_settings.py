@@ -1,5 +1,6 @@
 """Settings people write by hand: any case where case means nothing; the HTTP server's
-keep-alive longer than its clients'; streaming from the model turned off by its variable."""
+keep-alive longer than its clients'; streaming from the model turned off by its variable; the
+tenants' limits (docs/adr/0006), with a one-line message naming what is wrong."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from app.config import Settings
+from app.queue.classes import parse_class_limits
+from tests.support.processes import run_cli
 
 
 def test_the_log_level_is_read_in_any_case() -> None:
@@ -65,3 +68,31 @@ def test_streaming_from_the_model_is_on_unless_turned_off(monkeypatch: pytest.Mo
     monkeypatch.setenv("TURNSTILE_OPENAI_STREAM", "maybe")
     with pytest.raises(ValidationError):
         Settings()
+
+
+def test_the_tenant_limits_settings() -> None:
+    assert parse_class_limits("4") == (4, 4, 4)
+    assert parse_class_limits("interactive:2, async:8") == (2, 8, None)
+    assert Settings(tenant_max_running="async:3").tenant_running_limits == (None, 3, None)
+    assert Settings().tenant_running_limits == (None, None, None)
+    assert Settings(tenant_max_queued=100).tenant_max_queued == 100
+    for bad, says in (
+        ("lots", "must be a number or look like 'class:N'"),
+        ("urgent:3", "unknown class 'urgent'"),
+        ("async:2,async:3", "class async given twice"),
+        ("async:-1", "must be a number"),
+    ):
+        with pytest.raises(ValidationError, match=says):
+            Settings(tenant_max_running=bad)
+    with pytest.raises(ValidationError, match="greater than or equal to 0"):
+        Settings(tenant_max_queued=-1)
+
+
+async def test_a_bad_tenant_limit_stops_the_worker_with_one_line(database_url: str) -> None:
+    code, _, err = await run_cli(
+        "worker",
+        env={"DATABASE_URL": database_url, "TURNSTILE_TENANT_MAX_RUNNING": "async:many"},
+    )
+    assert code != 0
+    assert len(err.strip().splitlines()) == 1, err
+    assert "tenant_max_running" in err.lower(), err

@@ -12,8 +12,9 @@ tenant, kept in PostgreSQL and taken inside the submission's own round trip.
   from TURNSTILE_SUBMIT_RATE_PER_SECOND / TURNSTILE_SUBMIT_BURST; with a rate and no burst,
   the burst is one second's worth, at least 1) and its bucket as it stands, without a lock.
   A tenant with no rate reads its `tenant_limits` row and nothing else: no bucket row.
-* `turnstile_submit` (migration 0005's text, `_patched()` below, in the style 0005 used on
-  0007's) gains the bucket step: two parameters (the process defaults, NULL by default so an
+* `turnstile_submit` (migration 0011's text, which is 0005's with the queued quota; `_patched()`
+  below, in the style 0005 used on 0007's) gains the bucket step: two parameters (the process
+  defaults, NULL by default so an
   older process calling without them keeps working during a rolling upgrade), three results
   (rate, burst and the tokens left: what the RateLimit headers need, with no extra round
   trip), the allowance read at the top (a replay answers with it and spends nothing), and the
@@ -34,7 +35,7 @@ routing, the run's insert and the commit itself): one tenant's limited submissio
 on it, other tenants' never meet it.
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 Create Date: 2026-12-01
 """
 
@@ -48,7 +49,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0012"
-down_revision = "0010"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
@@ -89,11 +90,8 @@ LANGUAGE sql STABLE AS $fn$
 $fn$;
 """
 
-# --- turnstile_submit: 0005's text with the bucket step, each change an (old, new) pair ---------
-PARAMETERS = (
-    "    p_traceparent text,            "
-    "-- the W3C trace context the run's work continues (or NULL)\n"
-)
+# --- turnstile_submit: 0011's text with the bucket step, each change an (old, new) pair ---------
+PARAMETERS = "    p_max_queued integer,\n"  # the last input parameter (migration 0011's)
 PARAMETERS_RATED = PARAMETERS + (
     "    -- [0012 rate limits] the process defaults of the submission rate limit (NULL: none);\n"
     "    -- the tenant's tenant_limits row overrides either. NULL by default: a process of the\n"
@@ -179,19 +177,20 @@ def _migration(name: str, file: str) -> object:
     return module
 
 
-def _submit_0005() -> str:
-    """Migration 0005's `turnstile_submit`, as CREATE OR REPLACE."""
-    module = _migration("turnstile_migration_0005", "0005_session_conversations.py")
+def _submit_0011() -> str:
+    """Migration 0011's `turnstile_submit` (0005's with the queued quota), as CREATE OR
+    REPLACE: the migrations were written in parallel, and this one follows 0011."""
+    module = _migration("turnstile_migration_0011", "0011_fair_claim.py")
     text = str(module._patched())  # type: ignore[attr-defined]
     assert text.lstrip().startswith("CREATE OR REPLACE FUNCTION turnstile_submit(")
     return text
 
 
 def _patched() -> str:
-    text = _submit_0005()
+    text = _submit_0011()
     for old, new in CHANGES:
         if text.count(old) != 1:
-            raise RuntimeError("turnstile_submit is not migration 0005's: update migration 0012")
+            raise RuntimeError("turnstile_submit is not migration 0011's: update migration 0012")
         text = text.replace(old, new)
     return text
 
@@ -214,6 +213,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("DROP FUNCTION turnstile_submit")
-    op.execute(_submit_0005())
+    op.execute(_submit_0011())
     op.execute("DROP FUNCTION turnstile_submit_allowance")
     op.drop_table("submit_buckets")

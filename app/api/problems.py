@@ -27,6 +27,7 @@ from app.queue.errors import (
     InvalidCursorError,
     InvalidLimitsError,
     InvalidScheduleError,
+    QueueQuotaError,
     RateLimitedError,
     RunFinishedError,
     RunNotFailedError,
@@ -125,6 +126,13 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
         "own limits). Nothing was written. Retry after the `Retry-After` seconds; the "
         "`RateLimit-Policy` and `RateLimit` headers (draft-ietf-httpapi-ratelimit-headers-11) "
         "describe the limit and what is left of it.",
+    ),
+    "queue-quota": (
+        429,
+        "The tenant's queued quota is full",
+        "The tenant has as many queued runs as its quota allows (TURNSTILE_TENANT_MAX_QUEUED or "
+        "its own limit); new runs are refused until some of them start. An answer to a run "
+        "waiting for the user is never refused. `max_queued` and `queued` give the figures.",
     ),
     "database-busy": (
         503,
@@ -247,6 +255,10 @@ def _core_problem(exc: TurnstileError, request: Request) -> JSONResponse:
         return problem_response("answer-conflict", str(exc), instance=path, field=exc.field)
     if isinstance(exc, IdempotencyKeyReusedError):
         return problem_response("idempotency-key-reused", str(exc), instance=path)
+    if isinstance(exc, QueueQuotaError):
+        return problem_response(
+            "queue-quota", str(exc), instance=path, max_queued=exc.max_queued, queued=exc.queued
+        )
     if isinstance(exc, IdempotencyKeyInFlightError):
         return problem_response(
             "idempotency-key-in-flight",

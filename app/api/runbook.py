@@ -138,6 +138,7 @@ async def failed_runs(
         "invalid-request",
         "idempotency-key-reused",
         "idempotency-key-in-flight",
+        "queue-quota",
     ),
     description=(
         "One new run per failed run: resubmitting it again, concurrently or later, answers "

@@ -84,6 +84,7 @@ async def load_run(request: Request, run_id: UUID, caller: Caller) -> Run:
             "invalid-request",
             "idempotency-key-reused",
             "idempotency-key-in-flight",
+            "queue-quota",
             "malformed-json",
             "body-too-large",
             "rate-limited",

@@ -283,6 +283,7 @@ async def session_events(
             "invalid-request",
             "answer-conflict",
             "idempotency-key-in-flight",
+            "queue-quota",
             "malformed-json",
             "body-too-large",
             "rate-limited",

@@ -102,6 +102,13 @@ class TooManyStreamsError(ProblemError):
     slug = "too-many-streams"
 
 
+class QueueQuotaError(ProblemError):
+    """429 `queue-quota`: the tenant's queued quota is full; retried (its runs start and make
+    room), then raised."""
+
+    slug = "queue-quota"
+
+
 class ServiceUnavailableError(ProblemError):
     """503 `database-busy` or `database-unavailable`: nothing was written; retried."""
 
@@ -119,6 +126,7 @@ _BY_SLUG: dict[str, type[ProblemError]] = {
         IdempotencyKeyReusedError,
         IdempotencyKeyInFlightError,
         TooManyStreamsError,
+        QueueQuotaError,
     )
     if cls.slug is not None
 } | {

@@ -3,8 +3,9 @@
 A statement starts at a `-- name: x` line and runs to the next one; a `-- fenced` line among
 its leading comments marks it as a worker write under a lease. `{{now}}` expands to the
 injectable clock, `coalesce(CAST(:now AS timestamptz), now())`. A `-- fragment: x` block (up to
-the next `-- name:` or `-- fragment:` line) is text shared by several statements of its file,
-expanded wherever `{{x}}` appears (app/queue/runs.sql's webhook deliveries). An owning package
+the next `-- name:` or `-- fragment:` line) is text shared by several statements of its
+package's files, expanded wherever `{{x}}` appears (app/queue/runs.sql's webhook deliveries and
+tenant counts). An owning package
 loads its own files (`load_statements`), parsed once; names must be unique across them. Only
 the owners (app/queue, app/security) load statements: the edges call their typed services
 (tests/test_architecture.py enforces it).
@@ -35,9 +36,17 @@ class Statement:
     source: str  # the file it came from
 
 
-def parse(source: str, origin: str = "<string>") -> dict[str, Statement]:
+def fragments_of(source: str) -> dict[str, str]:
+    return {m.group(1): m.group(2).strip() for m in _FRAGMENT.finditer(source)}
+
+
+def parse(
+    source: str, origin: str = "<string>", shared: dict[str, str] | None = None
+) -> dict[str, Statement]:
+    """The statements of one file; `shared` adds fragments defined in its package's other
+    files (a fragment of the file itself wins)."""
     statements: dict[str, Statement] = {}
-    fragments = {m.group(1): m.group(2).strip() for m in _FRAGMENT.finditer(source)}
+    fragments = {**(shared or {}), **fragments_of(source)}
     source = _FRAGMENT.sub("", source)
     parts = _NAME.split(source)
     # parts: [preamble, name1, body1, name2, body2, ...]
@@ -65,9 +74,15 @@ def load_statements(package: str, files: tuple[str, ...]) -> dict[str, Statement
     """The named statements of `package`'s `files`, parsed once; a name defined in two files
     is refused."""
     merged: dict[str, Statement] = {}
-    for filename in files:
-        source = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
-        for name, statement in parse(source, f"{package}/{filename}").items():
+    sources = {
+        filename: resources.files(package).joinpath(filename).read_text(encoding="utf-8")
+        for filename in files
+    }
+    shared: dict[str, str] = {}
+    for source in sources.values():
+        shared.update(fragments_of(source))
+    for filename, source in sources.items():
+        for name, statement in parse(source, f"{package}/{filename}", shared).items():
             if name in merged:
                 raise ValueError(
                     f"statement {name!r} is defined in {merged[name].source} and {statement.source}"

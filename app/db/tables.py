@@ -150,6 +150,25 @@ runs = Table(
         text("coalesce(scheduled_for, created_at)"),
         postgresql_where=text("status = 'queued'"),
     ),
+    # The fair claim's probe of one tenant's queue (docs/adr/0006): the head of its queued runs
+    # at one priority, by eligibility; and the same for its webhook deliveries and schedule
+    # ticks alone, which a tenant at its concurrency limit still gets (migration 0011).
+    Index(
+        "ix_runs_tenant_claim",
+        "tenant_id",
+        "priority",
+        text("coalesce(scheduled_for, created_at)"),
+        postgresql_where=text("status = 'queued'"),
+    ),
+    Index(
+        "ix_runs_tenant_exempt",
+        "tenant_id",
+        "priority",
+        text("coalesce(scheduled_for, created_at)"),
+        postgresql_where=text(
+            "status = 'queued' AND (agent = 'webhook' OR schedule_id IS NOT NULL)"
+        ),
+    ),
     # The sweeper's scan: running runs by lease deadline.
     Index(
         "ix_runs_lease_expires_at",
@@ -432,6 +451,16 @@ tenant_class_counts = Table(
     _ts("last_claimed_at"),
     CheckConstraint("band BETWEEN 0 AND 2", name="band"),
     CheckConstraint("running >= 0 AND queued >= 0", name="non_negative"),
+    # The fair claim's walk (docs/adr/0006): tenants with queued runs of a class, fewest
+    # running first, then least recently served (migration 0011).
+    Index(
+        "ix_tenant_class_counts_fair",
+        "band",
+        "running",
+        text("last_claimed_at NULLS FIRST"),
+        "tenant_id",
+        postgresql_where=text("queued > 0"),
+    ),
 )
 
 submit_buckets = Table(

@@ -4,6 +4,7 @@ later without a migration because the schema's CHECK is a range."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from enum import StrEnum
 
@@ -40,3 +41,36 @@ _OF_PRIORITY = {p: klass for klass in PriorityClass for p in klass.band}
 def priorities_of(classes: Iterable[PriorityClass]) -> list[int]:
     """Every priority value of the given classes, ascending: the claim's `:priorities`."""
     return sorted({p for klass in classes for p in klass.band})
+
+
+ClassLimits = tuple[int | None, int | None, int | None]
+"""A number per class, by band (interactive, async, maintenance); None for no limit."""
+
+
+def parse_class_limits(spec: str) -> ClassLimits:
+    """A per-class limit as people write it (TURNSTILE_TENANT_MAX_RUNNING): one number for
+    every class (`4`), or `class:N` pairs (`interactive:2,async:8`; a class left out has no
+    limit). Raises ValueError with a one-line reason."""
+    text = spec.strip()
+    if re.fullmatch(r"[0-9]{1,9}", text):
+        return (int(text), int(text), int(text))
+    found: dict[PriorityClass, int] = {}
+    for raw in (part.strip() for part in text.split(",")):
+        name, sep, count = raw.partition(":")
+        if not sep or not re.fullmatch(r"[0-9]{1,9}", count.strip()):
+            raise ValueError(f"{raw!r} must be a number or look like 'class:N' (e.g. async:8)")
+        try:
+            klass = PriorityClass(name.strip())
+        except ValueError:
+            known = ", ".join(c.value for c in PriorityClass)
+            raise ValueError(
+                f"unknown class {name.strip()!r} in {raw!r} (known: {known})"
+            ) from None
+        if klass in found:
+            raise ValueError(f"class {klass.value} given twice")
+        found[klass] = int(count)
+    return (
+        found.get(PriorityClass.INTERACTIVE),
+        found.get(PriorityClass.ASYNC),
+        found.get(PriorityClass.MAINTENANCE),
+    )

@@ -30,7 +30,12 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.queue.classes import PriorityClass, priorities_of
-from app.queue.errors import RunFinishedError, RunNotFoundError, RunNotWaitingError
+from app.queue.errors import (
+    QueueQuotaError,
+    RunFinishedError,
+    RunNotFoundError,
+    RunNotWaitingError,
+)
 from app.queue.models import (
     JSON,
     UNKNOWN_OUTCOME,
@@ -78,9 +83,13 @@ def positional(name: str) -> tuple[str, tuple[str, ...]]:
     return compiled.string, tuple(compiled.positiontup or ())
 
 
+PASSED_OVER_RETRIES = 3
+"""How many times a fair claim that claimed nothing, having passed over runs of a tenant that a
+concurrent claim had just brought to its limit, is asked again at once (docs/adr/0006)."""
+
 _REFUSALS = ("TS404", "TS409", "TS429")
-"""SQLSTATEs our own functions raise for a refusal (migration 0007; TS429, over the tenant's
-submission rate limit: migration 0012)."""
+"""SQLSTATEs our own functions raise for a refusal (migration 0007; TS429, a tenant's queued
+quota (migration 0011) or its submission rate limit (migration 0012): the message names which)."""
 
 REPLAY_ATTEMPTS = 5
 """How often a fenced write of unknown outcome is replayed before its error is raised: each
@@ -155,6 +164,15 @@ class QueueConfig:
     # transaction handling (Queue.call). Behind PgBouncer in transaction mode, where a
     # transaction must set its own timeouts, it goes through an ordinary transaction.
     direct_calls: bool = True
+    # Fair shares between tenants (docs/adr/0006). The process defaults of every tenant's
+    # limits, which a tenant's tenant_limits row overrides: at most this many running runs
+    # per class (by class band: interactive, async, maintenance; None for no limit), and at
+    # most this many queued runs (None for no quota).
+    tenant_max_running: tuple[int | None, int | None, int | None] = (None, None, None)
+    tenant_max_queued: int | None = None
+    # Test-only: off, claims take runs by priority then eligibility across all tenants, as
+    # before fair shares, and apply no limits (so a test can show what the fair order changes).
+    fair_claim: bool = True
 
 
 class Queue:
@@ -182,6 +200,19 @@ class Queue:
 
     def _hook_attempts(self) -> dict[str, Any]:
         return {"hook_attempts": self.config.webhook_max_attempts}
+
+    def _limits(self) -> dict[str, Any]:
+        """The claim's process defaults of the tenants' concurrency limits, by class band."""
+        return {"max_running": list(self.config.tenant_max_running)}
+
+    async def _quota_refusal(self, tenant_id: str) -> QueueQuotaError:
+        """The refusal of a submission that found its tenant at its queued quota, with the
+        quota and the queued total as they are now (read only on this rare path)."""
+        rows = await self._rows(
+            "tenant_quota", {"tenant_id": tenant_id, "max_queued": self.config.tenant_max_queued}
+        )
+        row = rows[0]
+        return QueueQuotaError(tenant_id, row["max_queued"], int(row["queued"]))
 
     async def _rows(
         self, name: str, params: dict[str, Any], conn: AsyncConnection | None = None
@@ -466,9 +497,12 @@ class Queue:
                 "resubmitted_from": new.resubmitted_from,
                 "actor": new.actor,
                 "traceparent": new.traceparent,
+                "max_queued": self.config.tenant_max_queued,
             },
             conn,
         )
+        if not rows:
+            raise await self._quota_refusal(new.tenant_id)
         run = Run.from_row(rows[0])
         self.observer.transition("enqueued", run.priority)
         return run
@@ -484,7 +518,9 @@ class Queue:
     ) -> list[UUID]:
         """Sessionless runs in bulk: each item is (agent, input, priority, scheduled_for)."""
         ids = [uuid.uuid4() for _ in runs]
-        await self._rows(
+        if not ids:
+            return []
+        rows = await self._rows(
             "enqueue_many",
             {
                 "ids": ids,
@@ -495,9 +531,12 @@ class Queue:
                 "tenant_id": tenant_id,
                 "principal": principal,
                 "max_attempts": max_attempts or self.config.max_attempts,
+                "max_queued": self.config.tenant_max_queued,
             },
             conn,
         )
+        if int(rows[0]["enqueued"]) == 0:
+            raise await self._quota_refusal(tenant_id)
         for priority in {priority for _, _, priority, _ in runs}:
             count = sum(1 for _, _, p, _ in runs if p == priority)
             self.observer.transition("enqueued", priority, count)
@@ -520,10 +559,19 @@ class Queue:
             "priorities": priorities_of(classes),
             "lease_seconds": lease_seconds or self.config.lease_seconds,
         }
-        if limit == 1:
-            rows = await self._rows("claim_one", params)
+        if not self.config.fair_claim:
+            rows = await self._rows("claim_fifo", {**params, "limit": limit})
         else:
-            rows = await self._rows("claim_many", {**params, "limit": limit})
+            name = "claim_one" if limit == 1 else "claim_many"
+            fair = {**params, **self._limits(), "limit": limit}
+            for _ in range(PASSED_OVER_RETRIES + 1):
+                found = await self._rows(name, dict(fair))
+                rows = [row for row in found if row["id"] is not None]
+                # Nothing claimed, but runs were passed over because a concurrent claim took
+                # their tenant's last room under its limit: other tenants' runs may be waiting
+                # behind them, so ask again now rather than after the caller's poll interval.
+                if rows or not any(row["passed_over"] for row in found):
+                    break
         claimed = [
             ClaimedRun(
                 run=Run.from_row(row),

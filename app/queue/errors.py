@@ -138,3 +138,17 @@ class InvalidLimitsError(TurnstileError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+class QueueQuotaError(TurnstileError):
+    """The tenant has as many queued runs as its quota allows (docs/adr/0006); new runs are
+    refused until some start. Delivering an answer to a waiting run is never refused."""
+
+    def __init__(self, tenant_id: str, max_queued: int | None, queued: int) -> None:
+        super().__init__(
+            f"tenant {tenant_id!r} has {queued} queued runs, its quota is {max_queued}: "
+            f"retry once some of them have started"
+        )
+        self.tenant_id = tenant_id
+        self.max_queued = max_queued
+        self.queued = queued

@@ -31,6 +31,10 @@
 -- * Every multi-row fenced statement takes its run rows in id order (a `locked` CTE, `ORDER BY
 --   id FOR UPDATE`) before it updates them: `UPDATE ... FROM unnest(...)` locks rows in the
 --   join's order, and two batches of one process in opposite orders deadlocked each other.
+-- * Every statement that moves a run between queued, running and anything else keeps its
+--   tenant's row in tenant_class_counts in the same statement (the `count_moves` fragment, or
+--   the claims' own count-row lock): count rows are locked after the runs, in (tenant_id,
+--   band) order (docs/adr/0006).
 
 
 -- fragment: webhook_deliveries
@@ -91,6 +95,48 @@ hook_link AS (
 )
 
 
+-- fragment: count_moves
+-- Fair shares between tenants (docs/adr/0006): the statement's changes to its tenants' running
+-- and queued counts, applied in the same statement, so tenant_class_counts is exact at every
+-- commit. The statement defines `moves` (tenant_id, band, d_running, d_queued: one row per run
+-- it moved between queued, running and anything else, plus one per webhook delivery it
+-- queued). The sums are applied once per row (a statement cannot change a row twice: a run's
+-- own move and its deliveries' may fall on one row). The rows are locked after the runs (the
+-- statement took those first) and in (tenant_id, band) order, the order every statement takes
+-- them in, so two statements never deadlock on them. A row that does not exist yet (a
+-- tenant's first run of a class) is inserted; ON CONFLICT adds to one a concurrent first run
+-- created meanwhile. A missing row only ever receives increments: a run leaving queued or
+-- running was counted, so its row exists.
+move_total AS MATERIALIZED (
+    SELECT tenant_id, CAST(band AS smallint) AS band, CAST(sum(d_running) AS integer) AS d_running,
+           CAST(sum(d_queued) AS integer) AS d_queued
+    FROM moves
+    GROUP BY tenant_id, band
+    HAVING sum(d_running) <> 0 OR sum(d_queued) <> 0
+),
+move_lock AS MATERIALIZED (
+    SELECT c.tenant_id, c.band FROM tenant_class_counts c
+    WHERE (c.tenant_id, c.band) IN (SELECT tenant_id, band FROM move_total)
+    ORDER BY c.tenant_id, c.band
+    FOR UPDATE
+),
+move_update AS (
+    UPDATE tenant_class_counts c
+    SET running = c.running + m.d_running, queued = c.queued + m.d_queued
+    FROM move_lock l JOIN move_total m ON m.tenant_id = l.tenant_id AND m.band = l.band
+    WHERE c.tenant_id = l.tenant_id AND c.band = l.band
+),
+move_insert AS (
+    INSERT INTO tenant_class_counts AS c (tenant_id, band, running, queued)
+    SELECT m.tenant_id, m.band, m.d_running, m.d_queued FROM move_total m
+    WHERE NOT EXISTS (SELECT 1 FROM move_lock l WHERE l.tenant_id = m.tenant_id
+                                                  AND l.band = m.band)
+    ORDER BY m.tenant_id, m.band
+    ON CONFLICT (tenant_id, band) DO UPDATE
+    SET running = c.running + excluded.running, queued = c.queued + excluded.queued
+)
+
+
 -- name: enqueue
 -- A new queued run, its run.created event and its first input, in one statement.
 -- A run of a session gets the next run number of its session. The caller holds the session
@@ -99,7 +145,16 @@ hook_link AS (
 -- being created meanwhile; uq_runs_session_id_session_run_no is the backstop.
 -- The number is read from the session's runs, not from a counter on the session row: no write
 -- but a submission's ever needs that row.
+-- The tenant's queued quota (docs/adr/0006): its override in tenant_limits, else :max_queued
+-- (the process default, NULL for none). A tenant at its quota gets no row: the caller raises
+-- QueueQuotaError. The total is read from the tenant's count rows (one per class), not counted.
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+quota AS MATERIALIZED (
+    SELECT coalesce((SELECT l.max_queued FROM tenant_limits l WHERE l.tenant_id = :tenant_id),
+                    CAST(:max_queued AS integer)) AS max_queued,
+           (SELECT coalesce(sum(c.queued), 0) FROM tenant_class_counts c
+            WHERE c.tenant_id = :tenant_id) AS queued
+),
 run AS (
     INSERT INTO runs (id, tenant_id, principal, session_id, session_run_no, status, priority,
                       agent, input, max_attempts, scheduled_for, last_event_seq, inputs_count,
@@ -112,9 +167,16 @@ run AS (
            'queued', :priority, :agent,
            CAST(:input AS jsonb), :max_attempts, :scheduled_for, 1, 1,
            :resubmitted_from, :traceparent, clock.now, clock.now
-    FROM clock
+    FROM clock, quota
+    -- A resubmitted webhook delivery is exempt, as deliveries are (docs/adr/0006).
+    WHERE quota.max_queued IS NULL OR quota.queued < quota.max_queued
+       OR CAST(:agent AS text) = 'webhook'
     RETURNING *
 ),
+moves AS (
+    SELECT tenant_id, priority / 10 AS band, 0 AS d_running, 1 AS d_queued FROM run
+),
+{{count_moves}},
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT id, 1, 'run.created', 0,
@@ -137,7 +199,15 @@ FROM run;
 
 -- name: enqueue_many
 -- Bulk enqueue of sessionless runs (back-end batches, benchmarks): one statement, one NOTIFY.
+-- The tenant's queued quota as in `enqueue`: a batch that would take the tenant past it is
+-- refused whole (nothing enqueued: the caller raises QueueQuotaError).
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+quota AS MATERIALIZED (
+    SELECT coalesce((SELECT l.max_queued FROM tenant_limits l WHERE l.tenant_id = :tenant_id),
+                    CAST(:max_queued AS integer)) AS max_queued,
+           (SELECT coalesce(sum(c.queued), 0) FROM tenant_class_counts c
+            WHERE c.tenant_id = :tenant_id) AS queued
+),
 spec AS (
     SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:priorities AS smallint[]),
                          CAST(:agents AS text[]), CAST(:inputs AS jsonb[]),
@@ -149,9 +219,15 @@ run AS (
                       scheduled_for, last_event_seq, inputs_count, created_at, updated_at)
     SELECT spec.id, :tenant_id, :principal, 'queued', spec.priority, spec.agent, spec.input,
            :max_attempts, spec.scheduled_for, 1, 1, clock.now, clock.now
-    FROM spec, clock
-    RETURNING id, priority, agent, input, principal, scheduled_for, created_at
+    FROM spec, clock, quota
+    WHERE quota.max_queued IS NULL
+       OR quota.queued + cardinality(CAST(:ids AS uuid[])) <= quota.max_queued
+    RETURNING id, tenant_id, priority, agent, input, principal, scheduled_for, created_at
 ),
+moves AS (
+    SELECT tenant_id, priority / 10 AS band, 0 AS d_running, 1 AS d_queued FROM run
+),
+{{count_moves}},
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT id, 1, 'run.created', 0,
@@ -170,14 +246,100 @@ SELECT count(*) AS enqueued,
 FROM run;
 
 
+-- name: tenant_quota
+-- A tenant's queued quota (its override, else the process default :max_queued) and its
+-- queued total, for the message of a refusal (QueueQuotaError).
+SELECT coalesce((SELECT l.max_queued FROM tenant_limits l WHERE l.tenant_id = :tenant_id),
+                CAST(:max_queued AS integer)) AS max_queued,
+       (SELECT coalesce(sum(c.queued), 0) FROM tenant_class_counts c
+        WHERE c.tenant_id = :tenant_id) AS queued;
+
 -- name: claim_one
--- ADR-0004 decision 1: the highest-priority, longest-eligible queued run of the given
--- priorities. The candidate is chosen in a scalar subquery with FOR UPDATE SKIP LOCKED, so
--- claimers contending for the head of the queue skip each other's candidates instead of
--- queueing on one row lock. `priority = ANY(:priorities)` on the index's leading column gives
--- one bounded index range per priority, in priority order (no Sort, no walk over backed-off
--- runs), and lets a slot eligible for non-adjacent classes claim in one statement.
+-- ADR-0004 decision 1, with fair shares between tenants (docs/adr/0006): the highest-priority
+-- class with work to claim now; within it, the tenant with the fewest running runs of the
+-- class (its count row, not a count of the running set), ties to the least recently served;
+-- within the tenant, its highest-priority, longest-eligible queued run. Priorities inside a
+-- class band order runs only within a tenant.
+-- The walk reads tenant_class_counts' rows with queued runs in that order
+-- (ix_tenant_class_counts_fair) and, for each, probes the head of the tenant's queue at each
+-- priority of the band (ix_runs_tenant_claim: one bounded range per priority, no walk over
+-- backed-off runs), stopping at the first run it can lock: its cost depends on neither the
+-- depth of the queue nor the number of tenants holding work, only on the tenants it passes
+-- (ones at their limit, or whose queued runs are all scheduled later). The nested loops keep
+-- the walk's order, and LIMIT 1 stops them at the first run: no Sort, which would evaluate
+-- (and lock) every tenant's head. SKIP LOCKED as before: claimers contending for one busy
+-- tenant take its next runs instead of queueing on one row lock.
+-- The tenant's concurrency limit for the class: its tenant_limits row (read now, so an
+-- admin's change applies to the next claim) over :max_running (the process default per band,
+-- NULL for none). A tenant at its limit is passed over, so its runs never block another
+-- tenant's behind them; only its webhook deliveries and schedule ticks, exempt from limits
+-- (`is_hook`), are probed (ix_runs_tenant_exempt). The walk reads the counts of its snapshot; the limit is then
+-- checked exactly against the chosen tenant's count row locked FOR UPDATE (after the run, in
+-- (tenant_id, band) order like every statement; the lock waits for a concurrent claim of the
+-- tenant and returns its row as that claim left it).
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+picked AS MATERIALIZED (
+    SELECT head.id, head.is_hook, t.tenant_id, b.band, cap.cap
+    FROM (SELECT DISTINCT p / 10 AS band FROM unnest(CAST(:priorities AS smallint[])) AS p
+          ORDER BY 1) AS b
+    CROSS JOIN LATERAL (
+        SELECT c.tenant_id, c.running FROM tenant_class_counts c
+        WHERE c.band = b.band AND c.queued > 0
+        ORDER BY c.running, c.last_claimed_at NULLS FIRST, c.tenant_id
+        -- No limit in effect, but not a constant: the planner then plans the walk for its
+        -- first rows and reads ix_tenant_class_counts_fair in order, instead of sorting every
+        -- count row of the class for a walk the outer LIMIT stops after a few.
+        LIMIT (SELECT 2147483647)
+    ) AS t
+    CROSS JOIN LATERAL (
+        SELECT coalesce(
+            (SELECT CAST(l.max_running
+                         ->> (ARRAY['interactive', 'async', 'maintenance'])[b.band + 1] AS integer)
+             FROM tenant_limits l WHERE l.tenant_id = t.tenant_id),
+            (CAST(:max_running AS integer[]))[b.band + 1]) AS cap
+    ) AS cap
+    CROSS JOIN LATERAL (
+        SELECT h.id, h.is_hook FROM unnest(CAST(:priorities AS smallint[])) AS p(priority)
+        CROSS JOIN LATERAL (
+            -- Under its limit: the tenant's head (webhook deliveries included). At it: its
+            -- deliveries only. Each leg is a subquery, as a UNION's own legs may not lock.
+            SELECT * FROM (
+                SELECT q.id, (q.agent = 'webhook' OR q.schedule_id IS NOT NULL) AS is_hook FROM runs q
+                WHERE (cap.cap IS NULL OR t.running < cap.cap)
+                  AND q.tenant_id = t.tenant_id AND q.status = 'queued'
+                  AND q.priority = p.priority
+                  AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
+                ORDER BY coalesce(q.scheduled_for, q.created_at)
+                LIMIT 1
+                FOR UPDATE SKIP LOCKED) AS open_head
+            UNION ALL
+            SELECT * FROM (
+                SELECT q.id, true FROM runs q
+                WHERE cap.cap IS NOT NULL AND t.running >= cap.cap
+                  AND q.tenant_id = t.tenant_id AND q.status = 'queued'
+                  AND (q.agent = 'webhook' OR q.schedule_id IS NOT NULL)
+                  AND q.priority = p.priority
+                  AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
+                ORDER BY coalesce(q.scheduled_for, q.created_at)
+                LIMIT 1
+                FOR UPDATE SKIP LOCKED) AS delivery_head
+        ) AS h
+        WHERE p.priority / 10 = b.band
+        LIMIT 1
+    ) AS head
+    LIMIT 1
+),
+counts AS MATERIALIZED (
+    SELECT c.tenant_id, c.band, c.running FROM tenant_class_counts c
+    WHERE (c.tenant_id, c.band) IN (SELECT tenant_id, band FROM picked)
+    ORDER BY c.tenant_id, c.band
+    FOR UPDATE
+),
+allowed AS (
+    SELECT picked.id FROM picked
+    JOIN counts ON counts.tenant_id = picked.tenant_id AND counts.band = picked.band
+    WHERE picked.is_hook OR picked.cap IS NULL OR counts.running < picked.cap
+),
 claimed AS (
     UPDATE runs r
     SET status = 'running',
@@ -189,15 +351,7 @@ claimed AS (
         started_at = coalesce(r.started_at, clock.now),
         updated_at = clock.now
     FROM clock
-    WHERE r.id = (
-        SELECT q.id FROM runs q
-        WHERE q.status = 'queued'
-          AND q.priority = ANY(CAST(:priorities AS smallint[]))
-          AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
-        ORDER BY q.priority, coalesce(q.scheduled_for, q.created_at)
-        LIMIT 1
-        FOR UPDATE SKIP LOCKED
-    )
+    WHERE r.id = (SELECT id FROM allowed) AND r.status = 'queued'
     RETURNING r.*
 ),
 event AS (
@@ -207,14 +361,199 @@ event AS (
                               'lease_expires_at', claimed.lease_expires_at),
            clock.now
     FROM claimed, clock
+),
+counted AS (
+    -- The row `counts` locked. last_claimed_at orders ties between tenants: it is the
+    -- database's wall clock (clock_timestamp()), a serving order rather than a run's time, so
+    -- it advances even when a test holds the clock still.
+    UPDATE tenant_class_counts c
+    SET running = c.running + 1, queued = c.queued - 1, last_claimed_at = clock_timestamp()
+    FROM claimed
+    WHERE c.tenant_id = claimed.tenant_id AND c.band = claimed.priority / 10
 )
-SELECT * FROM claimed;
+-- A row even when nothing was claimed (its id NULL): `passed_over` counts the runs this claim
+-- locked but left queued because their tenant's locked count row showed it at its limit (a
+-- concurrent claim took the room first). The caller then asks again at once (Queue.claim):
+-- another tenant's run may be waiting.
+SELECT claimed.*,
+       (SELECT count(*) FROM picked) - (SELECT count(*) FROM claimed) AS passed_over
+FROM (SELECT 1) AS one LEFT JOIN claimed ON true;
 
 
 -- name: claim_many
--- The batch form: up to :limit runs in one statement, each with its own new epoch. The ids are
--- collected with id = ANY(ARRAY(...)) rather than IN (SELECT ... LIMIT), which the planner may
--- re-run and so lock and claim more rows than the limit.
+-- The batch form of claim_one (same order, limits and locks): up to :limit runs in one
+-- statement, each with its own new epoch. A batch of k takes from the first k tenants in the
+-- fair order that have a run to claim now (`walk`: one probe each, no lock), at most
+-- ceil(k / n) runs from each of those n tenants of a class (`picked`, SKIP LOCKED), and then
+-- the highest class first and, within it, round robin over its tenants: every tenant's first
+-- run, then every tenant's second, ... So a batch returns
+-- fewer than k when the n tenants hold fewer than that share; the claim loop asks again at once
+-- when a claim returned anything but less than it asked for (app/worker/pool.py), and the next
+-- batch starts again from the tenants with the fewest running. The ids are collected with
+-- id = ANY(ARRAY(...)) rather than IN (SELECT ... LIMIT), which the planner may re-run and so
+-- lock and claim more rows than the limit. Limits are checked exactly as in claim_one, each
+-- tenant's chosen runs ranked against the room left under its locked count row.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+walk AS MATERIALIZED (
+    SELECT b.band, t.tenant_id, t.running, t.last_claimed_at, cap.cap,
+           coalesce(t.running >= cap.cap, false) AS full
+    FROM (SELECT DISTINCT p / 10 AS band FROM unnest(CAST(:priorities AS smallint[])) AS p
+          ORDER BY 1) AS b
+    CROSS JOIN LATERAL (
+        SELECT c.tenant_id, c.running, c.last_claimed_at FROM tenant_class_counts c
+        WHERE c.band = b.band AND c.queued > 0
+        ORDER BY c.running, c.last_claimed_at NULLS FIRST, c.tenant_id
+        -- No limit in effect, but not a constant: the planner then plans the walk for its
+        -- first rows and reads ix_tenant_class_counts_fair in order, instead of sorting every
+        -- count row of the class for a walk the outer LIMIT stops after a few.
+        LIMIT (SELECT 2147483647)
+    ) AS t
+    CROSS JOIN LATERAL (
+        SELECT coalesce(
+            (SELECT CAST(l.max_running
+                         ->> (ARRAY['interactive', 'async', 'maintenance'])[b.band + 1] AS integer)
+             FROM tenant_limits l WHERE l.tenant_id = t.tenant_id),
+            (CAST(:max_running AS integer[]))[b.band + 1]) AS cap
+    ) AS cap
+    CROSS JOIN LATERAL (
+        -- Whether the tenant has a run to claim now: a probe per priority of the band, each
+        -- a LIMIT 1 subquery (an EXISTS would let the planner hash one scan of every queued
+        -- run instead), stopping at the first found.
+        SELECT 1 FROM unnest(CAST(:priorities AS smallint[])) AS p(priority)
+        CROSS JOIN LATERAL (
+            SELECT * FROM (
+                SELECT 1 FROM runs q
+                WHERE NOT coalesce(t.running >= cap.cap, false)
+                  AND q.tenant_id = t.tenant_id AND q.status = 'queued'
+                  AND q.priority = p.priority
+                  AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
+                ORDER BY coalesce(q.scheduled_for, q.created_at)  -- the index's order
+                LIMIT 1) AS open_run
+            UNION ALL
+            SELECT * FROM (
+                SELECT 1 FROM runs q
+                WHERE coalesce(t.running >= cap.cap, false)
+                  AND q.tenant_id = t.tenant_id AND q.status = 'queued'
+                  AND (q.agent = 'webhook' OR q.schedule_id IS NOT NULL)
+                  AND q.priority = p.priority
+                  AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
+                ORDER BY coalesce(q.scheduled_for, q.created_at)  -- the index's order
+                LIMIT 1) AS delivery
+        ) AS found
+        WHERE p.priority / 10 = b.band
+        LIMIT 1
+    ) AS probe
+    LIMIT :limit
+),
+turn AS MATERIALIZED (
+    SELECT walk.*,
+           row_number() OVER (ORDER BY band, running, last_claimed_at NULLS FIRST,
+                                       tenant_id) AS turn,
+           -- n: the tenants of its class in the walk (classes never share a batch's turns)
+           CAST(ceil(CAST(:limit AS numeric) / count(*) OVER (PARTITION BY band)) AS integer)
+               AS share
+    FROM walk
+),
+picked AS MATERIALIZED (
+    SELECT head.id, head.is_hook, head.priority, head.at, turn.tenant_id, turn.band,
+           turn.cap, turn.turn,
+           row_number() OVER (PARTITION BY turn.tenant_id, turn.band
+                              ORDER BY head.priority, head.at) AS nth
+    FROM turn
+    CROSS JOIN LATERAL (
+        SELECT h.id, h.is_hook, p.priority, h.at
+        FROM unnest(CAST(:priorities AS smallint[])) AS p(priority)
+        CROSS JOIN LATERAL (
+            -- As in claim_one: the tenant's runs under its limit, its deliveries at it.
+            SELECT * FROM (
+                SELECT q.id, (q.agent = 'webhook' OR q.schedule_id IS NOT NULL) AS is_hook,
+                       coalesce(q.scheduled_for, q.created_at) AS at
+                FROM runs q
+                WHERE NOT turn.full
+                  AND q.tenant_id = turn.tenant_id AND q.status = 'queued'
+                  AND q.priority = p.priority
+                  AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
+                ORDER BY coalesce(q.scheduled_for, q.created_at)
+                LIMIT turn.share
+                FOR UPDATE SKIP LOCKED) AS open_runs
+            UNION ALL
+            SELECT * FROM (
+                SELECT q.id, true, coalesce(q.scheduled_for, q.created_at)
+                FROM runs q
+                WHERE turn.full
+                  AND q.tenant_id = turn.tenant_id AND q.status = 'queued'
+                  AND (q.agent = 'webhook' OR q.schedule_id IS NOT NULL)
+                  AND q.priority = p.priority
+                  AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
+                ORDER BY coalesce(q.scheduled_for, q.created_at)
+                LIMIT turn.share
+                FOR UPDATE SKIP LOCKED) AS deliveries
+        ) AS h
+        WHERE p.priority / 10 = turn.band
+        LIMIT turn.share
+    ) AS head
+),
+batch AS MATERIALIZED (
+    -- The highest class first; within it round robin: each tenant's first run, then each
+    -- one's second, ...
+    SELECT picked.*,
+           row_number() OVER (PARTITION BY tenant_id, band, is_hook ORDER BY nth) AS rank
+    FROM (SELECT * FROM picked ORDER BY band, nth, turn LIMIT :limit) AS picked
+),
+counts AS MATERIALIZED (
+    SELECT c.tenant_id, c.band, c.running FROM tenant_class_counts c
+    WHERE (c.tenant_id, c.band) IN (SELECT tenant_id, band FROM batch)
+    ORDER BY c.tenant_id, c.band
+    FOR UPDATE
+),
+allowed AS (
+    SELECT batch.id FROM batch
+    JOIN counts ON counts.tenant_id = batch.tenant_id AND counts.band = batch.band
+    WHERE batch.is_hook OR batch.cap IS NULL OR counts.running + batch.rank <= batch.cap
+),
+claimed AS (
+    UPDATE runs r
+    SET status = 'running',
+        lease_epoch = r.lease_epoch + 1,
+        attempts = r.attempts + 1,
+        lease_owner = :owner,
+        lease_expires_at = clock.now + make_interval(secs => :lease_seconds),
+        last_event_seq = r.last_event_seq + 1,
+        started_at = coalesce(r.started_at, clock.now),
+        updated_at = clock.now
+    FROM clock
+    WHERE r.id = ANY(ARRAY(SELECT id FROM allowed)) AND r.status = 'queued'
+    RETURNING r.*
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT claimed.id, claimed.last_event_seq, 'run.claimed', claimed.lease_epoch,
+           jsonb_build_object('attempt', claimed.attempts, 'owner', claimed.lease_owner,
+                              'lease_expires_at', claimed.lease_expires_at),
+           clock.now
+    FROM claimed, clock
+),
+counted AS (
+    -- The rows `counts` locked (see claim_one).
+    UPDATE tenant_class_counts c
+    SET running = c.running + n.n, queued = c.queued - n.n, last_claimed_at = clock_timestamp()
+    FROM (SELECT tenant_id, priority / 10 AS band, count(*) AS n FROM claimed
+          GROUP BY tenant_id, priority / 10) AS n
+    WHERE c.tenant_id = n.tenant_id AND c.band = n.band
+)
+-- No ORDER BY: the rows come back in no set order and the caller sorts the batch, which
+-- keeps a Sort node out of the plan. A row even when nothing was claimed, with `passed_over`,
+-- as in claim_one.
+SELECT claimed.*,
+       (SELECT count(*) FROM batch) - (SELECT count(*) FROM claimed) AS passed_over
+FROM (SELECT 1) AS one LEFT JOIN claimed ON true;
+
+
+-- name: claim_fifo
+-- The claim without fair shares (QueueConfig.fair_claim off, a test-only switch: it exists so
+-- the noisy-neighbour test can show what the fair order changes): up to :limit runs by
+-- priority then eligibility time across every tenant, as before issue 21, tenants' limits not
+-- applied. The counts are still kept.
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
 claimed AS (
     UPDATE runs r
@@ -245,9 +584,11 @@ event AS (
                               'lease_expires_at', claimed.lease_expires_at),
            clock.now
     FROM claimed, clock
-)
--- No ORDER BY: the rows come back in no set order and the caller sorts the batch, which
--- keeps a Sort node out of the plan.
+),
+moves AS (
+    SELECT tenant_id, priority / 10 AS band, 1 AS d_running, -1 AS d_queued FROM claimed
+),
+{{count_moves}}
 SELECT * FROM claimed;
 
 
@@ -446,7 +787,7 @@ run AS (
     FROM clock
     WHERE r.id = :run_id AND r.lease_epoch = :epoch AND r.status = 'running'
     RETURNING r.id, r.last_event_seq, r.lease_epoch, r.question, r.tenant_id, r.agent,
-              r.session_id
+              r.session_id, r.priority
 ),
 hook_source AS (
     SELECT id AS run_id, tenant_id, agent, 'run.waiting' AS event,
@@ -455,6 +796,12 @@ hook_source AS (
     FROM run
 ),
 {{webhook_deliveries}},
+moves AS (
+    SELECT tenant_id, priority / 10 AS band, -1 AS d_running, 0 AS d_queued FROM run
+    UNION ALL
+    SELECT tenant_id, 1, 0, 1 FROM hook  -- its webhook deliveries: queued async runs
+),
+{{count_moves}},
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT run.id, run.last_event_seq, 'run.waiting', run.lease_epoch,
@@ -502,7 +849,13 @@ hook_source AS (
                               'result', CAST(:result AS jsonb)) AS data
     FROM run
 ),
-{{webhook_deliveries}}
+{{webhook_deliveries}},
+moves AS (
+    SELECT tenant_id, priority / 10 AS band, -1 AS d_running, 0 AS d_queued FROM run
+    UNION ALL
+    SELECT tenant_id, 1, 0, 1 FROM hook  -- its webhook deliveries: queued async runs
+),
+{{count_moves}}
 SELECT run.last_event_seq AS seq, run.priority,
        pg_notify('turnstile', (jsonb_build_object(
            'runs', jsonb_build_array(left(run.id::text, 8)))
@@ -558,7 +911,13 @@ hook_source AS (
                               'result', result) AS data
     FROM run
 ),
-{{webhook_deliveries}}
+{{webhook_deliveries}},
+moves AS (
+    SELECT tenant_id, priority / 10 AS band, -1 AS d_running, 0 AS d_queued FROM run
+    UNION ALL
+    SELECT tenant_id, 1, 0, 1 FROM hook  -- its webhook deliveries: queued async runs
+),
+{{count_moves}}
 -- One row whatever the batch: the written runs as parallel arrays ((id, epoch) names a write:
 -- one process may hold a stale and a fresh execution of one run), and one bounded NOTIFY (none
 -- when nothing was written).
@@ -621,6 +980,12 @@ hook_source AS (
     FROM run
 ),
 {{webhook_deliveries}},
+moves AS (
+    SELECT tenant_id, priority / 10 AS band, -1 AS d_running, 0 AS d_queued FROM run
+    UNION ALL
+    SELECT tenant_id, 1, 0, 1 FROM hook  -- its webhook deliveries: queued async runs
+),
+{{count_moves}},
 uncertain_event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT run.id, run.last_event_seq - run.open_calls - 1 + open_calls.n, 'tool.finished',
@@ -669,8 +1034,12 @@ run AS (
         updated_at = clock.now
     FROM clock
     WHERE r.id = :run_id AND r.lease_epoch = :epoch AND r.status = 'running'
-    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.priority, r.attempts
+    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.priority, r.attempts, r.tenant_id
 ),
+moves AS (
+    SELECT tenant_id, priority / 10 AS band, -1 AS d_running, 1 AS d_queued FROM run
+),
+{{count_moves}},
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT run.id, run.last_event_seq, 'run.released', run.lease_epoch,
@@ -747,6 +1116,14 @@ hook_source AS (
     FROM run WHERE status = 'failed'
 ),
 {{webhook_deliveries}},
+moves AS (
+    SELECT tenant_id, priority / 10 AS band, -1 AS d_running,
+           CASE WHEN status = 'queued' THEN 1 ELSE 0 END AS d_queued
+    FROM run
+    UNION ALL
+    SELECT tenant_id, 1, 0, 1 FROM hook  -- its webhook deliveries: queued async runs
+),
+{{count_moves}},
 uncertain_event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT run.id, run.last_event_seq - run.open_calls - 1 + open_calls.n, 'tool.finished',
@@ -898,6 +1275,14 @@ hook_source AS (
     FROM swept WHERE status = 'failed'
 ),
 {{webhook_deliveries}},
+moves AS (
+    SELECT tenant_id, priority / 10 AS band, -1 AS d_running,
+           CASE WHEN status = 'queued' THEN 1 ELSE 0 END AS d_queued
+    FROM swept
+    UNION ALL
+    SELECT tenant_id, 1, 0, 1 FROM hook  -- its webhook deliveries: queued async runs
+),
+{{count_moves}},
 uncertain_event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT swept.id, swept.last_event_seq - swept.open_calls - 1 + open_calls.n, 'tool.finished',
@@ -978,6 +1363,10 @@ event AS (
            clock.now
     FROM run, clock
 ),
+moves AS (
+    SELECT tenant_id, priority / 10 AS band, 0 AS d_running, 1 AS d_queued FROM run
+),
+{{count_moves}},
 answer AS (
     INSERT INTO run_inputs (run_id, idx, input, principal, event_seq, created_at)
     SELECT run.id, run.inputs_count, CAST(:input AS jsonb), :principal, run.last_event_seq,
@@ -997,6 +1386,15 @@ FROM run;
 -- run.cancelled written. Zero rows: the run is missing, not visible to :tenant_id and
 -- :principal, or already finished; the caller reads which.
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+locked AS MATERIALIZED (
+    -- The run's status as it is when locked (a claim may commit while this waits for the row):
+    -- the counts move from that status, not from the one in this statement's snapshot.
+    SELECT id, status AS was FROM runs
+    WHERE id = :run_id AND status IN ('queued', 'running', 'waiting_for_user')
+      AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id)
+      AND (CAST(:principal AS text) IS NULL OR principal = :principal)
+    FOR UPDATE
+),
 run AS (
     UPDATE runs r
     SET status = 'cancelled',
@@ -1007,8 +1405,8 @@ run AS (
         finished_at = clock.now,
         last_event_seq = r.last_event_seq + 1,
         updated_at = clock.now
-    FROM clock
-    WHERE r.id = :run_id
+    FROM clock, locked
+    WHERE r.id = locked.id
       AND (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = :tenant_id)
       AND (CAST(:principal AS text) IS NULL OR r.principal = :principal)
       AND r.status IN ('queued', 'running', 'waiting_for_user')
@@ -1026,7 +1424,16 @@ hook_source AS (
                               'reason', CAST(:reason AS text)) AS data
     FROM run
 ),
-{{webhook_deliveries}}
+{{webhook_deliveries}},
+moves AS (
+    SELECT run.tenant_id, run.priority / 10 AS band,
+           CASE WHEN locked.was = 'running' THEN -1 ELSE 0 END AS d_running,
+           CASE WHEN locked.was = 'queued' THEN -1 ELSE 0 END AS d_queued
+    FROM run JOIN locked ON locked.id = run.id
+    UNION ALL
+    SELECT tenant_id, 1, 0, 1 FROM hook  -- its webhook deliveries: queued async runs
+),
+{{count_moves}}
 SELECT run.*,
        pg_notify('turnstile', (jsonb_build_object(
            'runs', jsonb_build_array(left(run.id::text, 8)))

@@ -70,9 +70,15 @@ run AS (
     FROM tick JOIN schedules s ON s.id = tick.schedule_id, clock
     -- One run per tick, enforced by the database: a tick that exists already is left alone.
     ON CONFLICT (schedule_id, fire_at) DO NOTHING
-    RETURNING id, priority, agent, input, principal, scheduled_for, schedule_id, fire_at,
-              created_at
+    RETURNING id, tenant_id, priority, agent, input, principal, scheduled_for, schedule_id,
+              fire_at, created_at
 ),
+-- The ticks' tenants' queued counts (runs.sql's count_moves). Ticks are exempt from queued
+-- quotas (docs/adr/0006) but counted: they are queued runs of the tenant.
+moves AS (
+    SELECT tenant_id, priority / 10 AS band, 0 AS d_running, 1 AS d_queued FROM run
+),
+{{count_moves}},
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT id, 1, 'run.created', 0,
@@ -109,8 +115,13 @@ paused AS (
 dropped AS (
     DELETE FROM runs r USING paused
     WHERE r.schedule_id = paused.id AND r.status = 'queued' AND r.started_at IS NULL
-    RETURNING r.id
-)
+    RETURNING r.id, r.tenant_id, r.priority
+),
+-- The dropped ticks leave their tenant's queued count (runs.sql's count_moves).
+moves AS (
+    SELECT tenant_id, priority / 10 AS band, 0 AS d_running, -1 AS d_queued FROM dropped
+),
+{{count_moves}}
 SELECT paused.*, (SELECT count(*) FROM dropped) AS dropped FROM paused;
 
 
@@ -133,8 +144,13 @@ WITH gone AS (
 dropped AS (
     DELETE FROM runs r USING gone
     WHERE r.schedule_id = gone.id AND r.status = 'queued' AND r.started_at IS NULL
-    RETURNING r.id
-)
+    RETURNING r.id, r.tenant_id, r.priority
+),
+-- The dropped ticks leave their tenant's queued count (runs.sql's count_moves).
+moves AS (
+    SELECT tenant_id, priority / 10 AS band, 0 AS d_running, -1 AS d_queued FROM dropped
+),
+{{count_moves}}
 SELECT gone.id, (SELECT count(*) FROM dropped) AS dropped FROM gone;
 
 

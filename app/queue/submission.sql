@@ -136,7 +136,8 @@ RETURNING seq;
 
 
 -- name: submit
--- A turn or a sessionless run in one round trip: `turnstile_submit` (alembic/versions/0007)
+-- A turn or a sessionless run in one round trip: `turnstile_submit` (alembic/versions/0007,
+-- replaced by 0005 and 0011: the tenants' counts and queued quota, docs/adr/0006)
 -- takes the key, locks the session, routes, enqueues or delivers, and stores the answer, each
 -- step a statement with a fresh snapshot. Positional parameters: it runs on the driver's own
 -- connection (Queue.call), prepared once per connection. The run's columns are spread out so
@@ -152,4 +153,4 @@ FROM turnstile_submit(
     p_wait_ms => $10, p_lock_timeout_ms => $11, p_run_id => $12, p_agent => $13,
     p_default_agent => $14, p_priority => $15, p_default_priority => $16,
     p_scheduled_for => $17, p_input => $18, p_max_attempts => $19,
-    p_traceparent => $20, p_submit_rate => $21, p_submit_burst => $22) r;
+    p_traceparent => $20, p_max_queued => $21, p_submit_rate => $22, p_submit_burst => $23) r;

@@ -40,6 +40,7 @@ from app.queue.errors import (
     AnswerConflictError,
     IdempotencyKeyInFlightError,
     IdempotencyKeyReusedError,
+    QueueQuotaError,
     RateLimitedError,
     RunNotFailedError,
     RunNotFoundError,
@@ -269,10 +270,10 @@ class Submissions:
         default_class: PriorityClass,
         idempotency: IdempotencyKey | None,
     ) -> Submitted:
-        """One round trip to `turnstile_submit` (migrations 0007 and 0012 say what it does, step
-        by step). A refusal comes back as SQLSTATE TS404/TS409/TS429 and rolls the whole call
-        back; a refusal other than the rate limit's then reads the tenant's allowance (one
-        more round trip, on refusals only) so that its answer shows it too."""
+        """One round trip to `turnstile_submit` (migrations 0007, 0011 and 0012 say what it
+        does, step by step). A refusal comes back as SQLSTATE TS404/TS409/TS429 and rolls the
+        whole call back; a refusal other than the rate limit's then reads the tenant's allowance
+        (one more round trip, on refusals only) so that its answer shows it too."""
         args = (
             self.queue.clock(),
             who.tenant_id,
@@ -294,6 +295,8 @@ class Submissions:
             dump_json(spec.input),
             self.queue.config.max_attempts,
             spec.traceparent,
+            # The tenant's queued quota when it has no override (docs/adr/0006).
+            self.queue.config.tenant_max_queued,
             self.submit_rate,
             self.submit_burst,
         )
@@ -449,6 +452,8 @@ def _refusal(name: str, detail: dict[str, Any]) -> Exception:
         return IdempotencyKeyReusedError(detail["key"])
     if name == "run-not-waiting":
         return RunNotWaitingError(UUID(detail["run_id"]), "not waiting")
+    if name == "queue-quota":
+        return QueueQuotaError(detail["tenant_id"], detail["max_queued"], int(detail["queued"]))
     if name == "answer-conflict":
         if detail["field"] == "priority":
             return AnswerConflictError(

@@ -45,7 +45,8 @@ endpoint AS (
 ),
 pending AS MATERIALIZED (
     -- Rows in id order, as the other multi-row statements lock them (runs.sql's header).
-    SELECT r.id FROM webhook_deliveries d
+    -- `was`: the status as locked (the counts move from it).
+    SELECT r.id, r.status AS was FROM webhook_deliveries d
     JOIN endpoint ON endpoint.id = d.endpoint_id
     JOIN runs r ON r.id = d.run_id
     WHERE r.status IN ('queued', 'running', 'waiting_for_user')
@@ -63,8 +64,16 @@ cancelled AS (
         updated_at = clock.now
     FROM pending, clock
     WHERE r.id = pending.id AND r.status IN ('queued', 'running', 'waiting_for_user')
-    RETURNING r.id, r.last_event_seq, r.lease_epoch
+    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.tenant_id, r.priority
 ),
+-- The cancelled deliveries leave their tenant's counts (runs.sql's count_moves).
+moves AS (
+    SELECT cancelled.tenant_id, cancelled.priority / 10 AS band,
+           CASE WHEN pending.was = 'running' THEN -1 ELSE 0 END AS d_running,
+           CASE WHEN pending.was = 'queued' THEN -1 ELSE 0 END AS d_queued
+    FROM cancelled JOIN pending ON pending.id = cancelled.id
+),
+{{count_moves}},
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT cancelled.id, cancelled.last_event_seq, 'run.cancelled', cancelled.lease_epoch,

@@ -6,7 +6,9 @@
   earliest queued run of its classes that is not eligible yet becomes eligible (a scheduled
   run, a schedule's tick, a backed-off retry: `Queue.next_due`, asked when a claim found less
   than it could take), or the poll interval passes. So such runs start within moments of their
-  time, with no notification per run.
+  time, with no notification per run. A claim that returned runs is followed at once by
+  another (it may have skipped runs other claimers held, or taken only a fair share of each
+  tenant: docs/adr/0006); the loop sleeps only after a claim that found nothing.
 - A claimed run that is a schedule's tick has its schedule's next tick created at once, in a
   task of its own (`Schedules.advance`; the scheduler maintenance service repairs a miss).
 - Each claimed run executes in its own task; every database call it makes draws its own pooled
@@ -233,8 +235,12 @@ class WorkerPool:
                 ticks = {c.run.schedule_id for c in claimed if c.run.schedule_id is not None}
                 if ticks:
                     self._advance_schedules(ticks)
-                if claimed and len(claimed) == free:
-                    continue  # there may be more; the loop waits only once slots are full
+                if claimed:
+                    # There may be more, even when the claim returned fewer than it asked for:
+                    # it skipped rows other claimers had locked (SKIP LOCKED), or a fair batch
+                    # took only its share of each tenant (docs/adr/0006). So the loop asks
+                    # again at once, and waits only once slots are full or a claim found none.
+                    continue
             wait = self.poll_interval
             if free > 0:
                 wait = await self._until_due(group, wait)

@@ -14,6 +14,10 @@
 - Replaying the transition events gives a valid path through the statuses that ends at the
   run's status; a run is `queued` again only through the four requeue paths; tool records,
   checkpoints and notes appear only while the run is running.
+
+And one check of the whole queue (`check_tenant_counts`, part of `check_all_runs`): every
+tenant's count row per class holds exactly its running and queued runs (docs/adr/0006): no
+drift between tenant_class_counts and the runs the statements moved.
 """
 
 from __future__ import annotations
@@ -154,10 +158,35 @@ def check_log(log: RunLog) -> None:
         assert terminal == [f"run.{log.status}"], f"{log.run_id}: {log.status} but {terminal}"
 
 
+# The runs of each (tenant, band) beside its count row, wherever the two disagree.
+COUNT_DRIFT = """
+SELECT coalesce(c.tenant_id, r.tenant_id) AS tenant_id, coalesce(c.band, r.band) AS band,
+       c.running AS counted_running, coalesce(r.running, 0) AS running,
+       c.queued AS counted_queued, coalesce(r.queued, 0) AS queued
+FROM tenant_class_counts c
+FULL JOIN (
+    SELECT tenant_id, priority / 10 AS band,
+           count(*) FILTER (WHERE status = 'running') AS running,
+           count(*) FILTER (WHERE status = 'queued') AS queued
+    FROM runs WHERE status IN ('queued', 'running')
+    GROUP BY tenant_id, priority / 10
+) r ON r.tenant_id = c.tenant_id AND r.band = c.band
+WHERE coalesce(c.running, 0) <> coalesce(r.running, 0)
+   OR coalesce(c.queued, 0) <> coalesce(r.queued, 0)
+"""
+
+
+async def check_tenant_counts(conn: AsyncConnection) -> None:
+    """No drift: each tenant's count row per class equals its running and queued runs."""
+    drift = (await conn.execute(text(COUNT_DRIFT))).mappings().all()
+    assert not drift, f"tenant_class_counts drifted from the runs: {[dict(d) for d in drift]}"
+
+
 async def check_all_runs(engine: AsyncEngine) -> int:
-    """Check every run's log; returns how many runs were checked."""
+    """Check every run's log and the tenants' counts; returns how many runs were checked."""
     async with engine.connect() as conn:
         ids = (await conn.execute(text("SELECT id FROM runs"))).scalars().all()
         for run_id in ids:
             check_log(await read_log(conn, run_id))
+        await check_tenant_counts(conn)
     return len(ids)
