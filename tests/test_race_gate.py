@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from uuid import UUID
 
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.maintenance.sweeper import Sweeper
@@ -32,6 +33,7 @@ from tests.support.invariants import check_log, read_log
 
 ROUNDS = int(os.environ.get("TURNSTILE_RACE_ROUNDS", "200"))
 WORKERS = 3
+STALL_CHANCE = 0.15  # before each write, a worker stalls past its lease this often
 rng = random.Random(4)
 
 
@@ -58,6 +60,12 @@ async def _work(queue: Queue, name: str, run_id: UUID, done: asyncio.Event, tall
             ("complete", partial(queue.complete, lease, {"winner": name, "epoch": lease.epoch})),
         ]
         for label, write in steps:
+            # A worker stalled past its lease (a long GC pause, a descheduled process) resumes
+            # after the sweeper has taken its run back: its next write must come back fenced.
+            # Waiting for that on the run's row, not on a timer, makes the race happen in every
+            # environment: on a fast machine the writes would otherwise outrun a short lease.
+            if rng.random() < STALL_CHANCE:
+                await _stalled_until_reclaimed(queue, lease)
             # Heartbeat before some writes only, so fences are met by writes as well as beats.
             if rng.random() < 0.4 and not await queue.heartbeat(lease):
                 await queue.record_fenced(lease, during="heartbeat")
@@ -72,6 +80,24 @@ async def _work(queue: Queue, name: str, run_id: UUID, done: asyncio.Event, tall
             tally.committed.append((run_id, lease.epoch, outcome.seq, label))
         else:
             done.set()
+
+
+async def _stalled_until_reclaimed(queue: Queue, lease: Lease) -> None:
+    """Until the run is no longer held under this lease (requeued by the sweeper, maybe claimed
+    again), read from its row."""
+    async with queue.engine.connect() as conn:
+        for _ in range(5_000):
+            row = (
+                await conn.execute(
+                    text("SELECT status, lease_epoch FROM runs WHERE id = :id"),
+                    {"id": lease.run_id},
+                )
+            ).one()
+            await conn.commit()  # a fresh snapshot for the next read
+            if row.status != "running" or row.lease_epoch != lease.epoch:
+                return
+            await asyncio.sleep(0.001)
+    raise AssertionError("the sweeper never took back a lapsed lease")
 
 
 async def test_racing_workers_commit_each_transition_once(engine: AsyncEngine) -> None:
