@@ -264,6 +264,7 @@ async def services(
         )
         notifier.on_runs(state.watch.notify)
         notifier.on_deltas(state.live.deliver)
+        notifier.on_sessions(state.live.sessions_notified)
         yield state
     finally:
         if maintainer is not None:

@@ -616,3 +616,45 @@ async def test_a_session_stream_takes_a_place_under_the_stream_caps(
                 return again.status_code == 200
 
         await eventually(place_free, within=10, what="the place to be given back")
+
+
+async def test_a_turn_submitted_elsewhere_wakes_the_session_streams_of_this_process(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    """A chat client's one stream is held by one API process while its next turn may go
+    through another: the new run's notification names the session (migration 0013), and this
+    process's streams of that session look again at once, not at their next idle recheck."""
+    from app.queue.core import Queue
+    from app.queue.reads import Reads
+    from app.queue.submit import RunSpec, Submissions, Submitter
+    from app.worker.notifier import Notifier
+
+    queue = Queue(engine)
+    session = await Reads(queue).create_session(tenant_id="acme", principal="alice")
+    other = await Reads(queue).create_session(tenant_id="acme", principal="alice")
+    live = LiveWatch()
+    notifier = Notifier(database_url, listen_deltas=True)
+    notifier.on_sessions(live.sessions_notified)
+    await notifier.start()
+    try:
+        await asyncio.wait_for(notifier.connected.wait(), 10)
+        with (
+            live.following(session_id=session.id) as followed,
+            live.following(session_id=other.id) as elsewhere,
+        ):
+            # "Another API process": the core's submission, not this process's route.
+            submissions = Submissions(
+                queue,
+                default_agent="scripted",
+                idempotency_ttl_seconds=60,
+                idempotency_wait_seconds=1,
+                lock_timeout_ms=1000,
+            )
+            await submissions.submit_turn(
+                Submitter("acme", "alice"), session.id, RunSpec(input={"final": "hi"})
+            )
+            await asyncio.wait_for(followed.ready.wait(), 10)
+            assert followed.poked
+            assert not elsewhere.poked  # only the session that got a run
+    finally:
+        await notifier.stop()

@@ -16,12 +16,12 @@ follow from the point the stream has caught up to.
 
 Durable events are read by one statement per recheck (`watch_events`, `watch_session_events`),
 woken by the run notifications (`RunWatch`), by a delta of a run the stream does not know yet
-(a session's next run started), by a turn submitted through this process (`LiveWatch`), or by
-the recheck timer (`recheck_seconds`). A session stream with no active run looks again after
-`SESSION_IDLE_FIRST_SECONDS`, then twice as long each time up to `IDLE_RECHECK_SECONDS` (30 s),
-since a new run's enqueue names no session: a turn submitted through another API process shows
-within that pause, or at its run's first delta, whichever comes first (one submitted through
-this process shows at once).
+(a session's next run started), by a new run of its session (`LiveWatch`: the enqueue's
+notification names the session, migration 0013, so a turn submitted through any API process
+wakes it at once; one submitted through this process pokes it directly too), or by the recheck
+timer (`recheck_seconds`). A session stream with no active run looks again after
+`SESSION_IDLE_FIRST_SECONDS`, then twice as long each time up to `IDLE_RECHECK_SECONDS` (30 s):
+a safety net for a notification lost while the listener reconnected.
 """
 
 from __future__ import annotations

@@ -145,6 +145,15 @@ class LiveWatch:
         for inbox in self._by_session.get(session_id, ()):
             inbox.poke()
 
+    def sessions_notified(self, prefixes: set[str] | None) -> None:
+        """Called by the notifier: these sessions (by id prefix, as the queue names them; None:
+        every one) got a new run, through whichever API process. A rare false match of a
+        prefix only costs that stream a read."""
+        for session_id, inboxes in list(self._by_session.items()):
+            if prefixes is None or str(session_id)[:8] in prefixes:
+                for inbox in inboxes:
+                    inbox.poke()
+
     @contextlib.contextmanager
     def following(
         self, *, run_id: UUID | None = None, session_id: UUID | None = None

@@ -18,7 +18,8 @@
 -- * NOTIFY serializes commits, so a statement notifies at most once (one pg_notify in its final
 --   SELECT, aggregated over rows), and only on enqueue, requeue, delivery, waiting and terminal
 --   transitions; never on claims or heartbeats. Payload on channel turnstile:
---   {"work": [priorities], "runs": [run id prefixes], "more": true}.
+--   {"work": [priorities], "runs": [run id prefixes], "sessions": [a session id prefix],
+--   "more": true}; "sessions" names the one session a single enqueue added a run to.
 -- * A payload is bounded whatever the number of rows, because PostgreSQL refuses one of 8,000
 --   bytes or more and rolls the whole statement back with it: a notification must never fail
 --   a transition. "work" holds distinct priorities (at most 30, the CHECK range); "runs" names
@@ -193,7 +194,12 @@ first_input AS (
     SELECT id, 1, input, principal, 1, created_at FROM run
 )
 SELECT run.*,
-       pg_notify('turnstile', jsonb_build_object('work', jsonb_build_array(priority))::text)
+       -- A run of a session names the session too: its streams, in whichever API process,
+       -- look again now (migration 0013 does the same in turnstile_submit).
+       pg_notify('turnstile', jsonb_strip_nulls(jsonb_build_object(
+           'work', jsonb_build_array(priority),
+           'sessions', CASE WHEN session_id IS NOT NULL
+                            THEN jsonb_build_array(left(session_id::text, 8)) END))::text)
 FROM run;
 
 

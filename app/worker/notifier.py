@@ -8,8 +8,10 @@ once, since notifications sent while nobody listened are lost; polling stays the
 Payloads are JSON written by the queue's statements (app/queue/runs.sql), bounded whatever
 the number of rows: `{"work": [priority, ...]}` when runs became claimable,
 `{"runs": ["<run id prefix>", ...]}` (the first 8 characters of at most 500 ids) when runs
-changed status, and `"more": true` when more runs changed than the payload names, which
-subscribers take as "anything may have changed".
+changed status, `{"sessions": ["<session id prefix>"]}` when a session got a new run (its
+streams, held by whichever API process, look again: migration 0013), and `"more": true` when
+more runs changed than the payload names, which subscribers take as "anything may have
+changed".
 
 With `listen_deltas` (API processes, which hold streams), the same connection also listens on
 `turnstile_deltas` (live output, docs/adr/0007-live-output-deltas.md) and hands each
@@ -37,6 +39,7 @@ CHANNEL = "turnstile"
 WorkCallback = Callable[[set[int] | None], None]  # None: "anything may have changed"
 RunsCallback = Callable[[set[str] | None], None]  # run id prefixes; None: "look at everything"
 DeltasCallback = Callable[[list[Delta]], None]
+SessionsCallback = Callable[[set[str] | None], None]  # session id prefixes; None: all of them
 
 
 class Notifier:
@@ -58,6 +61,7 @@ class Notifier:
         self._work: list[WorkCallback] = []
         self._runs: list[RunsCallback] = []
         self._deltas: list[DeltasCallback] = []
+        self._sessions: list[SessionsCallback] = []
         self.listen_deltas = listen_deltas
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -74,6 +78,9 @@ class Notifier:
 
     def on_deltas(self, callback: DeltasCallback) -> None:
         self._deltas.append(callback)
+
+    def on_sessions(self, callback: SessionsCallback) -> None:
+        self._sessions.append(callback)
 
     async def start(self) -> None:
         if self._task is None:
@@ -106,12 +113,19 @@ class Notifier:
             prefixes = {str(prefix) for prefix in runs}
             for runs_callback in self._runs:
                 runs_callback(prefixes)
+        sessions = message.get("sessions")
+        if sessions:
+            named = {str(prefix) for prefix in sessions}
+            for sessions_callback in self._sessions:
+                sessions_callback(named)
 
     def _wake_everyone(self) -> None:
         for callback in self._work:
             callback(None)
         for runs_callback in self._runs:
             runs_callback(None)
+        for sessions_callback in self._sessions:
+            sessions_callback(None)
 
     def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         self._dispatch(payload)
