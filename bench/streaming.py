@@ -19,6 +19,7 @@ the largest payload, and the highest `pg_notification_queue_usage()` sampled dur
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ from app.queue.models import NewRun
 INTERACTIVE, ASYNC, _ = PriorityClass
 STREAMS = 50
 PIECE_SECONDS = 0.02
+SLEEP_MAX_SECONDS = 60  # the scripted agent's sleep tool's bound (app/runtime/tools.py)
 
 LATENCY_SQL = """
 SELECT extract(epoch FROM c.created_at - r.created_at) * 1000 AS ms
@@ -61,7 +63,13 @@ def host_script(streaming: bool, seconds: float) -> dict[str, Any]:
     if streaming:
         text = "".join(f"word{i} " for i in range(pieces))
         return {"script": [{"say": text, "delay": PIECE_SECONDS}]}
-    return {"script": [{"call": "sleep", "args": {"seconds": seconds}}, {"final": "ok"}]}
+    # The sleep tool takes at most 60 s a call (a longer one fails the run at once, and the
+    # "without" side would then measure no busy runs at all): as many calls as it takes.
+    sleeps = [
+        {"call": "sleep", "args": {"seconds": min(SLEEP_MAX_SECONDS, seconds - start)}}
+        for start in range(0, math.ceil(seconds), SLEEP_MAX_SECONDS)
+    ]
+    return {"script": [*sleeps, {"final": "ok"}]}
 
 
 async def one(
