@@ -921,18 +921,7 @@ class Queue:
             last_event_seq=first["last_event_seq"],
             scheduled_for=first["scheduled_for"],
         )
-        events = [
-            Event(
-                seq=row["seq"],
-                type=row["type"],
-                epoch=row["epoch"],
-                data=row["data"],
-                created_at=row["created_at"],
-            )
-            for row in rows
-            if row["seq"] is not None
-        ]
-        return progress, events
+        return progress, _watched_events(rows)
 
     async def watch_session_events(
         self, session_id: UUID, *, from_run_no: int, after: int, limit: int
@@ -955,18 +944,7 @@ class Queue:
             scheduled_for=first["scheduled_for"],
             has_next=first["has_next"],
         )
-        events = [
-            Event(
-                seq=row["seq"],
-                type=row["type"],
-                epoch=row["epoch"],
-                data=row["data"],
-                created_at=row["created_at"],
-            )
-            for row in rows
-            if row["seq"] is not None
-        ]
-        return progress, events
+        return progress, _watched_events(rows)
 
     async def latest_checkpoint(self, run_id: UUID) -> Checkpoint | None:
         rows = await self._rows("latest_checkpoint", {"run_id": run_id})
@@ -1019,3 +997,19 @@ class Queue:
     async def inputs(self, run_id: UUID) -> list[JSON]:
         rows = await self._rows("run_inputs", {"run_id": run_id})
         return [row["input"] for row in rows]
+
+
+def _watched_events(rows: Sequence[RowMapping]) -> list[Event]:
+    """The events of a watch statement's rows (`watch_events`, `watch_session_events`): every
+    row carries where the run stands, and a row without a seq carries no event."""
+    return [
+        Event(
+            seq=row["seq"],
+            type=row["type"],
+            epoch=row["epoch"],
+            data=row["data"],
+            created_at=row["created_at"],
+        )
+        for row in rows
+        if row["seq"] is not None
+    ]
