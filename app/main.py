@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.api.services import ServiceState
 from app.api.watch import LiveWatch, RunWatch, StreamLimits
 from app.config import Settings, get_settings
-from app.db.engine import create_engine
+from app.db.engine import create_claim_engine, create_engine
 from app.db.resolve import ResolvedDatabase, resolve_database
 from app.maintenance.maintainer import Maintainer
 from app.observability import tracing
@@ -145,8 +145,13 @@ async def services(
     engine = create_engine(
         settings, database.url, pool_size=settings.pool_size, application_name=f"turnstile {role}"
     )
+    claim_engine = create_claim_engine(
+        settings, database.url, application_name=f"turnstile {role} claims"
+    )
     metrics = metrics or Metrics()
-    queue = Queue(engine, queue_config(settings), clock=clock, observer=metrics)
+    queue = Queue(
+        engine, queue_config(settings), clock=clock, observer=metrics, claim_engine=claim_engine
+    )
 
     def succeeded(service: str) -> None:
         metrics.maintenance_success.labels(service).set(time.time())
@@ -276,6 +281,8 @@ async def services(
         await notifier.stop()
         await http_client.aclose()
         await engine.dispose()
+        if claim_engine is not None:
+            await claim_engine.dispose()
         if stop_tracing is not None:
             # Last, so the drain's spans go too; the flush sends, so off the event loop.
             await asyncio.to_thread(stop_tracing)

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, Databases, log, retrying, server_url, summary
 
 from app.config import Settings
-from app.db.engine import create_engine
+from app.db.engine import create_claim_engine, create_engine
 from app.maintenance.pruners import RunRetention
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue
@@ -88,7 +88,9 @@ class Churn:
         self.url = url
         self.args = args
         self.engine = create_engine(settings, url, pool_size=LANES + 4)
-        self.queue = Queue(self.engine)
+        # Claims on their own connections, as the service makes them (app/main.py).
+        self.claim_engine = create_claim_engine(settings, url)
+        self.queue = Queue(self.engine, claim_engine=self.claim_engine)
         self.pruner = RunRetention(
             self.queue, holder="bench-churn", interval=1.0, retention_seconds=args.retention
         )
@@ -204,6 +206,8 @@ class Churn:
 
     async def close(self) -> None:
         await self.engine.dispose()
+        if self.claim_engine is not None:
+            await self.claim_engine.dispose()
 
 
 async def timed_claim(queue: Queue) -> float:
@@ -267,7 +271,8 @@ async def measure(dbs: Databases, settings: Settings, args: argparse.Namespace) 
         # The reference: a database holding the same backlog that never churns (its only
         # traffic is the probes' own claims, completions and replacements).
         fresh_engine = create_engine(settings, fresh_url, pool_size=2)
-        fresh = Queue(fresh_engine)
+        fresh_claims = create_claim_engine(settings, fresh_url)
+        fresh = Queue(fresh_engine, claim_engine=fresh_claims)
         for start in range(0, args.backlog, 2000):
             await fresh.enqueue_many(
                 tenant_id="bench",
@@ -328,6 +333,8 @@ async def measure(dbs: Databases, settings: Settings, args: argparse.Namespace) 
             await asyncio.gather(*tasks, return_exceptions=True)
             await churn.close()
             await fresh_engine.dispose()
+            if fresh_claims is not None:
+                await fresh_claims.dispose()
             await conn.close()
             if tasks:
                 await sampler.close()

@@ -89,7 +89,7 @@ from common import (
 
 from app.config import Settings
 from app.db.embedded import free_port
-from app.db.engine import create_engine
+from app.db.engine import create_claim_engine, create_engine
 from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.models import NewRun
@@ -415,7 +415,9 @@ class _Depth:
         self.target = target
         self.tenants = tenants
         self.engine = create_engine(settings, url)
-        self.queue = Queue(self.engine)
+        # Claims on their own connections, as the service makes them (app/main.py).
+        self.claim_engine = create_claim_engine(settings, url)
+        self.queue = Queue(self.engine, claim_engine=self.claim_engine)
         self.conn: asyncpg.Connection | None = None
 
     async def fill(self) -> None:
@@ -430,6 +432,8 @@ class _Depth:
 
     async def close(self) -> None:
         await self.engine.dispose()
+        if self.claim_engine is not None:
+            await self.claim_engine.dispose()
         if self.conn is not None:
             await self.conn.close()
 

@@ -31,7 +31,7 @@ from app.db.embedded import (
     start_embedded,
     system_bin_dir,
 )
-from app.db.engine import create_engine
+from app.db.engine import create_claim_engine, create_engine
 from app.db.migrate import upgrade
 from app.queue.core import Queue, QueueConfig
 from tests.support.clock import ManualClock
@@ -137,11 +137,17 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def queue(engine: AsyncEngine, clock: ManualClock) -> Queue:
+async def queue(
+    engine: AsyncEngine, clock: ManualClock, settings: Settings, database_url: str
+) -> AsyncIterator[Queue]:
     config = QueueConfig(
         lease_seconds=30, max_attempts=3, backoff_base_seconds=5, backoff_max_seconds=300
     )
-    return Queue(engine, config, clock=clock)
+    # Claims on connections of their own with generic plans, as the service claims.
+    claim_engine = create_claim_engine(settings, database_url)
+    yield Queue(engine, config, clock=clock, claim_engine=claim_engine)
+    if claim_engine is not None:
+        await claim_engine.dispose()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

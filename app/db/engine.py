@@ -76,10 +76,12 @@ def create_engine(
     *,
     pool_size: int = 5,
     application_name: str = "turnstile",
+    planner_settings: dict[str, str] | None = None,
     **engine_options: Any,
 ) -> AsyncEngine:
     """An asyncpg engine whose every transaction runs under the configured timeouts. Direct
-    connections carry `application_name` (the process's role) into pg_stat_activity."""
+    connections carry `application_name` (the process's role) into pg_stat_activity, and
+    `planner_settings` (see `create_claim_engine`)."""
     target = async_url(url)
     if settings.pgbouncer:
         target, connect_args = pgbouncer_options(target)
@@ -88,6 +90,7 @@ def create_engine(
             "server_settings": {
                 **timeout_parameters(settings),
                 "application_name": application_name,
+                **(planner_settings or {}),
             }
         }
     engine_options["connect_args"] = {**engine_options.get("connect_args", {}), **connect_args}
@@ -117,3 +120,35 @@ def create_engine(
             conn.exec_driver_sql(statement)
 
     return engine
+
+
+CLAIM_PLANNER_SETTINGS = {
+    # One plan per claim statement and connection, made once (see create_claim_engine).
+    "plan_cache_mode": "force_generic_plan",
+    # The claim reads hot rows by key (count rows, run heads), in shared buffers: priced at the
+    # default 4.0 a page, eight key lookups of count rows cost more than a scan of a 1,000-row
+    # count table, and the plan then kept scanning it for the life of the connection.
+    "random_page_cost": "1.1",
+}
+
+
+def create_claim_engine(
+    settings: Settings, url: str, *, application_name: str = "turnstile"
+) -> AsyncEngine | None:
+    """The small engine the queue claims on (`Queue(claim_engine=...)`), whose connections reuse
+    one generic plan per claim statement (docs/adr/0006). The fair claim is a large statement:
+    planning the batch claim for its parameters cost about as much as running it (1.3 ms at
+    1,000 tenants), and PostgreSQL kept planning it on every call. Its plan does not depend on
+    the parameters' values (a worker's classes, a lease, a batch size), so one plan per
+    connection serves every call. Other statements keep their per-call plans: some depend on
+    their values. None behind PgBouncer, where nothing is prepared and startup parameters do
+    not reach the server: claims then share the main engine."""
+    if settings.pgbouncer:
+        return None
+    return create_engine(
+        settings,
+        url,
+        pool_size=2,
+        application_name=application_name,
+        planner_settings=CLAIM_PLANNER_SETTINGS,
+    )

@@ -182,8 +182,12 @@ class Queue:
         config: QueueConfig | None = None,
         clock: Clock | None = None,
         observer: Observer | None = None,
+        claim_engine: AsyncEngine | None = None,
     ) -> None:
         self.engine = engine
+        # Claims run here when given: connections that keep one generic plan per claim
+        # statement (app/db/engine.py, create_claim_engine); everything else on `engine`.
+        self.claim_engine = claim_engine
         self.config = config or QueueConfig()
         self.clock: Clock = clock or database_clock
         self.observer: Observer = observer or _Unobserved()
@@ -215,7 +219,12 @@ class Queue:
         return QueueQuotaError(tenant_id, row["max_queued"], int(row["queued"]))
 
     async def _rows(
-        self, name: str, params: dict[str, Any], conn: AsyncConnection | None = None
+        self,
+        name: str,
+        params: dict[str, Any],
+        conn: AsyncConnection | None = None,
+        *,
+        engine: AsyncEngine | None = None,
     ) -> list[RowMapping]:
         """The named statement's rows: on `conn` (the caller's transaction), or in a
         transaction of its own, sent once more on a fresh connection when the first connection
@@ -227,18 +236,20 @@ class Queue:
             return list(result.mappings().all())
         for attempt in range(2):
             try:
-                return await self._own_rows(name, params)
+                return await self._own_rows(name, params, engine or self.engine)
             except NotCommitted:
                 if attempt == 1:
                     raise
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    async def _own_rows(self, name: str, params: dict[str, Any]) -> list[RowMapping]:
+    async def _own_rows(
+        self, name: str, params: dict[str, Any], engine: AsyncEngine
+    ) -> list[RowMapping]:
         if self.config.direct_calls:
             # A statement that is its own transaction: one round trip on the driver's
             # connection (its implicit transaction), no BEGIN and COMMIT around it.
             sql, names = positional(name)
-            return await self._direct(sql, [params[n] for n in names])
+            return await self._direct(sql, [params[n] for n in names], engine)
         return await self._transaction(name, params)
 
     async def _transaction(self, name: str, params: dict[str, Any]) -> list[RowMapping]:
@@ -316,7 +327,9 @@ class Queue:
         found: Mapping[str, Any] = rows[0]
         return found
 
-    async def _direct(self, sql: str, args: Sequence[Any]) -> list[Any]:
+    async def _direct(
+        self, sql: str, args: Sequence[Any], engine: AsyncEngine | None = None
+    ) -> list[Any]:
         """The statement on the driver's own connection, prepared once per connection (the
         driver's statement cache), its errors raised as SQLAlchemy's would be: callers and the
         API's handlers see one kind of error whichever path ran. A lost connection is told
@@ -326,7 +339,7 @@ class Queue:
         the answer that was lost)."""
         had_connection = False
         try:
-            async with self.engine.connect() as conn:
+            async with (engine or self.engine).connect() as conn:
                 had_connection = True
                 raw = await conn.get_raw_connection()
                 driver: asyncpg.Connection = raw.driver_connection
@@ -559,13 +572,14 @@ class Queue:
             "priorities": priorities_of(classes),
             "lease_seconds": lease_seconds or self.config.lease_seconds,
         }
+        engine = self.claim_engine
         if not self.config.fair_claim:
-            rows = await self._rows("claim_fifo", {**params, "limit": limit})
+            rows = await self._rows("claim_fifo", {**params, "limit": limit}, engine=engine)
         else:
             name = "claim_one" if limit == 1 else "claim_many"
             fair = {**params, **self._limits(), "limit": limit}
             for _ in range(PASSED_OVER_RETRIES + 1):
-                found = await self._rows(name, dict(fair))
+                found = await self._rows(name, dict(fair), engine=engine)
                 rows = [row for row in found if row["id"] is not None]
                 # Nothing claimed, but runs were passed over because a concurrent claim took
                 # their tenant's last room under its limit: other tenants' runs may be waiting

@@ -116,8 +116,12 @@ move_total AS MATERIALIZED (
     HAVING sum(d_running) <> 0 OR sum(d_queued) <> 0
 ),
 move_lock AS MATERIALIZED (
+    -- By key: `tenant_id = ANY(ARRAY(...))` is an index condition on the primary key, so the
+    -- rows are found by lookups whatever the number of tenants; with the pair `IN (...)` alone
+    -- the planner hash-joined a scan of every tenant's rows (tests/test_count_rows_by_key.py).
     SELECT c.tenant_id, c.band FROM tenant_class_counts c
-    WHERE (c.tenant_id, c.band) IN (SELECT tenant_id, band FROM move_total)
+    WHERE c.tenant_id = ANY(ARRAY(SELECT tenant_id FROM move_total))
+      AND (c.tenant_id, c.band) IN (SELECT tenant_id, band FROM move_total)
     ORDER BY c.tenant_id, c.band
     FOR UPDATE
 ),
@@ -125,7 +129,8 @@ move_update AS (
     UPDATE tenant_class_counts c
     SET running = c.running + m.d_running, queued = c.queued + m.d_queued
     FROM move_lock l JOIN move_total m ON m.tenant_id = l.tenant_id AND m.band = l.band
-    WHERE c.tenant_id = l.tenant_id AND c.band = l.band
+    WHERE c.tenant_id = ANY(ARRAY(SELECT tenant_id FROM move_lock))  -- by key, as above
+      AND c.tenant_id = l.tenant_id AND c.band = l.band
 ),
 move_insert AS (
     INSERT INTO tenant_class_counts AS c (tenant_id, band, running, queued)
@@ -136,6 +141,34 @@ move_insert AS (
     ON CONFLICT (tenant_id, band) DO UPDATE
     SET running = c.running + excluded.running, queued = c.queued + excluded.queued
 )
+
+
+-- fragment: fair_walk
+-- The fair order (docs/adr/0006), shared by claim_one and claim_many as a FROM item: for each
+-- class band of :priorities, highest class first, the band's count rows with queued runs in
+-- (running, last_claimed_at NULLS FIRST, tenant_id) order, read in that order from
+-- ix_tenant_class_counts_fair, each with the tenant's concurrency limit for the band: its
+-- tenant_limits entry, read at every claim so an admin's change applies to the next one, else
+-- the process default :max_running (by band; NULL for none). Names `b.band`, `t.tenant_id`,
+-- `t.running`, `t.last_claimed_at` and `cap.cap`.
+(SELECT DISTINCT p / 10 AS band FROM unnest(CAST(:priorities AS smallint[])) AS p
+ ORDER BY 1) AS b
+CROSS JOIN LATERAL (
+    SELECT c.tenant_id, c.running, c.last_claimed_at FROM tenant_class_counts c
+    WHERE c.band = b.band AND c.queued > 0
+    ORDER BY c.running, c.last_claimed_at NULLS FIRST, c.tenant_id
+    -- No limit in effect, but not a constant: the planner then plans the walk for its first
+    -- rows and reads ix_tenant_class_counts_fair in order, instead of sorting every count row
+    -- of the class for a walk the outer LIMIT stops after a few.
+    LIMIT (SELECT 2147483647)
+) AS t
+CROSS JOIN LATERAL (
+    SELECT coalesce(
+        (SELECT CAST(l.max_running
+                     ->> (ARRAY['interactive', 'async', 'maintenance'])[b.band + 1] AS integer)
+         FROM tenant_limits l WHERE l.tenant_id = t.tenant_id),
+        (CAST(:max_running AS integer[]))[b.band + 1]) AS cap
+) AS cap
 
 
 -- name: enqueue
@@ -286,24 +319,7 @@ SELECT coalesce((SELECT l.max_queued FROM tenant_limits l WHERE l.tenant_id = :t
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
 picked AS MATERIALIZED (
     SELECT head.id, head.is_hook, t.tenant_id, b.band, cap.cap
-    FROM (SELECT DISTINCT p / 10 AS band FROM unnest(CAST(:priorities AS smallint[])) AS p
-          ORDER BY 1) AS b
-    CROSS JOIN LATERAL (
-        SELECT c.tenant_id, c.running FROM tenant_class_counts c
-        WHERE c.band = b.band AND c.queued > 0
-        ORDER BY c.running, c.last_claimed_at NULLS FIRST, c.tenant_id
-        -- No limit in effect, but not a constant: the planner then plans the walk for its
-        -- first rows and reads ix_tenant_class_counts_fair in order, instead of sorting every
-        -- count row of the class for a walk the outer LIMIT stops after a few.
-        LIMIT (SELECT 2147483647)
-    ) AS t
-    CROSS JOIN LATERAL (
-        SELECT coalesce(
-            (SELECT CAST(l.max_running
-                         ->> (ARRAY['interactive', 'async', 'maintenance'])[b.band + 1] AS integer)
-             FROM tenant_limits l WHERE l.tenant_id = t.tenant_id),
-            (CAST(:max_running AS integer[]))[b.band + 1]) AS cap
-    ) AS cap
+    FROM {{fair_walk}}
     CROSS JOIN LATERAL (
         SELECT h.id, h.is_hook FROM unnest(CAST(:priorities AS smallint[])) AS p(priority)
         CROSS JOIN LATERAL (
@@ -335,16 +351,15 @@ picked AS MATERIALIZED (
     ) AS head
     LIMIT 1
 ),
-counts AS MATERIALIZED (
-    SELECT c.tenant_id, c.band, c.running FROM tenant_class_counts c
-    WHERE (c.tenant_id, c.band) IN (SELECT tenant_id, band FROM picked)
-    ORDER BY c.tenant_id, c.band
-    FOR UPDATE
-),
 allowed AS (
+    -- Only a tenant under a limit needs its count row's latest value before the claim: the
+    -- row is then locked here (a subquery OR evaluates only when the limit applies); without
+    -- a limit, `counted` below locks it by updating it. One row either way, after the run.
     SELECT picked.id FROM picked
-    JOIN counts ON counts.tenant_id = picked.tenant_id AND counts.band = picked.band
-    WHERE picked.is_hook OR picked.cap IS NULL OR counts.running < picked.cap
+    WHERE picked.is_hook OR picked.cap IS NULL
+       OR picked.cap > (SELECT c.running FROM tenant_class_counts c
+                        WHERE c.tenant_id = picked.tenant_id AND c.band = picked.band
+                        FOR UPDATE)
 ),
 claimed AS (
     UPDATE runs r
@@ -369,9 +384,9 @@ event AS (
     FROM claimed, clock
 ),
 counted AS (
-    -- The row `counts` locked. last_claimed_at orders ties between tenants: it is the
-    -- database's wall clock (clock_timestamp()), a serving order rather than a run's time, so
-    -- it advances even when a test holds the clock still.
+    -- The row `allowed` locked, or this locks it. last_claimed_at orders ties between
+    -- tenants: it is the database's wall clock (clock_timestamp()), a serving order rather
+    -- than a run's time, so it advances even when a test holds the clock still.
     UPDATE tenant_class_counts c
     SET running = c.running + 1, queued = c.queued - 1, last_claimed_at = clock_timestamp()
     FROM claimed
@@ -403,24 +418,7 @@ WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
 walk AS MATERIALIZED (
     SELECT b.band, t.tenant_id, t.running, t.last_claimed_at, cap.cap,
            coalesce(t.running >= cap.cap, false) AS full
-    FROM (SELECT DISTINCT p / 10 AS band FROM unnest(CAST(:priorities AS smallint[])) AS p
-          ORDER BY 1) AS b
-    CROSS JOIN LATERAL (
-        SELECT c.tenant_id, c.running, c.last_claimed_at FROM tenant_class_counts c
-        WHERE c.band = b.band AND c.queued > 0
-        ORDER BY c.running, c.last_claimed_at NULLS FIRST, c.tenant_id
-        -- No limit in effect, but not a constant: the planner then plans the walk for its
-        -- first rows and reads ix_tenant_class_counts_fair in order, instead of sorting every
-        -- count row of the class for a walk the outer LIMIT stops after a few.
-        LIMIT (SELECT 2147483647)
-    ) AS t
-    CROSS JOIN LATERAL (
-        SELECT coalesce(
-            (SELECT CAST(l.max_running
-                         ->> (ARRAY['interactive', 'async', 'maintenance'])[b.band + 1] AS integer)
-             FROM tenant_limits l WHERE l.tenant_id = t.tenant_id),
-            (CAST(:max_running AS integer[]))[b.band + 1]) AS cap
-    ) AS cap
+    FROM {{fair_walk}}
     CROSS JOIN LATERAL (
         -- Whether the tenant has a run to claim now: a probe per priority of the band, each
         -- a LIMIT 1 subquery (an EXISTS would let the planner hash one scan of every queued
@@ -507,8 +505,10 @@ batch AS MATERIALIZED (
     FROM (SELECT * FROM picked ORDER BY band, nth, turn LIMIT :limit) AS picked
 ),
 counts AS MATERIALIZED (
+    -- By key, as in count_moves.
     SELECT c.tenant_id, c.band, c.running FROM tenant_class_counts c
-    WHERE (c.tenant_id, c.band) IN (SELECT tenant_id, band FROM batch)
+    WHERE c.tenant_id = ANY(ARRAY(SELECT tenant_id FROM batch))
+      AND (c.tenant_id, c.band) IN (SELECT tenant_id, band FROM batch)
     ORDER BY c.tenant_id, c.band
     FOR UPDATE
 ),
@@ -545,7 +545,8 @@ counted AS (
     SET running = c.running + n.n, queued = c.queued - n.n, last_claimed_at = clock_timestamp()
     FROM (SELECT tenant_id, priority / 10 AS band, count(*) AS n FROM claimed
           GROUP BY tenant_id, priority / 10) AS n
-    WHERE c.tenant_id = n.tenant_id AND c.band = n.band
+    WHERE c.tenant_id = ANY(ARRAY(SELECT tenant_id FROM counts))  -- by key, as in count_moves
+      AND c.tenant_id = n.tenant_id AND c.band = n.band
 )
 -- No ORDER BY: the rows come back in no set order and the caller sorts the batch, which
 -- keeps a Sort node out of the plan. A row even when nothing was claimed, with `passed_over`,
