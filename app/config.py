@@ -313,13 +313,21 @@ class Settings(BaseSettings):
     def pool_size(self) -> int:
         """Connections per process, sized for the statements in flight, not for the slots: a
         run awaiting a model or a tool holds no connection, and a run's writes are short. Per
-        slot group a claim loop and a completion batch; for the runs' own writes (tool
+        slot group a completion batch, and its claim loop unless claims have their own
+        connections (`claim_pool_size`; not behind PgBouncer); for the runs' own writes (tool
         journal, checkpoints, waits, failures) up to ten at once, fewer with fewer slots; and
         two for the heartbeat, the registry, maintenance and the API's requests. A 2,000-slot
-        worker needs 18 (plus the engine's overflow), not 2,000."""
+        worker needs 18 in all (plus the engines' overflow), not 2,000."""
         if self.db_pool_size is not None:
             return self.db_pool_size
-        return min(self.total_slots, RUN_WRITE_CONNECTIONS) + 2 * len(self.slot_groups) + 2
+        per_group = 2 if self.pgbouncer else 1
+        return min(self.total_slots, RUN_WRITE_CONNECTIONS) + per_group * len(self.slot_groups) + 2
+
+    @property
+    def claim_pool_size(self) -> int:
+        """The claim engine's connections (app/db/engine.py, create_claim_engine): one per
+        slot group, whose claim loop makes one claim at a time."""
+        return len(self.slot_groups)
 
     @model_validator(mode="after")
     def _check_cross_field(self) -> Settings:

@@ -267,6 +267,8 @@ async def services(
             ),
             deltas=deltas,
         )
+        # Read at each scrape: the places held now (the event loop's own count).
+        metrics.open_streams.set_function(lambda: state.streams.open)
         notifier.on_runs(state.watch.notify)
         notifier.on_deltas(state.live.deliver)
         notifier.on_sessions(state.live.sessions_notified)

@@ -3,6 +3,7 @@ the series and labels the operations guide names."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import random
 import string
@@ -93,6 +94,41 @@ async def test_api_metrics_after_real_runs(database_url: str, engine: AsyncEngin
     usage = value(found, "turnstile_notification_queue_usage_ratio")
     assert usage is not None
     assert 0 <= usage < 1
+
+
+async def test_open_streams_gauge_counts_long_polls_in_their_handlers(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    """`turnstile_api_open_streams`: a long poll holds its place while it waits, and gives it
+    back when it is answered (here by the run's cancellation)."""
+    async with running_api(database_url, engine) as api:
+        client = await api.client()
+        later = (
+            await client.post("/runs", json={"input": 1, "scheduled_for": "2099-01-01T00:00:00Z"})
+        ).json()
+
+        async def open_streams() -> float | None:
+            async with httpx.AsyncClient(base_url=api.base) as anonymous:
+                found = samples((await anonymous.get("/metrics")).text)
+            return value(found, "turnstile_api_open_streams")
+
+        assert await open_streams() == 0
+        poll = asyncio.create_task(
+            client.get(f"/runs/{later['id']}", params={"wait": 30, "status": "queued"})
+        )
+
+        async def one_open() -> bool:
+            return await open_streams() == 1
+
+        await eventually(one_open, what="the long poll to hold its place")
+        await client.post(f"/runs/{later['id']}/cancel")
+        answered = await asyncio.wait_for(poll, 30)
+        assert answered.json()["status"] == "cancelled"
+
+        async def none_open() -> bool:
+            return await open_streams() == 0
+
+        await eventually(none_open, what="the answered poll to give its place back")
 
 
 async def test_requeued_released_and_fenced_are_counted(engine: AsyncEngine) -> None:

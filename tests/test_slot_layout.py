@@ -58,11 +58,21 @@ def test_settings_refuse_a_starving_layout(monkeypatch: pytest.MonkeyPatch) -> N
 def test_pool_size_follows_the_statements_in_flight_not_the_slots() -> None:
     settings = Settings(slots="interactive:4,async:4,maintenance:1")
     assert settings.total_slots == 9
-    assert settings.pool_size == 9 + 2 * 3 + 2
+    # Per group a completion batch here and a claim loop on the claim engine's connections.
+    assert settings.pool_size == 9 + 3 + 2
+    assert settings.claim_pool_size == 3
     # Thousands of runs awaiting a model hold no connection: the pool stays small.
     big = Settings(slots="interactive:1,async:2000,maintenance:1")
-    assert big.pool_size == 10 + 2 * 3 + 2
+    assert big.pool_size == 10 + 3 + 2
+    assert big.claim_pool_size == 3
     assert Settings(db_pool_size=7).pool_size == 7
+    # Behind PgBouncer claims share the pool (nothing is prepared there: app/db/engine.py).
+    bounced = Settings(
+        slots="interactive:4,async:4,maintenance:1",
+        pgbouncer=True,
+        listen_database_url="postgresql://turnstile@127.0.0.1:5432/turnstile",
+    )
+    assert bounced.pool_size == 9 + 2 * 3 + 2
 
 
 async def test_model_clients_give_every_slot_a_connection_in_bounded_shards() -> None:

@@ -133,7 +133,11 @@ CLAIM_PLANNER_SETTINGS = {
 
 
 def create_claim_engine(
-    settings: Settings, url: str, *, application_name: str = "turnstile"
+    settings: Settings,
+    url: str,
+    *,
+    pool_size: int | None = None,
+    application_name: str = "turnstile",
 ) -> AsyncEngine | None:
     """The small engine the queue claims on (`Queue(claim_engine=...)`), whose connections reuse
     one generic plan per claim statement (docs/adr/0006). The fair claim is a large statement:
@@ -142,13 +146,14 @@ def create_claim_engine(
     the parameters' values (a worker's classes, a lease, a batch size), so one plan per
     connection serves every call. Other statements keep their per-call plans: some depend on
     their values. None behind PgBouncer, where nothing is prepared and startup parameters do
-    not reach the server: claims then share the main engine."""
+    not reach the server: claims then share the main engine. One connection per slot group by
+    default (`Settings.claim_pool_size`)."""
     if settings.pgbouncer:
         return None
     return create_engine(
         settings,
         url,
-        pool_size=2,
+        pool_size=pool_size or settings.claim_pool_size,
         application_name=application_name,
         planner_settings=CLAIM_PLANNER_SETTINGS,
     )

@@ -115,6 +115,12 @@ class Metrics:
             ["tenant", "class", "status"],
             registry=self.registry,
         )
+        self.open_streams = Gauge(
+            "turnstile_api_open_streams",
+            "Event streams and long polls this API process is serving now (each holds a place "
+            "under TURNSTILE_MAX_STREAMS_PER_PROCESS; over it, new ones get 429).",
+            registry=self.registry,
+        )
         self.stuck = Gauge(
             "turnstile_stuck_runs",
             "Runs stuck per reason: lease_expired, queued_too_long, waiting_too_long.",
