@@ -3,7 +3,8 @@
 For every eligibility set a worker slot can have (each class alone, interactive+async, the
 non-contiguous interactive+maintenance, all three), this module runs EXPLAIN (ANALYZE, BUFFERS)
 of the real `claim_one` and `claim_many` statement texts, with the bind parameters `Queue.claim`
-passes, against a queue of 1k and of 100k runs, and proves that:
+passes, against a queue of 1k and of 100k runs, both as planned for those parameters and as the
+generic plan the claim engine's connections keep (app/db/engine.py), and proves that:
 
 - the plan never scans the table (no Seq Scan) and never sorts the queue (no Sort of more rows
   than a batch and its tenants): the fair claim (docs/adr/0006) walks the tenants with queued
@@ -35,8 +36,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.db.engine import create_engine
+from app.db.engine import CLAIM_PLANNER_SETTINGS, create_engine
 from app.queue.classes import PriorityClass, priorities_of
+from app.queue.core import positional
 from app.queue.sql import statements
 from tests.support.databases import clone_database, drop_database
 
@@ -90,6 +92,10 @@ SETS = (
 #   transaction: the claim must find nothing, and find it cheaply.
 SCENARIOS = ("other", "backed-off", "none-eligible")
 STATEMENTS = ("claim_one", "claim_many")
+# How each statement is planned: for its parameters at every call (its first executions on any
+# connection, and behind PgBouncer), and as the service claims, on the claim engine's
+# connections with one generic plan kept per connection (app/db/engine.py).
+PLANNINGS = ("per call", "claim engine")
 
 HANDFUL_SQL = """
 INSERT INTO runs (tenant_id, principal, agent, input, priority, status, created_at,
@@ -152,6 +158,7 @@ class Figure:
     scenario: str
     size: int
     statement: str
+    planning: str
     # Shared buffers (hit + read) of the top plan node, which includes its children: the
     # candidate search, the row lock and the UPDATE. (The run.claimed INSERT runs after the top
     # node, as a data-modifying CTE nobody reads; it writes one event per claimed run.)
@@ -286,8 +293,24 @@ async def populate(engine: AsyncEngine, layout: str, size: int) -> None:
         await transaction.rollback()
 
 
+def literal(value: Any) -> str:
+    """A claim parameter as an SQL literal (the prepared statement's types coerce it)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, list):
+        return "'{" + ",".join("NULL" if v is None else str(v) for v in value) + "}'"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return str(value)
+
+
 async def measure(
-    engine: AsyncEngine, eligibility: EligibilitySet, scenario: str, size: int, statement: str
+    engine: AsyncEngine,
+    eligibility: EligibilitySet,
+    scenario: str,
+    size: int,
+    statement: str,
+    planning: str,
 ) -> Figure:
     params: dict[str, Any] = {
         "owner": OWNER,
@@ -306,13 +329,34 @@ async def measure(
                 await conn.execute(
                     text(DELETE_ELIGIBLE_SQL), {"priorities": priorities_of(PriorityClass)}
                 )
-            raw = await conn.scalar(text(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}"), params)
+            if planning == "per call":
+                explain = text(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}")
+            else:
+                # The generic plan the claim engine's connections keep: the statement
+                # prepared under their settings, then executed with the same parameters.
+                driver = (await conn.get_raw_connection()).driver_connection
+                assert driver is not None
+                for setting, value in CLAIM_PLANNER_SETTINGS.items():
+                    await driver.execute(f"SET LOCAL {setting} = '{value}'")
+                prepared, names = positional(statement)
+                await driver.execute(f"PREPARE claim_cost AS {prepared}")
+                # EXECUTE takes no bind parameters: its arguments are literals.
+                arguments = ", ".join(literal(params[name]) for name in names)
+                explain = text(
+                    f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim_cost({arguments})"
+                )
+            raw = await conn.scalar(explain, params if planning == "per call" else {})
             claimed = await conn.scalars(text(CLAIMED_SQL), {"owner": OWNER})
             agents = tuple(str(agent) for agent in claimed)
         finally:
             # EXPLAIN ANALYZE executed the claim: undo it, so every measurement sees the same
             # queue.
             await transaction.rollback()
+            if planning != "per call":
+                # A prepared statement outlives its transaction.
+                driver = (await conn.get_raw_connection()).driver_connection
+                assert driver is not None
+                await driver.execute("DEALLOCATE claim_cost")
     (explained,) = json.loads(raw) if isinstance(raw, str) else raw
     plan: PlanNode = explained["Plan"]
     return Figure(
@@ -321,6 +365,7 @@ async def measure(
         scenario=scenario,
         size=size,
         statement=statement,
+        planning=planning,
         buffers=shared_buffers(plan),
         search_buffers=sum(shared_buffers(node) for node in claim_search(plan)),
         execution_ms=float(explained["Execution Time"]),
@@ -337,17 +382,18 @@ def layout_of(eligibility: EligibilitySet, scenario: str) -> str:
     return "backed-off"
 
 
-def measurements() -> Iterator[tuple[EligibilitySet, str, str]]:
+def measurements() -> Iterator[tuple[EligibilitySet, str, str, str]]:
     for eligibility in SETS:
         for scenario in SCENARIOS:
             if scenario == "other" and eligibility.backlog is None:
                 continue  # no other class exists; see SETS
             for statement in STATEMENTS:
-                yield eligibility, scenario, statement
+                for planning in PLANNINGS:
+                    yield eligibility, scenario, statement, planning
 
 
 async def measure_all(server: str, template: str) -> list[Figure]:
-    layouts = sorted({layout_of(e, s) for e, s, _ in measurements()})
+    layouts = sorted({layout_of(e, s) for e, s, _, _ in measurements()})
     settings = Settings(database_url=None)
     urls: dict[tuple[str, int], str] = {}
     engines: dict[tuple[str, int], AsyncEngine] = {}
@@ -360,10 +406,12 @@ async def measure_all(server: str, template: str) -> list[Figure]:
         # server builds them side by side.
         await asyncio.gather(*(populate(engines[key], key[0], key[1]) for key in engines))
         figures = []
-        for eligibility, scenario, statement in measurements():
+        for eligibility, scenario, statement, planning in measurements():
             for size in (SMALL, LARGE):
                 engine = engines[layout_of(eligibility, scenario), size]
-                figures.append(await measure(engine, eligibility, scenario, size, statement))
+                figures.append(
+                    await measure(engine, eligibility, scenario, size, statement, planning)
+                )
         return figures
     finally:
         for engine in engines.values():
@@ -374,12 +422,12 @@ async def measure_all(server: str, template: str) -> list[Figure]:
 
 def report(figures: list[Figure]) -> str:
     lines = [
-        f"{'set':<24} {'scenario':<14} {'statement':<10} {'size':>7} {'buffers':>7} "
-        f"{'search':>6} {'ms':>6}  plan"
+        f"{'set':<24} {'scenario':<14} {'statement':<10} {'planning':<12} {'size':>7} "
+        f"{'buffers':>7} {'search':>6} {'ms':>6}  plan"
     ]
     lines += [
-        f"{f.eligibility:<24} {f.scenario:<14} {f.statement:<10} {f.size:>7} {f.buffers:>7} "
-        f"{f.search_buffers:>6} {f.execution_ms:>6.2f}  {plan_shape(f)}"
+        f"{f.eligibility:<24} {f.scenario:<14} {f.statement:<10} {f.planning:<12} {f.size:>7} "
+        f"{f.buffers:>7} {f.search_buffers:>6} {f.execution_ms:>6.2f}  {plan_shape(f)}"
         for f in figures
     ]
     return "\n".join(lines)
@@ -406,7 +454,7 @@ def test_claim_neither_scans_nor_sorts_the_queue(
     figures: list[Figure], eligibility: EligibilitySet
 ) -> None:
     for figure in figures_of(figures, eligibility):
-        where = f"{figure.statement} {figure.scenario} {figure.size}"
+        where = f"{figure.statement} ({figure.planning}) {figure.scenario} {figure.size}"
         found = scans_and_sorts(figure)
         bad = [node for node in found if not small_table_choice(figure, node)]
         assert not bad, f"{where}: {json.dumps(bad, indent=1)}"
@@ -435,16 +483,21 @@ def test_claim_cost_does_not_grow_with_the_queue(
     mine = figures_of(figures, eligibility)
     for scenario in SCENARIOS:
         for statement in STATEMENTS:
-            pair = {f.size: f for f in mine if (f.scenario, f.statement) == (scenario, statement)}
-            if not pair:
-                continue  # scenario "other" of the set of all classes; see SETS
-            small, large = pair[SMALL], pair[LARGE]
-            # A hundred times the runs may cost a deeper index (one more level per descent),
-            # never a walk over them.
-            assert large.buffers <= 2 * small.buffers, (
-                f"{statement} {scenario}: {small.buffers} buffers at {SMALL} runs, "
-                f"{large.buffers} at {LARGE}\n{json.dumps(large.plan, indent=1)}"
-            )
+            for planning in PLANNINGS:
+                pair = {
+                    f.size: f
+                    for f in mine
+                    if (f.scenario, f.statement, f.planning) == (scenario, statement, planning)
+                }
+                if not pair:
+                    continue  # scenario "other" of the set of all classes; see SETS
+                small, large = pair[SMALL], pair[LARGE]
+                # A hundred times the runs may cost a deeper index (one more level per
+                # descent), never a walk over them.
+                assert large.buffers <= 2 * small.buffers, (
+                    f"{statement} {scenario} ({planning}): {small.buffers} buffers at {SMALL} "
+                    f"runs, {large.buffers} at {LARGE}\n{json.dumps(large.plan, indent=1)}"
+                )
 
 
 @pytest.mark.parametrize("eligibility", SETS, ids=[s.name for s in SETS])
@@ -452,7 +505,7 @@ def test_claim_takes_the_head_of_its_classes(
     figures: list[Figure], eligibility: EligibilitySet
 ) -> None:
     for figure in figures_of(figures, eligibility):
-        where = f"{figure.statement} {figure.scenario} {figure.size}"
+        where = f"{figure.statement} ({figure.planning}) {figure.scenario} {figure.size}"
         if figure.statement == "claim_one" and figure.scenario != "none-eligible":
             assert len(figure.claimed) == 1, where
         assert figure.claimed == figure.expected, where
