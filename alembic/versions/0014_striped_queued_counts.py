@@ -16,8 +16,8 @@ lock until its commit, so a tenant's submissions committed one at a time (docs/a
   (`ix_tenant_class_counts_fair` is re-created `WHERE has_work`). Set by every statement that
   adds queued runs; cleared only by `turnstile_clear_work`, which holds the count row and all 8
   stripes (SKIP LOCKED, so it never waits) and sees the exact total at 0.
-* `turnstile_add_queued(tenant, band, n)`: the enqueue's side of the protocol, three statements
-  so that the last one (the mark) runs on a snapshot taken after the stripe write.
+* `turnstile_add_queued(tenant, band, n)`: the enqueue's side of the protocol, separate
+  statements so that the last one (the mark) runs on a snapshot taken after the stripe write.
 * `turnstile_submit` (migration 0013's text, patched at exact anchors as 0011-0013 did): a new
   run goes through `turnstile_add_queued`; its quota reads the total; an answer that requeues a
   waiting run still updates the count row, and sets `has_work` there.
@@ -59,13 +59,22 @@ CREATE OR REPLACE FUNCTION turnstile_add_queued(p_tenant text, p_band smallint, 
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $fn$
 -- The enqueue's side of the striped count (docs/adr/0006, "Striped queued counts"): p_n new
--- queued runs of (p_tenant, p_band), written by the caller's statement or transaction. Three
--- statements, each on a snapshot of its own (READ COMMITTED), in this order:
+-- queued runs of (p_tenant, p_band), written by the caller's statement or transaction. Each
+-- statement below runs on a snapshot of its own (READ COMMITTED), in this order:
+DECLARE
+    v_first boolean;
 BEGIN
-    -- 1. A first run of the (tenant, band): its count row and its 8 stripes, in one statement.
-    --    ON CONFLICT DO NOTHING: a concurrent first run may have created them meanwhile.
-    IF NOT EXISTS (SELECT 1 FROM tenant_class_counts c
-                   WHERE c.tenant_id = p_tenant AND c.band = p_band) THEN
+    -- 1. The runs, on this connection's stripe: concurrent enqueues of one tenant from other
+    --    connections update other rows. The stripe stays locked to the commit. A count row's
+    --    8 stripes are created with it, so a stripe inserted here (not updated) is the first
+    --    run of the (tenant, band), or one racing with it.
+    INSERT INTO tenant_queued_stripes AS s (tenant_id, band, stripe, queued)
+    VALUES (p_tenant, p_band, pg_backend_pid() % 8, p_n)
+    ON CONFLICT (tenant_id, band, stripe) DO UPDATE SET queued = s.queued + excluded.queued
+    RETURNING s.xmax = 0 INTO v_first;
+    -- 2. A first run: the count row and the other stripes, in this transaction, so they commit
+    --    together. ON CONFLICT DO NOTHING: a concurrent first run may have created them.
+    IF v_first THEN
         WITH new_row AS (
             INSERT INTO tenant_class_counts (tenant_id, band, running, queued, has_work)
             VALUES (p_tenant, p_band, 0, 0, true)
@@ -75,12 +84,7 @@ BEGIN
         SELECT p_tenant, p_band, g, 0 FROM generate_series(0, 7) AS g
         ON CONFLICT (tenant_id, band, stripe) DO NOTHING;
     END IF;
-    -- 2. The runs, on this connection's stripe: concurrent enqueues of one tenant from other
-    --    connections update other rows. The stripe stays locked to the commit.
-    INSERT INTO tenant_queued_stripes AS s (tenant_id, band, stripe, queued)
-    VALUES (p_tenant, p_band, pg_backend_pid() % 8, p_n)
-    ON CONFLICT (tenant_id, band, stripe) DO UPDATE SET queued = s.queued + excluded.queued;
-    -- 3. The mark, on a snapshot taken after step 2. A clear committed before it is seen here
+    -- 3. The mark, on a snapshot taken after step 1. A clear committed before it is seen here
     --    (has_work false: set it again); a clear that has not committed by now cannot happen,
     --    because it needs all 8 stripes and this transaction holds one (turnstile_clear_work).
     --    A no-op (no lock, no write) while the flag is already set: the common case.

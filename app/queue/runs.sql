@@ -115,7 +115,8 @@ hook_link AS (
 -- exists. A row that gains queued runs gets has_work (it holds the row's lock, so no clear
 -- runs meanwhile); a row that loses some, and whose total then reads 0 in this statement's
 -- snapshot, is offered to turnstile_clear_work (`move_clear`, which runs only in a statement
--- whose final SELECT reads it: those with moves out of queued).
+-- whose final SELECT reads it: every one with moves out of queued reads it, claim_fifo,
+-- cancel, pause_schedule, delete_schedule and webhook_delete).
 move_total AS MATERIALIZED (
     SELECT tenant_id, CAST(band AS smallint) AS band, CAST(sum(d_running) AS integer) AS d_running,
            CAST(sum(d_queued) AS integer) AS d_queued
@@ -242,12 +243,17 @@ CROSS JOIN LATERAL (
 -- stripes, not counted.
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
 quota AS MATERIALIZED (
-    SELECT coalesce((SELECT l.max_queued FROM tenant_limits l WHERE l.tenant_id = :tenant_id),
-                    CAST(:max_queued AS integer)) AS max_queued,
-           (SELECT coalesce(sum(c.queued), 0) FROM tenant_class_counts c
-            WHERE c.tenant_id = :tenant_id)
-           + (SELECT coalesce(sum(s.queued), 0) FROM tenant_queued_stripes s
-              WHERE s.tenant_id = :tenant_id) AS queued
+    -- The total is read only when there is a quota to hold it against.
+    SELECT l.max_queued,
+           CASE WHEN l.max_queued IS NOT NULL THEN
+               (SELECT coalesce(sum(c.queued), 0) FROM tenant_class_counts c
+                WHERE c.tenant_id = :tenant_id)
+               + (SELECT coalesce(sum(s.queued), 0) FROM tenant_queued_stripes s
+                  WHERE s.tenant_id = :tenant_id)
+           END AS queued
+    FROM (SELECT coalesce((SELECT l.max_queued FROM tenant_limits l
+                           WHERE l.tenant_id = :tenant_id),
+                          CAST(:max_queued AS integer)) AS max_queued) AS l
 ),
 run AS (
     INSERT INTO runs (id, tenant_id, principal, session_id, session_run_no, status, priority,
@@ -302,12 +308,17 @@ FROM run CROSS JOIN (SELECT count(*) FROM queued_added) AS counted;
 -- refused whole (nothing enqueued: the caller raises QueueQuotaError).
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
 quota AS MATERIALIZED (
-    SELECT coalesce((SELECT l.max_queued FROM tenant_limits l WHERE l.tenant_id = :tenant_id),
-                    CAST(:max_queued AS integer)) AS max_queued,
-           (SELECT coalesce(sum(c.queued), 0) FROM tenant_class_counts c
-            WHERE c.tenant_id = :tenant_id)
-           + (SELECT coalesce(sum(s.queued), 0) FROM tenant_queued_stripes s
-              WHERE s.tenant_id = :tenant_id) AS queued
+    -- The total is read only when there is a quota to hold it against.
+    SELECT l.max_queued,
+           CASE WHEN l.max_queued IS NOT NULL THEN
+               (SELECT coalesce(sum(c.queued), 0) FROM tenant_class_counts c
+                WHERE c.tenant_id = :tenant_id)
+               + (SELECT coalesce(sum(s.queued), 0) FROM tenant_queued_stripes s
+                  WHERE s.tenant_id = :tenant_id)
+           END AS queued
+    FROM (SELECT coalesce((SELECT l.max_queued FROM tenant_limits l
+                           WHERE l.tenant_id = :tenant_id),
+                          CAST(:max_queued AS integer)) AS max_queued) AS l
 ),
 spec AS (
     SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:priorities AS smallint[]),
