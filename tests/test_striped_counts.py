@@ -111,6 +111,23 @@ async def enqueue_on(conn: AsyncConnection, queue: Queue, tenant: str, path: str
     return (await queue.enqueue(new_run(tenant), conn=conn)).id
 
 
+async def on_two_stripes(
+    engine: AsyncEngine, stack: contextlib.AsyncExitStack
+) -> tuple[AsyncConnection, AsyncConnection]:
+    """Two connections whose backends write different stripes (pid % 8), no transaction open.
+    Within the pool (7 connections): all on one stripe has odds of 8**-6."""
+    first = await stack.enter_async_context(engine.connect())
+    stripe = await pid_of(first) % 8
+    await first.rollback()
+    for _ in range(6):
+        other = await stack.enter_async_context(engine.connect())
+        found = await pid_of(other) % 8
+        await other.rollback()
+        if found != stripe:
+            return first, other
+    raise AssertionError("no two connections on different stripes")
+
+
 async def claimed_ids(queue: Queue) -> list[uuid.UUID]:
     return [c.run.id for c in await queue.claim("w", [ASYNC])]
 
@@ -118,8 +135,13 @@ async def claimed_ids(queue: Queue) -> list[uuid.UUID]:
 # --- (a) an enqueue in flight while a claim drains the tenant --------------------------------
 async def check_enqueue_in_flight(queue: Queue, path: str) -> None:
     engine = queue.engine
-    first = (await queue.enqueue(new_run("t"))).id
-    async with engine.connect() as conn:
+    async with contextlib.AsyncExitStack() as stack:
+        # The first run on another stripe than the enqueue in flight: the clearer then finds
+        # every stripe it can lock summing to 0 with the row, and only the stripe it could not
+        # lock (and the count of 8) keeps it from clearing.
+        settled, conn = await on_two_stripes(engine, stack)
+        async with settled.begin():
+            first = (await queue.enqueue(new_run("t"), conn=settled)).id
         tx = await conn.begin()
         second = await enqueue_on(conn, queue, "t", path)  # its stripe stays locked
         # The claim takes the last run its snapshot sees: the total reads 0, so it offers the
@@ -212,18 +234,7 @@ async def test_one_tenants_enqueues_do_not_wait_for_each_others_commit(queue: Qu
     engine = queue.engine
     await queue.enqueue(new_run("t"))  # the row and stripes exist: the common case
     async with contextlib.AsyncExitStack() as stack:
-        first = await stack.enter_async_context(engine.connect())
-        stripe = await pid_of(first) % 8
-        await first.rollback()
-        other = None
-        for _ in range(6):  # within the pool (7): all on one stripe has odds of 8**-6
-            candidate = await stack.enter_async_context(engine.connect())
-            found = await pid_of(candidate) % 8
-            await candidate.rollback()
-            if found != stripe:
-                other = candidate
-                break
-        assert other is not None
+        first, other = await on_two_stripes(engine, stack)
         tx_a, tx_b = await first.begin(), await other.begin()
         await queue.enqueue(new_run("t"), conn=first)
         # Would wait for tx_a's commit if both wrote the count row.
