@@ -315,7 +315,6 @@ async def test_eight_enqueuers_and_two_claimers_of_one_tenant(queue: Queue) -> N
     assert len(enqueued) == 8 * per_client
     assert sorted(claimed) == sorted(enqueued), "a run was claimed twice, or left queued"
     await check_all_runs(engine)
-    if await has_work(engine, "one"):
-        # A claim's snapshot can miss a concurrent fold and leave the flag: the backstop.
-        await WorkFlagClearer(queue, holder="test", interval=1).run_once()
+    # The claim that took the last run offered the row and nothing was in flight: cleared
+    # without the backstop (stripes only grow, so no snapshot overestimates the total).
     assert not await has_work(engine, "one")

@@ -75,9 +75,9 @@ ORDER BY 2, 3;
 -- name: clear_idle_work
 -- The backstop for stale has_work flags (docs/adr/0006, "Striped queued counts"): the claims,
 -- and every statement that takes runs out of queued offer a (tenant, class) to
--- turnstile_clear_work when their snapshot says it is empty, but a snapshot that missed a
--- concurrent fold, a clear that found a stripe locked by an enqueue that then rolled back, or
--- an enqueue rolled back after its mark can leave the flag set with nothing queued: the walk then probes that tenant for nothing. Up to
+-- turnstile_clear_work when their snapshot says it is empty, but a clear that found a stripe
+-- locked by an enqueue that then rolled back, or an enqueue rolled back after its mark, can
+-- leave the flag set with nothing queued: the walk then probes that tenant for nothing. Up to
 -- :limit flagged rows whose total reads 0 or less are offered, in key order; the function
 -- never waits and clears only what it proves empty. Returns the rows offered and cleared.
 SELECT count(*) AS offered,
