@@ -152,11 +152,15 @@ move_insert AS (
     ON CONFLICT (tenant_id, band) DO UPDATE
     SET running = c.running + excluded.running, queued = c.queued + excluded.queued,
         has_work = c.has_work OR excluded.has_work
+    RETURNING c.tenant_id
 ),
 move_stripes AS (
+    -- After the rows (reading move_insert makes it run first), as turnstile_add_queued
+    -- creates them: a concurrent first run then waits on the row, never on a stripe.
     INSERT INTO tenant_queued_stripes (tenant_id, band, stripe, queued)
     SELECT m.tenant_id, m.band, g.stripe, 0
     FROM move_total m CROSS JOIN generate_series(0, 7) AS g(stripe)
+    CROSS JOIN (SELECT count(*) FROM move_insert) AS rows_first
     WHERE NOT EXISTS (SELECT 1 FROM move_lock l WHERE l.tenant_id = m.tenant_id
                                                   AND l.band = m.band)
     ORDER BY m.tenant_id, m.band, g.stripe
