@@ -14,9 +14,10 @@ inserted directly with their counts, as the migrations would leave them; claims 
 engine (generic plans, app/db/engine.py), each its own transaction. Blocks of 25 claims
 alternate between the two, so a noisy moment on a shared machine falls on both alike.
 
-    .venv/bin/python bench/claim_drain_cost.py [CLAIMS] [BASELINE]
+    .venv/bin/python bench/claim_drain_cost.py [CLAIMS] [BASELINE] [BATCH]
 
-CLAIMS 300 per layout and BASELINE 69c6930 by default. TEST_DATABASE_URL or DATABASE_URL: a
+CLAIMS 300 per layout, BASELINE 69c6930 and BATCH 1 (`claim_one`; more: `claim_many` of that
+many runs, CLAIMS then counting batches) by default. TEST_DATABASE_URL or DATABASE_URL: a
 server on which it creates and drops two databases per layout.
 """
 
@@ -89,7 +90,7 @@ async def fresh_database(name: str, revision: str, counts: str, layout: tuple[in
     return url
 
 
-def baseline_claim(baseline: str) -> TextClause:
+def baseline_claim(baseline: str, name: str) -> TextClause:
     source = subprocess.run(
         ["git", "show", f"{baseline}:app/queue/runs.sql"],
         cwd=ROOT,
@@ -97,15 +98,15 @@ def baseline_claim(baseline: str) -> TextClause:
         capture_output=True,
         text=True,
     ).stdout
-    return parse(source, f"{baseline}:app/queue/runs.sql")["claim_one"].clause
+    return parse(source, f"{baseline}:app/queue/runs.sql")[name].clause
 
 
-async def claims(engine: AsyncEngine, statement: TextClause, n: int) -> list[float]:
+async def claims(engine: AsyncEngine, statement: TextClause, n: int, batch: int) -> list[float]:
     params: dict[str, Any] = {
         "owner": "bench",
         "priorities": list(range(10, 20)),
         "lease_seconds": 300.0,
-        "limit": 1,
+        "limit": batch,
         "max_running": [None, None, None],
         "now": None,
     }
@@ -113,18 +114,22 @@ async def claims(engine: AsyncEngine, statement: TextClause, n: int) -> list[flo
     for _ in range(n):
         started = time.perf_counter()
         async with engine.begin() as conn:
-            row = (await conn.execute(statement, params)).mappings().one()
+            rows = (await conn.execute(statement, params)).mappings().all()
         times.append(time.perf_counter() - started)
-        assert row["id"] is not None, "the queue ran dry: fewer claims per layout"
+        assert rows[0]["id"] is not None, "the queue ran dry: fewer claims per layout"
     return times
 
 
 async def main() -> None:
     total = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     baseline = sys.argv[2] if len(sys.argv) > 2 else "69c6930"
+    batch = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    name = "claim_one" if batch == 1 else "claim_many"
     settings = Settings()
-    statements = {"before": baseline_claim(baseline), "after": q("claim_one")}
-    print(f"before: {baseline} at migration 0013; after: {ROOT} at head; claim_one, p50 / p95")
+    statements = {"before": baseline_claim(baseline, name), "after": q(name)}
+    print(
+        f"before: {baseline} at migration 0013; after: {ROOT} at head; {name} of {batch}, p50 / p95"
+    )
     for label, layout in LAYOUTS.items():
         names = {k: f"ts_claimcost_{k}_{os.getpid()}" for k in statements}
         urls = {
@@ -137,11 +142,11 @@ async def main() -> None:
         times: dict[str, list[float]] = {k: [] for k in statements}
         try:
             for k in statements:  # warm up: connections and generic plans
-                await claims(engines[k], statements[k], 5)
+                await claims(engines[k], statements[k], 5, batch)
             for block in range(total // BLOCK):
                 order = list(statements) if block % 2 == 0 else list(reversed(statements))
                 for k in order:
-                    times[k] += await claims(engines[k], statements[k], BLOCK)
+                    times[k] += await claims(engines[k], statements[k], BLOCK, batch)
         finally:
             for engine in engines.values():
                 await engine.dispose()
