@@ -400,10 +400,21 @@ WITH run AS (
     FROM generate_series(1, $2) g
     RETURNING tenant_id, priority
 )
--- The tenants' counts, as the queue's own statements keep them (docs/adr/0006).
-INSERT INTO tenant_class_counts AS c (tenant_id, band, running, queued)
-SELECT tenant_id, priority / 10, 0, count(*) FROM run GROUP BY tenant_id, priority / 10
-ON CONFLICT (tenant_id, band) DO UPDATE SET queued = c.queued + excluded.queued
+-- The tenants' counts, as the queue's own statements keep them (docs/adr/0006): new runs on
+-- the stripes (stripe 0 here), has_work set, every count row with its 8 stripes.
+, per_band AS MATERIALIZED (
+    SELECT tenant_id, CAST(priority / 10 AS smallint) AS band, count(*) AS n FROM run
+    GROUP BY tenant_id, priority / 10
+),
+count_row AS (
+    INSERT INTO tenant_class_counts AS c (tenant_id, band, running, queued, has_work)
+    SELECT tenant_id, band, 0, 0, true FROM per_band
+    ON CONFLICT (tenant_id, band) DO UPDATE SET has_work = true
+)
+INSERT INTO tenant_queued_stripes AS s (tenant_id, band, stripe, queued)
+SELECT tenant_id, band, g, CASE WHEN g = 0 THEN n ELSE 0 END
+FROM per_band CROSS JOIN generate_series(0, 7) AS g
+ON CONFLICT (tenant_id, band, stripe) DO UPDATE SET queued = s.queued + excluded.queued
 """
 
 
@@ -455,6 +466,7 @@ async def depth(dbs: Databases, settings: Settings, profile: Profile) -> list[di
                 assert queues[-1].conn is not None
                 await queues[-1].conn.execute("VACUUM ANALYZE runs")
                 await queues[-1].conn.execute("ANALYZE tenant_class_counts")
+                await queues[-1].conn.execute("ANALYZE tenant_queued_stripes")
         times: dict[tuple[int, int, str], list[float]] = {}
         for label, limit in (("claim_one", 1), ("claim_many_8", 8)):
             for q in queues:

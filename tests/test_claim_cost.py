@@ -133,13 +133,19 @@ WHERE status = 'queued' AND priority = ANY(CAST(:priorities AS smallint[]))
   AND coalesce(scheduled_for, created_at) <= now()
 """
 
-# The tenants' counts of the runs inserted directly (as migration 0010 fills them in).
+# The tenants' counts of the runs inserted directly (as migrations 0010 and 0014 fill them
+# in: the queued runs on the count row, has_work set, the 8 stripes at 0).
 COUNTS_SQL = """
-INSERT INTO tenant_class_counts (tenant_id, band, running, queued)
-SELECT tenant_id, priority / 10, count(*) FILTER (WHERE status = 'running'),
-       count(*) FILTER (WHERE status = 'queued')
-FROM runs WHERE status IN ('queued', 'running')
-GROUP BY tenant_id, priority / 10
+WITH counted AS (
+    INSERT INTO tenant_class_counts (tenant_id, band, running, queued, has_work)
+    SELECT tenant_id, priority / 10, count(*) FILTER (WHERE status = 'running'),
+           count(*) FILTER (WHERE status = 'queued'), count(*) FILTER (WHERE status = 'queued') > 0
+    FROM runs WHERE status IN ('queued', 'running')
+    GROUP BY tenant_id, priority / 10
+    RETURNING tenant_id, band
+)
+INSERT INTO tenant_queued_stripes (tenant_id, band, stripe, queued)
+SELECT tenant_id, band, g, 0 FROM counted, generate_series(0, 7) AS g
 """
 # The claim's process defaults of the tenants' concurrency limits: none.
 NO_LIMITS: list[int | None] = [None, None, None]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -442,25 +443,47 @@ tenant_class_counts = Table(
     "tenant_class_counts",
     metadata,
     # A tenant's running and queued runs of one class band (priority / 10), kept exact by the
-    # statements that change them, so the fair claim reads a share from one row.
+    # statements that change them, so the fair claim reads a share from one row. Queued runs
+    # are split (migration 0014): new runs are added to the tenant's stripes
+    # (tenant_queued_stripes), so `queued` here holds the rest and may be negative; the queued
+    # total is `queued` + the sum of the 8 stripes (the view tenant_class_totals).
     Column("tenant_id", Text, primary_key=True),
     Column("band", SmallInteger, primary_key=True),
     Column("running", Integer, nullable=False, server_default=text("0")),
-    Column("queued", Integer, nullable=False, server_default=text("0")),
+    Column("queued", BigInteger, nullable=False, server_default=text("0")),
     # Ties between tenants with as many running runs go to the least recently served.
     _ts("last_claimed_at"),
+    # "May have queued runs": the fair walk's filter. Set by every statement that adds queued
+    # runs, cleared only by turnstile_clear_work when the exact total is 0 (docs/adr/0006).
+    Column("has_work", Boolean, nullable=False, server_default=text("false")),
     CheckConstraint("band BETWEEN 0 AND 2", name="band"),
-    CheckConstraint("running >= 0 AND queued >= 0", name="non_negative"),
-    # The fair claim's walk (docs/adr/0006): tenants with queued runs of a class, fewest
-    # running first, then least recently served (migration 0011).
+    CheckConstraint("running >= 0", name="non_negative"),
+    # The fair claim's walk (docs/adr/0006): tenants that may have queued runs of a class,
+    # fewest running first, then least recently served (migrations 0011, 0014).
     Index(
         "ix_tenant_class_counts_fair",
         "band",
         "running",
         text("last_claimed_at NULLS FIRST"),
         "tenant_id",
-        postgresql_where=text("queued > 0"),
+        postgresql_where=text("has_work"),
     ),
+)
+
+tenant_queued_stripes = Table(
+    "tenant_queued_stripes",
+    metadata,
+    # New queued runs of a (tenant, band), spread over 8 rows by the enqueuing connection's
+    # backend pid (migration 0014; fillfactor 50 there, for the HOT update every enqueue
+    # makes), so one tenant's concurrent enqueues do not serialise on its count row. Created
+    # with the count row, always all 8.
+    Column("tenant_id", Text, primary_key=True),
+    Column("band", SmallInteger, primary_key=True),
+    Column("stripe", SmallInteger, primary_key=True),
+    Column("queued", BigInteger, nullable=False, server_default=text("0")),
+    CheckConstraint("band BETWEEN 0 AND 2", name="band"),
+    CheckConstraint("stripe >= 0 AND stripe < 8", name="stripe"),
+    CheckConstraint("queued >= 0", name="non_negative"),
 )
 
 submit_buckets = Table(

@@ -13,6 +13,7 @@ from app.maintenance.queue_metrics import QueueMetrics
 from app.maintenance.scheduler import Scheduler
 from app.maintenance.service import MaintenanceService
 from app.maintenance.sweeper import Sweeper
+from app.maintenance.work_flags import WorkFlagClearer
 from app.observability.metrics import Metrics
 from app.queue.core import Queue
 
@@ -29,6 +30,13 @@ class Maintainer:
     ) -> None:
         self.services: list[MaintenanceService] = [
             Sweeper(
+                queue,
+                holder=holder,
+                interval=settings.sweep_interval_seconds,
+                on_success=on_success,
+            ),
+            # Stale has_work flags cost claims a probe each: cleared at the sweep's pace.
+            WorkFlagClearer(
                 queue,
                 holder=holder,
                 interval=settings.sweep_interval_seconds,

@@ -2,7 +2,8 @@
 registry (each process registers, refreshes its row with its heartbeats, and marks itself
 stopped), the maintenance leases (one holder of each service at a time), the prunes of expired
 idempotency keys, of finished sessionless runs past retention and of sessions idle past
-theirs, and the NOTIFY queue's fill level. The
+theirs, the clearing of stale has_work flags of tenants' counts, and the NOTIFY queue's fill
+level. The
 worker pool and app/maintenance call these; the statements are in workers.sql."""
 
 from __future__ import annotations
@@ -79,6 +80,13 @@ class Housekeeping:
     async def prune_idempotency_keys(self, *, limit: int) -> int:
         """Delete up to `limit` expired keys; how many were deleted."""
         return await self._rowcount("prune_idempotency_keys", limit=limit)
+
+    async def clear_idle_work(self, *, limit: int) -> tuple[int, int]:
+        """Offer up to `limit` count rows flagged has_work with nothing queued to
+        turnstile_clear_work (docs/adr/0006); (offered, cleared)."""
+        async with self.queue.engine.begin() as conn:
+            row = (await conn.execute(q("clear_idle_work"), {"limit": limit})).one()
+            return int(row.offered), int(row.cleared)
 
     async def prune_finished_runs(self, *, retention_seconds: float, limit: int) -> int:
         """Delete up to `limit` finished runs past retention (never an undismissed failure)."""

@@ -35,7 +35,11 @@
 -- * Every statement that moves a run between queued, running and anything else keeps its
 --   tenant's row in tenant_class_counts in the same statement (the `count_moves` fragment, or
 --   the claims' own count-row lock): count rows are locked after the runs, in (tenant_id,
---   band) order (docs/adr/0006).
+--   band) order (docs/adr/0006). New runs are the exception: `enqueue` and `enqueue_many`
+--   add them to the tenant's stripes (tenant_queued_stripes) through turnstile_add_queued,
+--   never to its count row, so one tenant's enqueues do not serialise ("Striped queued
+--   counts" in docs/adr/0006). A tenant's queued total is its row's `queued` plus its 8
+--   stripes; `has_work` says it may have queued runs, and only turnstile_clear_work clears it.
 
 
 -- fragment: webhook_deliveries
@@ -106,8 +110,13 @@ hook_link AS (
 -- statement took those first) and in (tenant_id, band) order, the order every statement takes
 -- them in, so two statements never deadlock on them. A row that does not exist yet (a
 -- tenant's first run of a class) is inserted; ON CONFLICT adds to one a concurrent first run
--- created meanwhile. A missing row only ever receives increments: a run leaving queued or
--- running was counted, so its row exists.
+-- created meanwhile, with its 8 stripes (a count row never exists without them). A missing row
+-- only ever receives increments: a run leaving queued or running was counted, so its row
+-- exists. A row that gains queued runs gets has_work (it holds the row's lock, so no clear
+-- runs meanwhile); a row that loses some, and whose total then reads 0 in this statement's
+-- snapshot, is offered to turnstile_clear_work (`move_clear`, which runs only in a statement
+-- whose final SELECT reads it: every one with moves out of queued reads it, claim_fifo,
+-- cancel, pause_schedule, delete_schedule and webhook_delete).
 move_total AS MATERIALIZED (
     SELECT tenant_id, CAST(band AS smallint) AS band, CAST(sum(d_running) AS integer) AS d_running,
            CAST(sum(d_queued) AS integer) AS d_queued
@@ -127,26 +136,79 @@ move_lock AS MATERIALIZED (
 ),
 move_update AS (
     UPDATE tenant_class_counts c
-    SET running = c.running + m.d_running, queued = c.queued + m.d_queued
+    SET running = c.running + m.d_running, queued = c.queued + m.d_queued,
+        has_work = c.has_work OR m.d_queued > 0
     FROM move_lock l JOIN move_total m ON m.tenant_id = l.tenant_id AND m.band = l.band
     WHERE c.tenant_id = ANY(ARRAY(SELECT tenant_id FROM move_lock))  -- by key, as above
       AND c.tenant_id = l.tenant_id AND c.band = l.band
+    RETURNING c.tenant_id, c.band, c.queued, m.d_queued
 ),
 move_insert AS (
-    INSERT INTO tenant_class_counts AS c (tenant_id, band, running, queued)
-    SELECT m.tenant_id, m.band, m.d_running, m.d_queued FROM move_total m
+    INSERT INTO tenant_class_counts AS c (tenant_id, band, running, queued, has_work)
+    SELECT m.tenant_id, m.band, m.d_running, m.d_queued, m.d_queued > 0 FROM move_total m
     WHERE NOT EXISTS (SELECT 1 FROM move_lock l WHERE l.tenant_id = m.tenant_id
                                                   AND l.band = m.band)
     ORDER BY m.tenant_id, m.band
     ON CONFLICT (tenant_id, band) DO UPDATE
-    SET running = c.running + excluded.running, queued = c.queued + excluded.queued
+    SET running = c.running + excluded.running, queued = c.queued + excluded.queued,
+        has_work = c.has_work OR excluded.has_work
+    RETURNING c.tenant_id
+),
+move_stripes AS (
+    -- After the rows (reading move_insert makes it run first), as turnstile_add_queued
+    -- creates them: a concurrent first run then waits on the row, never on a stripe.
+    INSERT INTO tenant_queued_stripes (tenant_id, band, stripe, queued)
+    SELECT m.tenant_id, m.band, g.stripe, 0
+    FROM move_total m CROSS JOIN generate_series(0, 7) AS g(stripe)
+    CROSS JOIN (SELECT count(*) FROM move_insert) AS rows_first
+    WHERE NOT EXISTS (SELECT 1 FROM move_lock l WHERE l.tenant_id = m.tenant_id
+                                                  AND l.band = m.band)
+    ORDER BY m.tenant_id, m.band, g.stripe
+    ON CONFLICT (tenant_id, band, stripe) DO NOTHING
+),
+move_clear AS (
+    -- The snapshot's stripes: an enqueue it does not see only makes the function look (and
+    -- find the total above 0); the function decides on the rows it locks.
+    SELECT turnstile_clear_work(u.tenant_id, u.band) AS cleared FROM move_update u
+    WHERE u.d_queued < 0
+      AND u.queued + (SELECT coalesce(sum(s.queued), 0) FROM tenant_queued_stripes s
+                      WHERE s.tenant_id = u.tenant_id AND s.band = u.band) <= 0
+)
+
+
+-- fragment: queued_adds
+-- New runs (docs/adr/0006, "Striped queued counts"): the statement defines `added`
+-- (tenant_id, band smallint, n: its new queued runs), and turnstile_add_queued adds them to
+-- this connection's stripe of each (tenant, band), creating the count row and its stripes for
+-- a first run, then sets has_work on a snapshot of its own if a clear went before. The count
+-- row itself is not written (unless the flag was clear), so one tenant's concurrent enqueues
+-- do not wait for each other's commits. Bands in order, so two batches never deadlock on
+-- stripes. The final SELECT must read `queued_added` (a SELECT in WITH runs only when read).
+queued_added AS (
+    SELECT turnstile_add_queued(a.tenant_id, a.band, a.n) AS done
+    FROM (SELECT tenant_id, band, sum(n) AS n FROM added
+          GROUP BY tenant_id, band ORDER BY tenant_id, band) AS a
+)
+
+
+-- fragment: claim_clear
+-- A claim's `counted` returns (tenant_id, band, queued) of the count rows it decremented. A
+-- row whose total reads 0 or less in the claim's snapshot (the row's queued as just updated,
+-- the stripes as the snapshot has them) is offered to turnstile_clear_work, which decides on
+-- the rows it locks; the common case (work left) costs one read of the 8 stripes by key. The
+-- final SELECT reads `cleared`, so it runs after `counted` changed the row.
+cleared AS (
+    SELECT turnstile_clear_work(u.tenant_id, u.band) AS cleared FROM counted u
+    WHERE u.queued + (SELECT coalesce(sum(s.queued), 0) FROM tenant_queued_stripes s
+                      WHERE s.tenant_id = u.tenant_id AND s.band = u.band) <= 0
 )
 
 
 -- fragment: fair_walk
 -- The fair order (docs/adr/0006), shared by claim_one and claim_many as a FROM item: for each
 -- class band of :priorities, highest class first, the band's count rows with queued runs in
--- (running, last_claimed_at NULLS FIRST, tenant_id) order, read in that order from
+-- (running, last_claimed_at NULLS FIRST, tenant_id) order (has_work: may have queued runs; a
+-- tenant with none costs a probe until its flag is cleared), read in that order from
 -- ix_tenant_class_counts_fair, each with the tenant's concurrency limit for the band: its
 -- tenant_limits entry, read at every claim so an admin's change applies to the next one, else
 -- the process default :max_running (by band; NULL for none). Names `b.band`, `t.tenant_id`,
@@ -155,7 +217,7 @@ move_insert AS (
  ORDER BY 1) AS b
 CROSS JOIN LATERAL (
     SELECT c.tenant_id, c.running, c.last_claimed_at FROM tenant_class_counts c
-    WHERE c.band = b.band AND c.queued > 0
+    WHERE c.band = b.band AND c.has_work
     ORDER BY c.running, c.last_claimed_at NULLS FIRST, c.tenant_id
     -- No limit in effect, but not a constant: the planner then plans the walk for its first
     -- rows and reads ix_tenant_class_counts_fair in order, instead of sorting every count row
@@ -181,13 +243,21 @@ CROSS JOIN LATERAL (
 -- but a submission's ever needs that row.
 -- The tenant's queued quota (docs/adr/0006): its override in tenant_limits, else :max_queued
 -- (the process default, NULL for none). A tenant at its quota gets no row: the caller raises
--- QueueQuotaError. The total is read from the tenant's count rows (one per class), not counted.
+-- QueueQuotaError. The total is read from the tenant's count rows (one per class) and their
+-- stripes, not counted.
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
 quota AS MATERIALIZED (
-    SELECT coalesce((SELECT l.max_queued FROM tenant_limits l WHERE l.tenant_id = :tenant_id),
-                    CAST(:max_queued AS integer)) AS max_queued,
-           (SELECT coalesce(sum(c.queued), 0) FROM tenant_class_counts c
-            WHERE c.tenant_id = :tenant_id) AS queued
+    -- The total is read only when there is a quota to hold it against.
+    SELECT l.max_queued,
+           CASE WHEN l.max_queued IS NOT NULL THEN
+               (SELECT coalesce(sum(c.queued), 0) FROM tenant_class_counts c
+                WHERE c.tenant_id = :tenant_id)
+               + (SELECT coalesce(sum(s.queued), 0) FROM tenant_queued_stripes s
+                  WHERE s.tenant_id = :tenant_id)
+           END AS queued
+    FROM (SELECT coalesce((SELECT l.max_queued FROM tenant_limits l
+                           WHERE l.tenant_id = :tenant_id),
+                          CAST(:max_queued AS integer)) AS max_queued) AS l
 ),
 run AS (
     INSERT INTO runs (id, tenant_id, principal, session_id, session_run_no, status, priority,
@@ -207,10 +277,10 @@ run AS (
        OR CAST(:agent AS text) = 'webhook'
     RETURNING *
 ),
-moves AS (
-    SELECT tenant_id, priority / 10 AS band, 0 AS d_running, 1 AS d_queued FROM run
+added AS (
+    SELECT tenant_id, CAST(priority / 10 AS smallint) AS band, 1 AS n FROM run
 ),
-{{count_moves}},
+{{queued_adds}},
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT id, 1, 'run.created', 0,
@@ -233,7 +303,7 @@ SELECT run.*,
            'work', jsonb_build_array(priority),
            'sessions', CASE WHEN session_id IS NOT NULL
                             THEN jsonb_build_array(left(session_id::text, 8)) END))::text)
-FROM run;
+FROM run CROSS JOIN (SELECT count(*) FROM queued_added) AS counted;
 
 
 -- name: enqueue_many
@@ -242,10 +312,17 @@ FROM run;
 -- refused whole (nothing enqueued: the caller raises QueueQuotaError).
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
 quota AS MATERIALIZED (
-    SELECT coalesce((SELECT l.max_queued FROM tenant_limits l WHERE l.tenant_id = :tenant_id),
-                    CAST(:max_queued AS integer)) AS max_queued,
-           (SELECT coalesce(sum(c.queued), 0) FROM tenant_class_counts c
-            WHERE c.tenant_id = :tenant_id) AS queued
+    -- The total is read only when there is a quota to hold it against.
+    SELECT l.max_queued,
+           CASE WHEN l.max_queued IS NOT NULL THEN
+               (SELECT coalesce(sum(c.queued), 0) FROM tenant_class_counts c
+                WHERE c.tenant_id = :tenant_id)
+               + (SELECT coalesce(sum(s.queued), 0) FROM tenant_queued_stripes s
+                  WHERE s.tenant_id = :tenant_id)
+           END AS queued
+    FROM (SELECT coalesce((SELECT l.max_queued FROM tenant_limits l
+                           WHERE l.tenant_id = :tenant_id),
+                          CAST(:max_queued AS integer)) AS max_queued) AS l
 ),
 spec AS (
     SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:priorities AS smallint[]),
@@ -263,10 +340,10 @@ run AS (
        OR quota.queued + cardinality(CAST(:ids AS uuid[])) <= quota.max_queued
     RETURNING id, tenant_id, priority, agent, input, principal, scheduled_for, created_at
 ),
-moves AS (
-    SELECT tenant_id, priority / 10 AS band, 0 AS d_running, 1 AS d_queued FROM run
+added AS (
+    SELECT tenant_id, CAST(priority / 10 AS smallint) AS band, 1 AS n FROM run
 ),
-{{count_moves}},
+{{queued_adds}},
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT id, 1, 'run.created', 0,
@@ -282,7 +359,7 @@ first_input AS (
 SELECT count(*) AS enqueued,
        pg_notify('turnstile', jsonb_build_object(
            'work', (SELECT jsonb_agg(DISTINCT priority) FROM run))::text) AS notified
-FROM run;
+FROM run CROSS JOIN (SELECT count(*) FROM queued_added) AS counted;
 
 
 -- name: tenant_quota
@@ -291,7 +368,9 @@ FROM run;
 SELECT coalesce((SELECT l.max_queued FROM tenant_limits l WHERE l.tenant_id = :tenant_id),
                 CAST(:max_queued AS integer)) AS max_queued,
        (SELECT coalesce(sum(c.queued), 0) FROM tenant_class_counts c
-        WHERE c.tenant_id = :tenant_id) AS queued;
+        WHERE c.tenant_id = :tenant_id)
+       + (SELECT coalesce(sum(s.queued), 0) FROM tenant_queued_stripes s
+          WHERE s.tenant_id = :tenant_id) AS queued;
 
 -- name: claim_one
 -- ADR-0004 decision 1, with fair shares between tenants (docs/adr/0006): the highest-priority
@@ -391,14 +470,17 @@ counted AS (
     SET running = c.running + 1, queued = c.queued - 1, last_claimed_at = clock_timestamp()
     FROM claimed
     WHERE c.tenant_id = claimed.tenant_id AND c.band = claimed.priority / 10
-)
+    RETURNING c.tenant_id, c.band, c.queued
+),
+{{claim_clear}}
 -- A row even when nothing was claimed (its id NULL): `passed_over` counts the runs this claim
 -- locked but left queued because their tenant's locked count row showed it at its limit (a
 -- concurrent claim took the room first). The caller then asks again at once (Queue.claim):
 -- another tenant's run may be waiting.
 SELECT claimed.*,
        (SELECT count(*) FROM picked) - (SELECT count(*) FROM claimed) AS passed_over
-FROM (SELECT 1) AS one LEFT JOIN claimed ON true;
+FROM (SELECT 1) AS one LEFT JOIN claimed ON true
+CROSS JOIN (SELECT count(*) FROM cleared) AS cleared;
 
 
 -- name: claim_many
@@ -547,13 +629,16 @@ counted AS (
           GROUP BY tenant_id, priority / 10) AS n
     WHERE c.tenant_id = ANY(ARRAY(SELECT tenant_id FROM counts))  -- by key, as in count_moves
       AND c.tenant_id = n.tenant_id AND c.band = n.band
-)
+    RETURNING c.tenant_id, c.band, c.queued
+),
+{{claim_clear}}
 -- No ORDER BY: the rows come back in no set order and the caller sorts the batch, which
 -- keeps a Sort node out of the plan. A row even when nothing was claimed, with `passed_over`,
 -- as in claim_one.
 SELECT claimed.*,
        (SELECT count(*) FROM batch) - (SELECT count(*) FROM claimed) AS passed_over
-FROM (SELECT 1) AS one LEFT JOIN claimed ON true;
+FROM (SELECT 1) AS one LEFT JOIN claimed ON true
+CROSS JOIN (SELECT count(*) FROM cleared) AS cleared;
 
 
 -- name: claim_fifo
@@ -596,7 +681,7 @@ moves AS (
     SELECT tenant_id, priority / 10 AS band, 1 AS d_running, -1 AS d_queued FROM claimed
 ),
 {{count_moves}}
-SELECT * FROM claimed;
+SELECT claimed.* FROM claimed CROSS JOIN (SELECT count(*) FROM move_clear) AS cleared;
 
 
 -- name: next_due
@@ -1445,7 +1530,7 @@ SELECT run.*,
        pg_notify('turnstile', (jsonb_build_object(
            'runs', jsonb_build_array(left(run.id::text, 8)))
            || CASE WHEN EXISTS (SELECT 1 FROM hook) THEN '{"work": [10]}'::jsonb ELSE '{}'::jsonb END)::text)
-FROM run;
+FROM run CROSS JOIN (SELECT count(*) FROM move_clear) AS cleared;
 
 
 -- ============================================================================================

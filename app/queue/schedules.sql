@@ -122,7 +122,8 @@ moves AS (
     SELECT tenant_id, priority / 10 AS band, 0 AS d_running, -1 AS d_queued FROM dropped
 ),
 {{count_moves}}
-SELECT paused.*, (SELECT count(*) FROM dropped) AS dropped FROM paused;
+SELECT paused.*, (SELECT count(*) FROM dropped) AS dropped
+FROM paused CROSS JOIN (SELECT count(*) FROM move_clear) AS cleared;
 
 
 -- name: resume_schedule
@@ -151,7 +152,8 @@ moves AS (
     SELECT tenant_id, priority / 10 AS band, 0 AS d_running, -1 AS d_queued FROM dropped
 ),
 {{count_moves}}
-SELECT gone.id, (SELECT count(*) FROM dropped) AS dropped FROM gone;
+SELECT gone.id, (SELECT count(*) FROM dropped) AS dropped
+FROM gone CROSS JOIN (SELECT count(*) FROM move_clear) AS cleared;
 
 
 -- name: schedules_missing_a_tick

@@ -9,7 +9,7 @@ metrics (no HTTP here).
   from the next claim or submission on, in every process.
 - A tenant's token bucket (`app.queue.models.SubmitAllowance`) is taken in the submission's
   own statement (`turnstile_submit`, migration 0012); `Submissions` reports it.
-- `Tenants.depth`: running and queued runs per tenant and class from `tenant_class_counts`, one
+- `Tenants.depth`: running and queued runs per tenant and class from `tenant_class_totals`, one
   tenant or the busiest N with the rest summed, so nothing here counts runs or grows with the
   number of tenants.
 """
@@ -217,7 +217,7 @@ class Tenants:
     async def depth(self, *, tenant_id: str | None, top: int = TOP_TENANTS) -> list[TenantDepth]:
         """Running and queued runs per class: of `tenant_id` (an empty list when it has none),
         or of the `top` busiest tenants by queued runs, then one `tenant_id=None` entry summing
-        every other tenant with work (only when there is one). Reads tenant_class_counts."""
+        every other tenant with work (only when there is one). Reads tenant_class_totals."""
         if top < 1:
             raise ValueError("top must be at least 1")
         async with self.queue.engine.connect() as conn:

@@ -44,14 +44,14 @@ FROM turnstile_submit_allowance(:tenant_id, {{now}}, :default_rate, :default_bur
 
 
 -- name: tenant_depth
--- Running and queued runs per tenant and class band, from tenant_class_counts (a few rows
--- per tenant, never the runs). With :tenant_id, that tenant's rows only. Otherwise the
+-- Running and queued runs per tenant and class band, from tenant_class_totals (the count rows
+-- with their stripes: a few rows per tenant, never the runs). With :tenant_id, that tenant's rows only. Otherwise the
 -- :top tenants by queued runs (then running, then name) one by one, and every other tenant
 -- with work summed in rows whose tenant_id is NULL: the result is bounded whatever the number
 -- of tenants (the metrics' series, the admin's view).
 WITH per_tenant AS (
     SELECT tenant_id, sum(queued) AS queued, sum(running) AS running
-    FROM tenant_class_counts
+    FROM tenant_class_totals
     WHERE (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id)
     GROUP BY tenant_id
     HAVING sum(queued) + sum(running) > 0
@@ -67,6 +67,26 @@ SELECT CASE WHEN r.rank <= :top THEN c.tenant_id END AS tenant_id,
        sum(c.running) AS running,
        sum(c.queued) AS queued
 FROM ranked r
-JOIN tenant_class_counts c ON c.tenant_id = r.tenant_id
+JOIN tenant_class_totals c ON c.tenant_id = r.tenant_id
 GROUP BY 1, c.band
 ORDER BY 2, 3;
+
+
+-- name: clear_idle_work
+-- The backstop for stale has_work flags (docs/adr/0006, "Striped queued counts"): the claims,
+-- and every statement that takes runs out of queued offer a (tenant, class) to
+-- turnstile_clear_work when their snapshot says it is empty, but a clear that found a stripe
+-- locked by an enqueue that then rolled back, or an enqueue rolled back after its mark, can
+-- leave the flag set with nothing queued: the walk then probes that tenant for nothing. Up to
+-- :limit flagged rows whose total reads 0 or less are offered, in key order; the function
+-- never waits and clears only what it proves empty. Returns the rows offered and cleared.
+SELECT count(*) AS offered,
+       count(*) FILTER (WHERE turnstile_clear_work(i.tenant_id, i.band)) AS cleared
+FROM (
+    SELECT c.tenant_id, c.band FROM tenant_class_counts c
+    WHERE c.has_work
+      AND c.queued + (SELECT coalesce(sum(s.queued), 0) FROM tenant_queued_stripes s
+                      WHERE s.tenant_id = c.tenant_id AND s.band = c.band) <= 0
+    ORDER BY c.tenant_id, c.band
+    LIMIT :limit
+) AS i;

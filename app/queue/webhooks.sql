@@ -81,7 +81,8 @@ event AS (
            clock.now
     FROM cancelled, clock
 )
-SELECT (SELECT count(*) FROM endpoint) AS deleted, (SELECT count(*) FROM cancelled) AS cancelled;
+SELECT (SELECT count(*) FROM endpoint) AS deleted, (SELECT count(*) FROM cancelled) AS cancelled
+FROM (SELECT count(*) FROM move_clear) AS cleared;
 
 
 -- name: webhook_for_delivery

@@ -16,8 +16,9 @@
   checkpoints and notes appear only while the run is running.
 
 And one check of the whole queue (`check_tenant_counts`, part of `check_all_runs`): every
-tenant's count row per class holds exactly its running and queued runs (docs/adr/0006): no
-drift between tenant_class_counts and the runs the statements moved.
+tenant's counts per class hold exactly its running and queued runs (docs/adr/0006): no
+drift between tenant_class_counts (with its stripes, tenant_queued_stripes) and the runs the
+statements moved, and has_work set wherever runs are queued.
 """
 
 from __future__ import annotations
@@ -158,12 +159,14 @@ def check_log(log: RunLog) -> None:
         assert terminal == [f"run.{log.status}"], f"{log.run_id}: {log.status} but {terminal}"
 
 
-# The runs of each (tenant, band) beside its count row, wherever the two disagree.
+# The runs of each (tenant, band) beside its counts (the count row plus its stripes: the view
+# tenant_class_totals, migration 0014), wherever the two disagree; and wherever queued runs
+# exist but has_work is not set (the fair walk would miss the tenant: a lost wakeup).
 COUNT_DRIFT = """
 SELECT coalesce(c.tenant_id, r.tenant_id) AS tenant_id, coalesce(c.band, r.band) AS band,
        c.running AS counted_running, coalesce(r.running, 0) AS running,
-       c.queued AS counted_queued, coalesce(r.queued, 0) AS queued
-FROM tenant_class_counts c
+       c.queued AS counted_queued, coalesce(r.queued, 0) AS queued, c.has_work
+FROM tenant_class_totals c
 FULL JOIN (
     SELECT tenant_id, priority / 10 AS band,
            count(*) FILTER (WHERE status = 'running') AS running,
@@ -173,13 +176,28 @@ FULL JOIN (
 ) r ON r.tenant_id = c.tenant_id AND r.band = c.band
 WHERE coalesce(c.running, 0) <> coalesce(r.running, 0)
    OR coalesce(c.queued, 0) <> coalesce(r.queued, 0)
+   OR (coalesce(r.queued, 0) > 0 AND NOT coalesce(c.has_work, false))
+"""
+
+# Count rows without their 8 stripes, and stripes without their count row.
+STRIPES_MISSING = """
+SELECT coalesce(c.tenant_id, s.tenant_id) AS tenant_id, coalesce(c.band, s.band) AS band,
+       coalesce(s.stripes, 0) AS stripes
+FROM tenant_class_counts c
+FULL JOIN (SELECT tenant_id, band, count(*) AS stripes FROM tenant_queued_stripes
+           GROUP BY tenant_id, band) s ON s.tenant_id = c.tenant_id AND s.band = c.band
+WHERE c.tenant_id IS NULL OR coalesce(s.stripes, 0) <> 8
 """
 
 
 async def check_tenant_counts(conn: AsyncConnection) -> None:
-    """No drift: each tenant's count row per class equals its running and queued runs."""
+    """No drift: each tenant's counts per class (count row plus stripes) equal its running and
+    queued runs, every (tenant, class) with queued runs has has_work, and every count row has
+    its 8 stripes."""
     drift = (await conn.execute(text(COUNT_DRIFT))).mappings().all()
     assert not drift, f"tenant_class_counts drifted from the runs: {[dict(d) for d in drift]}"
+    missing = (await conn.execute(text(STRIPES_MISSING))).mappings().all()
+    assert not missing, f"count rows without their 8 stripes: {[dict(m) for m in missing]}"
 
 
 async def check_all_runs(engine: AsyncEngine) -> int:

@@ -30,12 +30,13 @@ async def set_limits(
 
 
 async def counts(engine: AsyncEngine, tenant_id: str, band: int) -> tuple[int, int]:
-    """(running, queued) of the tenant's count row for the band; (0, 0) without one."""
+    """(running, queued) of the tenant's counts for the band (count row plus stripes: the view
+    tenant_class_totals); (0, 0) without a row."""
     async with engine.connect() as conn:
         row = (
             await conn.execute(
                 text(
-                    "SELECT running, queued FROM tenant_class_counts "
+                    "SELECT running, queued FROM tenant_class_totals "
                     "WHERE tenant_id = :tenant AND band = :band"
                 ),
                 {"tenant": tenant_id, "band": band},
