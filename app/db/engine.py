@@ -156,4 +156,10 @@ def create_claim_engine(
         pool_size=pool_size or settings.claim_pool_size,
         application_name=application_name,
         planner_settings=CLAIM_PLANNER_SETTINGS,
+        # A kept plan is made with the tables as they are at the connection's first claim
+        # (often an empty queue) and replaced when their statistics change; a connection
+        # replaced every ten minutes also re-plans a queue that grew faster than autovacuum
+        # analysed it. The statements are written so that such a plan stays bounded anyway
+        # (tests/test_claim_plans.py).
+        pool_recycle=600,
     )

@@ -451,7 +451,11 @@ claimed AS (
         started_at = coalesce(r.started_at, clock.now),
         updated_at = clock.now
     FROM clock
-    WHERE r.id = (SELECT id FROM allowed) AND r.status = 'queued'
+    -- By primary key alone. The run is locked (picked, FOR UPDATE SKIP LOCKED, which
+    -- rechecked it queued), so it is still queued; a `status = 'queued'` here let a plan made
+    -- on an empty table reach it through the queued runs' partial index, filtering the
+    -- tenant's whole queue by id once it grew (tests/test_claim_plans.py).
+    WHERE r.id = (SELECT id FROM allowed)
     RETURNING r.*
 ),
 event AS (
@@ -610,7 +614,8 @@ claimed AS (
         started_at = coalesce(r.started_at, clock.now),
         updated_at = clock.now
     FROM clock
-    WHERE r.id = ANY(ARRAY(SELECT id FROM allowed)) AND r.status = 'queued'
+    -- By primary key alone: locked and still queued, as in claim_one.
+    WHERE r.id = ANY(ARRAY(SELECT id FROM allowed))
     RETURNING r.*
 ),
 event AS (
