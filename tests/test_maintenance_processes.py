@@ -22,6 +22,8 @@ SERVICES = (
     "session-retention",
     "queue-metrics",
     "scheduler",
+    # Stale has_work flags of tenants' count rows (docs/adr/0006, "Striped queued counts").
+    "work-flag-clearer",
 )
 
 
