@@ -69,7 +69,7 @@ async def test_a_plan_made_on_an_empty_queue_stays_bounded_as_the_queue_grows(
         sql, names = positional(statement)
         await conn.execute(f"PREPARE kept AS {sql}")
         execute = "EXECUTE kept(" + ", ".join(ARGUMENTS[n] for n in names) + ")"
-        assert await conn.fetch(execute) is not None  # the plan is made now, on an empty table
+        await conn.execute(execute)  # the plan is made now, on an empty table
         await admin.execute(FILL_SQL, QUEUED)
         await admin.execute(STRIPES_SQL)
         # No ANALYZE: autovacuum has not caught up yet. The same prepared statement, so the
