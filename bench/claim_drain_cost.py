@@ -26,26 +26,22 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import asyncpg
+from common import ROOT, database_at, statement_at
 from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.db.engine import create_claim_engine, create_engine
-from app.db.migrate import upgrade
-from app.db.statements import parse
 from app.queue.sql import q
 
 SERVER = os.environ.get("TEST_DATABASE_URL") or os.environ.get(
     "DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
-ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 25
 LAYOUTS = {  # name: (tenants, queued runs each)
     "1,000 tenants x 1 run (every claim drains)": (1_000, 1),
@@ -76,29 +72,13 @@ FROM counted, generate_series(0, 7) AS s
 
 
 async def fresh_database(name: str, revision: str, counts: str, layout: tuple[int, int]) -> str:
-    admin = await asyncpg.connect(SERVER)
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    url = SERVER.rsplit("/", 1)[0] + "/" + name
-    await asyncio.to_thread(upgrade, url, revision)
+    url = await database_at(SERVER, name, revision)
     conn = await asyncpg.connect(url)
     await conn.execute(RUNS_SQL, *layout)
     await conn.execute(counts, *layout)
     await conn.execute("VACUUM ANALYZE")
     await conn.close()
     return url
-
-
-def baseline_claim(baseline: str, name: str) -> TextClause:
-    source = subprocess.run(
-        ["git", "show", f"{baseline}:app/queue/runs.sql"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return parse(source, f"{baseline}:app/queue/runs.sql")[name].clause
 
 
 async def claims(engine: AsyncEngine, statement: TextClause, n: int, batch: int) -> list[float]:
@@ -126,7 +106,7 @@ async def main() -> None:
     batch = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     name = "claim_one" if batch == 1 else "claim_many"
     settings = Settings()
-    statements = {"before": baseline_claim(baseline, name), "after": q(name)}
+    statements = {"before": statement_at(baseline, name), "after": q(name)}
     print(
         f"before: {baseline} at migration 0013; after: {ROOT} at head; {name} of {batch}, p50 / p95"
     )

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
+from sqlalchemy import TextClause
 
 from app.config import Settings
 from app.db.embedded import start_embedded
 from app.db.migrate import upgrade
+from app.db.statements import parse
 from app.queue.core import Queue
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,6 +110,30 @@ class Databases:
 
     async def drop_template(self) -> None:
         await self._admin(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
+
+
+async def database_at(server: str, name: str, revision: str) -> str:
+    """A fresh database `name` on `server` (one left over by an interrupted run is dropped
+    first), migrated to `revision`: a baseline's schema beside head's."""
+    await admin_execute(
+        server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"'
+    )
+    url = with_database(server, name)
+    await asyncio.to_thread(upgrade, url, revision)
+    return url
+
+
+def statement_at(commit: str, name: str) -> TextClause:
+    """The named statement of app/queue/runs.sql as it stood at `commit` (read with `git show`):
+    a baseline to time beside the working tree's."""
+    source = subprocess.run(
+        ["git", "show", f"{commit}:app/queue/runs.sql"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return parse(source, f"{commit}:app/queue/runs.sql")[name].clause
 
 
 # --- processes --------------------------------------------------------------------------------

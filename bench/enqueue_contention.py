@@ -29,28 +29,24 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import asyncpg
+from common import ROOT, database_at, statement_at
 from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.db.engine import create_engine
-from app.db.migrate import upgrade
-from app.db.statements import parse
 from app.queue.sql import q
 
 SERVER = os.environ.get("TEST_DATABASE_URL") or os.environ.get(
     "DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
-ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = 8
 SLICE = 2.0
 SUBMIT = (
@@ -65,27 +61,6 @@ SUBMIT = (
 LAYOUTS = {"one tenant": ["solo"] * CLIENTS, "8 tenants": [f"tenant-{i}" for i in range(CLIENTS)]}
 
 Submit = Callable[[int], Awaitable[None]]  # client number -> one run submitted
-
-
-async def fresh_database(name: str, revision: str) -> str:
-    admin = await asyncpg.connect(SERVER)
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    url = SERVER.rsplit("/", 1)[0] + "/" + name
-    await asyncio.to_thread(upgrade, url, revision)
-    return url
-
-
-def baseline_enqueue(baseline: str) -> TextClause:
-    source = subprocess.run(
-        ["git", "show", f"{baseline}:app/queue/runs.sql"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return parse(source, f"{baseline}:app/queue/runs.sql")["enqueue"].clause
 
 
 def enqueue_client(engine: AsyncEngine, statement: TextClause, tenants: list[str]) -> Submit:
@@ -157,10 +132,10 @@ async def main() -> None:
     baseline = sys.argv[3] if len(sys.argv) > 3 else "69c6930"
     names = {"before": f"ts_enq_before_{os.getpid()}", "after": f"ts_enq_after_{os.getpid()}"}
     urls = {
-        "before": await fresh_database(names["before"], "0013"),
-        "after": await fresh_database(names["after"], "head"),
+        "before": await database_at(SERVER, names["before"], "0013"),
+        "after": await database_at(SERVER, names["after"], "head"),
     }
-    statements = {"before": baseline_enqueue(baseline), "after": q("enqueue")}
+    statements = {"before": statement_at(baseline, "enqueue"), "after": q("enqueue")}
     settings = Settings()
     engines = {k: create_engine(settings, url, pool_size=CLIENTS) for k, url in urls.items()}
     conns = {k: [await asyncpg.connect(url) for _ in range(CLIENTS)] for k, url in urls.items()}
