@@ -233,6 +233,26 @@ CROSS JOIN LATERAL (
 ) AS cap
 
 
+-- fragment: queued_quota
+-- The tenant's queued quota for a new run (docs/adr/0006), shared by `enqueue` and
+-- `enqueue_many`: `quota` (max_queued: its tenant_limits override, else :max_queued, the
+-- process default, NULL for none; queued: its total, the count rows plus their stripes, read
+-- only when there is a quota to hold it against).
+quota AS MATERIALIZED (
+    -- The total is read only when there is a quota to hold it against.
+    SELECT l.max_queued,
+           CASE WHEN l.max_queued IS NOT NULL THEN
+               (SELECT coalesce(sum(c.queued), 0) FROM tenant_class_counts c
+                WHERE c.tenant_id = :tenant_id)
+               + (SELECT coalesce(sum(s.queued), 0) FROM tenant_queued_stripes s
+                  WHERE s.tenant_id = :tenant_id)
+           END AS queued
+    FROM (SELECT coalesce((SELECT l.max_queued FROM tenant_limits l
+                           WHERE l.tenant_id = :tenant_id),
+                          CAST(:max_queued AS integer)) AS max_queued) AS l
+)
+
+
 -- name: enqueue
 -- A new queued run, its run.created event and its first input, in one statement.
 -- A run of a session gets the next run number of its session. The caller holds the session
@@ -246,19 +266,7 @@ CROSS JOIN LATERAL (
 -- QueueQuotaError. The total is read from the tenant's count rows (one per class) and their
 -- stripes, not counted.
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
-quota AS MATERIALIZED (
-    -- The total is read only when there is a quota to hold it against.
-    SELECT l.max_queued,
-           CASE WHEN l.max_queued IS NOT NULL THEN
-               (SELECT coalesce(sum(c.queued), 0) FROM tenant_class_counts c
-                WHERE c.tenant_id = :tenant_id)
-               + (SELECT coalesce(sum(s.queued), 0) FROM tenant_queued_stripes s
-                  WHERE s.tenant_id = :tenant_id)
-           END AS queued
-    FROM (SELECT coalesce((SELECT l.max_queued FROM tenant_limits l
-                           WHERE l.tenant_id = :tenant_id),
-                          CAST(:max_queued AS integer)) AS max_queued) AS l
-),
+{{queued_quota}},
 run AS (
     INSERT INTO runs (id, tenant_id, principal, session_id, session_run_no, status, priority,
                       agent, input, max_attempts, scheduled_for, last_event_seq, inputs_count,
@@ -311,19 +319,7 @@ FROM run CROSS JOIN (SELECT count(*) FROM queued_added) AS counted;
 -- The tenant's queued quota as in `enqueue`: a batch that would take the tenant past it is
 -- refused whole (nothing enqueued: the caller raises QueueQuotaError).
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
-quota AS MATERIALIZED (
-    -- The total is read only when there is a quota to hold it against.
-    SELECT l.max_queued,
-           CASE WHEN l.max_queued IS NOT NULL THEN
-               (SELECT coalesce(sum(c.queued), 0) FROM tenant_class_counts c
-                WHERE c.tenant_id = :tenant_id)
-               + (SELECT coalesce(sum(s.queued), 0) FROM tenant_queued_stripes s
-                  WHERE s.tenant_id = :tenant_id)
-           END AS queued
-    FROM (SELECT coalesce((SELECT l.max_queued FROM tenant_limits l
-                           WHERE l.tenant_id = :tenant_id),
-                          CAST(:max_queued AS integer)) AS max_queued) AS l
-),
+{{queued_quota}},
 spec AS (
     SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:priorities AS smallint[]),
                          CAST(:agents AS text[]), CAST(:inputs AS jsonb[]),
