@@ -250,15 +250,17 @@ class Queue:
             # connection (its implicit transaction), no BEGIN and COMMIT around it.
             sql, names = positional(name)
             return await self._direct(sql, [params[n] for n in names], engine)
-        return await self._transaction(name, params)
+        return await self._transaction(name, params, engine)
 
-    async def _transaction(self, name: str, params: dict[str, Any]) -> list[RowMapping]:
+    async def _transaction(
+        self, name: str, params: dict[str, Any], engine: AsyncEngine
+    ) -> list[RowMapping]:
         """The statement in BEGIN ... COMMIT through SQLAlchemy (behind PgBouncer). A lost
         connection before the COMMIT was sent rolled it back (`NotCommitted`); during the
         COMMIT, its outcome is unknown."""
         stage = "connect"
         try:
-            async with self.engine.connect() as conn:
+            async with engine.connect() as conn:
                 stage = "execute"
                 async with conn.begin():
                     result = await conn.execute(q(name), params)
