@@ -51,14 +51,27 @@ def storable_json(value: JsonValue) -> JsonValue:
     return value
 
 
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 1, 1, tzinfo=UTC)
+"""The range of times the API takes. PostgreSQL's `infinity` and `-infinity` come back from
+the driver as Python's naive `datetime.max` and `datetime.min`, and the first and last days of
+Python's range are a conversion away from them: a run carrying one could not be decoded after
+its claim. Nothing a client means lies outside these bounds."""
+
+
 def storable_time(value: datetime | None) -> datetime | None:
-    """A timestamp PostgreSQL can store once converted to UTC."""
+    """A timestamp within [EARLIEST, LATEST), in UTC."""
     if value is None:
         return None
     try:
-        return value.astimezone(UTC)
+        utc = value.astimezone(UTC)
     except OverflowError:
         raise ValueError("the time is out of range once converted to UTC") from None
+    if not EARLIEST <= utc < LATEST:
+        raise ValueError(
+            "the time must be from 1970-01-01T00:00:00Z to before 9999-01-01T00:00:00Z"
+        )
+    return utc
 
 
 StorableJson = Annotated[JsonValue, AfterValidator(storable_json)]

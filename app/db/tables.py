@@ -135,6 +135,9 @@ runs = Table(
     CheckConstraint(
         "status = 'waiting_for_user' OR question IS NULL", name="question_only_when_waiting"
     ),
+    # The driver reads PostgreSQL's infinities back as naive datetime.max/min: no run may hold
+    # one (migration 0015, NOT VALID there: rows from before it are normalised or terminal).
+    CheckConstraint("isfinite(scheduled_for)", name="finite_times"),
     # ADR-0004 decision 10: one non-terminal run per session, enforced by the schema.
     Index(
         "uq_runs_session_id_active",

@@ -53,6 +53,7 @@ from app.queue.models import (
     SweepReport,
     ToolCall,
     TranscriptEntry,
+    UndecodableRun,
     WriteOutcome,
     Written,
 )
@@ -588,19 +589,33 @@ class Queue:
                 # behind them, so ask again now rather than after the caller's poll interval.
                 if rows or not any(row["passed_over"] for row in found):
                     break
-        claimed = [
-            ClaimedRun(
-                run=Run.from_row(row),
-                lease=Lease(run_id=row["id"], epoch=int(row["lease_epoch"]), owner=owner),
-            )
-            for row in rows
-        ]
+        # The claim has committed: from here on, nothing about one run may keep the others of
+        # its batch from their executions (they would sit under a lease nobody serves).
+        claimed: list[ClaimedRun] = []
+        for row in rows:
+            lease = Lease(run_id=row["id"], epoch=int(row["lease_epoch"]), owner=owner)
+            try:
+                claimed.append(ClaimedRun(run=Run.from_row(row), lease=lease))
+            except UndecodableRun as exc:
+                await self._fail_undecodable(lease, exc)
         lease_for = timedelta(seconds=params["lease_seconds"])
         for item in claimed:
             if item.run.lease_expires_at is not None:
                 waited = item.run.lease_expires_at - lease_for - item.run.eligible_at
                 self.observer.claimed(item.run.priority, waited.total_seconds())
         return sorted(claimed, key=lambda c: (c.run.priority, c.run.eligible_at))
+
+    async def _fail_undecodable(self, lease: Lease, exc: UndecodableRun) -> None:
+        """A claimed run the code cannot read fails at once (it would fail on every attempt);
+        if even that cannot be written, its lease lapses and the sweeper takes it."""
+        log.error(
+            "claimed run cannot be decoded; failing it",
+            extra={"run_id": str(lease.run_id), "reason": exc.reason},
+        )
+        try:
+            await self.fail(lease, {"kind": "undecodable", "message": str(exc)})
+        except Exception:
+            log.exception("could not fail an undecodable run", extra={"run_id": str(lease.run_id)})
 
     async def next_due(self, classes: Sequence[PriorityClass]) -> float | None:
         """Seconds until the earliest queued run of `classes` that is not eligible yet becomes

@@ -64,6 +64,15 @@ UNKNOWN_OUTCOME = (
 decision 8): by recovery on the next attempt, or by the sweeper when it dead-letters the run."""
 
 
+class UndecodableRun(ValueError):
+    """A run row the code cannot turn into a `Run` (a time out of every range)."""
+
+    def __init__(self, run_id: object, reason: str) -> None:
+        super().__init__(f"run {run_id} cannot be decoded: {reason}")
+        self.run_id = run_id
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class Run:
     """A snapshot of one run row."""
@@ -110,7 +119,14 @@ class Run:
 
     @classmethod
     def from_row(cls, row: RowMapping | Mapping[str, Any]) -> Run:
-        return cls(**{name: row[name] for name in _RUN_FIELDS})
+        """The run of a row; `UndecodableRun` when a time is not a real instant (the driver
+        turns PostgreSQL's infinities into naive `datetime.max` and `datetime.min`)."""
+        values = {name: row[name] for name in _RUN_FIELDS}
+        for name in _TIME_FIELDS:
+            value = values[name]
+            if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
+                raise UndecodableRun(row.get("id"), f"{name} is not a time: {value!r}")
+        return cls(**values)
 
     @classmethod
     def from_json(cls, row: Mapping[str, Any]) -> Run:
