@@ -21,8 +21,7 @@ from sqlalchemy.exc import DBAPIError
 from app.config import Settings
 from app.main import create_app, services
 from app.store.engine import create_engine
-from app.store.migrate import head_revision
-from app.store.resolve import resolve_database, schema_revision
+from app.store.resolve import SchemaState, resolve_database, schema_state
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -118,14 +117,12 @@ async def run_worker(
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, stop.set)
-    revision = await _reachable_schema(settings, stop, on_unreachable)
-    if stop.is_set():
+    schema = await _reachable_schema(settings, stop, on_unreachable)
+    if stop.is_set() or schema is None:
         return False
-    if revision != head_revision():
-        raise WorkerStartError(
-            f"the database schema is at {revision or 'nothing'}, this worker needs "
-            f"{head_revision()}: run 'turnstile migrate' first"
-        )
+    problem = schema.problem()
+    if problem is not None:
+        raise WorkerStartError(problem)
     async with services(settings, role="worker") as state:
         pool = state.pool
         assert pool is not None
@@ -153,8 +150,8 @@ async def _reachable_schema(
     settings: Settings,
     stop: asyncio.Event,
     on_unreachable: Callable[[str, float], None] | None,
-) -> str | None:
-    """The schema revision, once the database answers, retrying with backoff until
+) -> SchemaState | None:
+    """Where the schema stands, once the database answers, retrying with backoff until
     `worker_start_timeout_seconds` have passed or `stop` is set (None then)."""
     deadline = time.monotonic() + settings.worker_start_timeout_seconds
     delay = 0.5
@@ -162,7 +159,7 @@ async def _reachable_schema(
         database = await asyncio.to_thread(resolve_database, settings)
         engine = create_engine(settings, database.url, pool_size=2)
         try:
-            return await schema_revision(engine)
+            return await schema_state(engine)
         except (OSError, DBAPIError) as exc:
             reason = str(getattr(exc, "orig", None) or exc).splitlines()[0][:200]
             if time.monotonic() + delay > deadline:

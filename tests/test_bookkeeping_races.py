@@ -51,13 +51,13 @@ async def waiting_on_a_lock(engine: AsyncEngine, pid: int) -> bool:
     return bool(waits)
 
 
-async def claim_on(conn: AsyncConnection, queue: Queue, name: str) -> list[Any]:
+async def claim_on(conn: AsyncConnection, queue: Queue, name: str, limit: int = 1) -> list[Any]:
     """A claim statement on the caller's transaction, left open by the caller."""
     params: dict[str, Any] = {
         "owner": "holder",
         "priorities": [ASYNC.base + i for i in range(10)],
         "lease_seconds": 30.0,
-        "limit": 1,
+        "limit": limit,
         "max_running": [None, None, None],
         "now": queue.clock(),
     }
@@ -74,7 +74,9 @@ async def running_count(engine: AsyncEngine, tenant: str) -> int:
     return int(found or 0)
 
 
-async def _cancel_while_claim_in_flight(queue: Queue, claim: str, limited: bool) -> None:
+async def _cancel_while_claim_in_flight(
+    queue: Queue, claim: str, limited: bool, limit: int = 1
+) -> None:
     engine = queue.engine
     tenant = f"t-{uuid.uuid4().hex[:6]}"
     if limited:
@@ -90,7 +92,7 @@ async def _cancel_while_claim_in_flight(queue: Queue, claim: str, limited: bool)
     async with contextlib.AsyncExitStack() as stack:
         holder = await stack.enter_async_context(engine.connect())
         await holder.begin()
-        assert await claim_on(holder, queue, claim) == [run.id]
+        assert await claim_on(holder, queue, claim, limit) == [run.id]
         canceller = await stack.enter_async_context(engine.connect())
         pid = await pid_of(canceller)
         await canceller.commit()
@@ -107,16 +109,16 @@ async def _cancel_while_claim_in_flight(queue: Queue, claim: str, limited: bool)
     await check_all_runs(engine)
 
 
-async def test_a_cancel_racing_claim_one_moves_the_counts_the_claim_left(queue: Queue) -> None:
-    await _cancel_while_claim_in_flight(queue, "claim_one", limited=False)
+async def test_a_cancel_racing_a_claim_moves_the_counts_the_claim_left(queue: Queue) -> None:
+    await _cancel_while_claim_in_flight(queue, "claim", limited=False)
 
 
-async def test_a_cancel_racing_a_limited_claim_one(queue: Queue) -> None:
-    await _cancel_while_claim_in_flight(queue, "claim_one", limited=True)
+async def test_a_cancel_racing_a_limited_claim(queue: Queue) -> None:
+    await _cancel_while_claim_in_flight(queue, "claim", limited=True)
 
 
-async def test_a_cancel_racing_claim_many_moves_the_counts_the_claim_left(queue: Queue) -> None:
-    await _cancel_while_claim_in_flight(queue, "claim_many", limited=False)
+async def test_a_cancel_racing_a_batch_claim_moves_the_counts_the_claim_left(queue: Queue) -> None:
+    await _cancel_while_claim_in_flight(queue, "claim", limited=False, limit=8)
 
 
 async def test_a_cancel_racing_claim_fifo_moves_the_counts_the_claim_left(queue: Queue) -> None:

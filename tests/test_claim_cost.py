@@ -1,10 +1,11 @@
 """The claim's cost does not grow with the queue.
 
 For every eligibility set a worker slot can have (each class alone, interactive+async, the
-non-contiguous interactive+maintenance, all three), this module runs EXPLAIN (ANALYZE, BUFFERS)
-of the real `claim_one` and `claim_many` statement texts, with the bind parameters `Queue.claim`
-passes, against a queue of 1k and of 100k runs, both as planned for those parameters and as the
-generic plan the claim engine's connections keep (app/store/engine.py), and proves that:
+non-contiguous interactive+maintenance, all three), this module runs the real `claim` statement
+(the claim function turnstile_claim, for one run and for a batch), with the bind parameters
+`Queue.claim` passes, against a queue of 1k and of 100k runs, with custom plans and with the
+generic plans the claim engine's connections keep (app/store/engine.py), and reads the plans of
+every statement it runs through auto_explain (tests/support/nested_plans.py), to prove that:
 
 - the plan never scans the table (no Seq Scan) and never sorts the queue (no Sort of more rows
   than a batch and its tenants): the fair claim (docs/adr/0006) walks the tenants with queued
@@ -36,11 +37,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.store.database import positional
 from app.store.engine import CLAIM_PLANNER_SETTINGS, create_engine
 from app.store.statements import statements
 from app.vocabulary.classes import PriorityClass, priorities_of
 from tests.support.databases import clone_database, drop_database
+from tests.support.nested_plans import AutoExplainMissing, NestedPlan, start_explaining
+from tests.support.system_tools import require_or_skip
 
 SMALL = 1_000
 LARGE = 100_000
@@ -91,11 +93,13 @@ SETS = (
 # - "none-eligible": the same database with every eligible run deleted inside the measuring
 #   transaction: the claim must find nothing, and find it cheaply.
 SCENARIOS = ("other", "backed-off", "none-eligible")
+# The claim of one run and of a batch (the statement `claim`, :limit 1 or BATCH).
 STATEMENTS = ("claim_one", "claim_many")
 # How each statement is planned: for its parameters at every call (its first executions on any
 # connection, and behind PgBouncer), and as the service claims, on the claim engine's
 # connections with one generic plan kept per connection (app/store/engine.py).
 PLANNINGS = ("per call", "claim engine")
+PLAN_CACHE_MODE = {"per call": "force_custom_plan", "claim engine": "force_generic_plan"}
 
 HANDFUL_SQL = """
 INSERT INTO runs (tenant_id, principal, agent, input, priority, status, created_at,
@@ -133,19 +137,15 @@ WHERE status = 'queued' AND priority = ANY(CAST(:priorities AS smallint[]))
   AND coalesce(scheduled_for, created_at) <= now()
 """
 
-# The tenants' counts of the runs inserted directly (as migrations 0010 and 0014 fill them
-# in: the queued runs on the count row, has_work set, the 8 stripes at 0).
+# The tenants' count rows of the runs inserted directly: running counted, has_work where a
+# queued run is eligible (as migration 0016 fills them in).
 COUNTS_SQL = """
-WITH counted AS (
-    INSERT INTO tenant_class_counts (tenant_id, band, running, queued, has_work)
-    SELECT tenant_id, priority / 10, count(*) FILTER (WHERE status = 'running'),
-           count(*) FILTER (WHERE status = 'queued'), count(*) FILTER (WHERE status = 'queued') > 0
-    FROM runs WHERE status IN ('queued', 'running')
-    GROUP BY tenant_id, priority / 10
-    RETURNING tenant_id, band
-)
-INSERT INTO tenant_queued_stripes (tenant_id, band, stripe, queued)
-SELECT tenant_id, band, g, 0 FROM counted, generate_series(0, 7) AS g
+INSERT INTO tenant_class_counts (tenant_id, band, running, has_work)
+SELECT tenant_id, priority / 10, count(*) FILTER (WHERE status = 'running'),
+       count(*) FILTER (WHERE status = 'queued'
+                        AND coalesce(scheduled_for, created_at) <= now()) > 0
+FROM runs WHERE status IN ('queued', 'running')
+GROUP BY tenant_id, priority / 10
 """
 # The claim's process defaults of the tenants' concurrency limits: none.
 NO_LIMITS: list[int | None] = [None, None, None]
@@ -165,14 +165,15 @@ class Figure:
     size: int
     statement: str
     planning: str
-    # Shared buffers (hit + read) of the top plan node, which includes its children: the
-    # candidate search, the row lock and the UPDATE. (The run.claimed INSERT runs after the top
-    # node, as a data-modifying CTE nobody reads; it writes one event per claimed run.)
+    # Shared buffers (hit + read) of the claim statement's top plan node, which counts every
+    # statement its function ran: the walk, the candidate search, the row locks, the UPDATE
+    # and the run.claimed events.
     buffers: int
     # The same for the candidate search alone: the scans of runs aliased q (the probes of
     # ix_runs_tenant_claim) that ran.
     search_buffers: int
     execution_ms: float
+    # Every statement's plan the claim ran, as the children of one root.
     plan: PlanNode
     claimed: tuple[str, ...]
     expected: tuple[str, ...]
@@ -187,7 +188,7 @@ def nodes(node: PlanNode) -> Iterator[PlanNode]:
 
 
 def shared_buffers(node: PlanNode) -> int:
-    return int(node["Shared Hit Blocks"]) + int(node["Shared Read Blocks"])
+    return int(node.get("Shared Hit Blocks", 0)) + int(node.get("Shared Read Blocks", 0))
 
 
 def claim_search(plan: PlanNode) -> list[PlanNode]:
@@ -287,27 +288,17 @@ async def populate(engine: AsyncEngine, layout: str, size: int) -> None:
         # the index's metapage, which it then caches, as a worker's long-lived connection has.
         transaction = await conn.begin()
         await conn.execute(
-            statements()["claim_one"].clause,
+            statements()["claim"].clause,
             {
                 "owner": OWNER,
                 "priorities": priorities_of(PriorityClass),
                 "lease_seconds": LEASE_SECONDS,
                 "max_running": NO_LIMITS,
+                "limit": 1,
                 "now": None,
             },
         )
         await transaction.rollback()
-
-
-def literal(value: Any) -> str:
-    """A claim parameter as an SQL literal (the prepared statement's types coerce it)."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, list):
-        return "'{" + ",".join("NULL" if v is None else str(v) for v in value) + "}'"
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    return str(value)
 
 
 async def measure(
@@ -323,48 +314,41 @@ async def measure(
         "priorities": priorities_of(eligibility.classes),
         "lease_seconds": LEASE_SECONDS,
         "max_running": NO_LIMITS,
+        "limit": 1 if statement == "claim_one" else BATCH,
         "now": None,
     }
-    if statement == "claim_many":
-        params["limit"] = BATCH
-    sql = statements()[statement].sql
     async with engine.connect() as conn:
+        try:
+            plans: list[NestedPlan] = await start_explaining(conn)
+        except AutoExplainMissing as missing:
+            require_or_skip("auto_explain", str(missing))
+            raise
+        settings = {**CLAIM_PLANNER_SETTINGS, "plan_cache_mode": PLAN_CACHE_MODE[planning]}
+        if planning == "per call":
+            settings = {"plan_cache_mode": PLAN_CACHE_MODE[planning]}
         transaction = await conn.begin()
         try:
             if scenario == "none-eligible":
                 await conn.execute(
                     text(DELETE_ELIGIBLE_SQL), {"priorities": priorities_of(PriorityClass)}
                 )
-            if planning == "per call":
-                explain = text(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}")
-            else:
-                # The generic plan the claim engine's connections keep: the statement
-                # prepared under their settings, then executed with the same parameters.
-                driver = (await conn.get_raw_connection()).driver_connection
-                assert driver is not None
-                for setting, value in CLAIM_PLANNER_SETTINGS.items():
-                    await driver.execute(f"SET LOCAL {setting} = '{value}'")
-                prepared, names = positional(statement)
-                await driver.execute(f"PREPARE claim_cost AS {prepared}")
-                # EXECUTE takes no bind parameters: its arguments are literals.
-                arguments = ", ".join(literal(params[name]) for name in names)
-                explain = text(
-                    f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim_cost({arguments})"
-                )
-            raw = await conn.scalar(explain, params if planning == "per call" else {})
+            driver = (await conn.get_raw_connection()).driver_connection
+            assert driver is not None
+            for setting, value in settings.items():
+                await driver.execute(f"SET LOCAL {setting} = '{value}'")
+            plans.clear()
+            await conn.execute(statements()["claim"].clause, params)
             claimed = await conn.scalars(text(CLAIMED_SQL), {"owner": OWNER})
             agents = tuple(str(agent) for agent in claimed)
+            # The driver hands notices to listeners on the loop: by now every plan of the
+            # claim has arrived (the read above came back after them).
+            ran = [plan for plan in plans if "lease_owner = $1" not in plan.query]
         finally:
-            # EXPLAIN ANALYZE executed the claim: undo it, so every measurement sees the same
-            # queue.
+            # The claim ran: undo it, so every measurement sees the same queue.
             await transaction.rollback()
-            if planning != "per call":
-                # A prepared statement outlives its transaction.
-                driver = (await conn.get_raw_connection()).driver_connection
-                assert driver is not None
-                await driver.execute("DEALLOCATE claim_cost")
-    (explained,) = json.loads(raw) if isinstance(raw, str) else raw
-    plan: PlanNode = explained["Plan"]
+    outer = [p for p in ran if "FROM turnstile_claim(" in p.query]
+    assert outer, "auto_explain logged no plan of the claim statement"
+    plan: PlanNode = {"Node Type": "Result", "Plans": [p.plan for p in ran]}
     return Figure(
         eligibility=eligibility.name,
         classes=eligibility.classes,
@@ -372,9 +356,9 @@ async def measure(
         size=size,
         statement=statement,
         planning=planning,
-        buffers=shared_buffers(plan),
+        buffers=outer[-1].buffers,
         search_buffers=sum(shared_buffers(node) for node in claim_search(plan)),
-        execution_ms=float(explained["Execution Time"]),
+        execution_ms=float(outer[-1].plan.get("Actual Total Time", 0.0)),
         plan=plan,
         claimed=agents,
         expected=expected_claims(eligibility, scenario, statement),

@@ -13,14 +13,14 @@ here holds 1,000 tenants' rows.
 
 This module fills the table with the rows of many tenants, analyses it, and asks the planner
 for the plan of every statement that touches the table, both the plan made for the bind
-parameters (a custom plan, what a statement gets on its first executions), the generic plan
-a prepared statement may keep, and the claims' plans under the claim engine's settings
-(app/store/engine.py, CLAIM_PLANNER_SETTINGS: generic plans, planned once per connection and kept).
-No plan may read tenant_class_counts, or its stripes (tenant_queued_stripes, migration 0014:
-8 rows per count row, read by the claims, the quotas and count_moves), but through an index.
-The exceptions are `tenant_depth`, the operators' read of the busiest tenants, which ranks
-them all on purpose, and `clear_idle_work`, the maintenance backstop, which walks the
-flagged rows on purpose.
+parameters (a custom plan, what a statement gets on its first executions) and the generic plan
+a prepared statement may keep; and it runs the functions that touch it (the claim, the one way
+to create runs and its marks, the settle, the answer, the submission) under auto_explain, with
+custom plans, generic plans, and the claim engine's settings (app/store/engine.py,
+CLAIM_PLANNER_SETTINGS: generic plans, planned once per connection and kept). No plan may read
+tenant_class_counts but through an index. The exceptions are `tenant_depth`, the operators'
+read of the busiest tenants, which ranks them all on purpose, and `settle_idle_work`, the
+maintenance backstop, which walks the marked rows on purpose.
 """
 
 from __future__ import annotations
@@ -31,10 +31,16 @@ from typing import Any
 
 import asyncpg
 import pytest
+from sqlalchemy import text
 from sqlalchemy.dialects.postgresql.asyncpg import dialect
 
-from app.store.engine import CLAIM_PLANNER_SETTINGS, plain_url
+from app.config import Settings
+from app.queue.core import Queue
+from app.store.engine import CLAIM_PLANNER_SETTINGS, create_engine, plain_url
 from app.store.statements import statements
+from app.vocabulary.records import NewRun
+from tests.support.nested_plans import AutoExplainMissing, start_explaining
+from tests.support.system_tools import require_or_skip
 
 TENANTS = 1_000
 
@@ -84,9 +90,13 @@ LITERALS: dict[str, str] = {
     "tenant_id": "'tenant-42'",
     "traceparent": "NULL",
     "unknown": "false",
+    "outcomes": "ARRAY['succeeded', 'retry']",
+    "values": "ARRAY['{}'::jsonb, '{}'::jsonb]",
+    "steps": "ARRAY[NULL::integer, NULL]",
+    "states": "ARRAY[NULL::jsonb, NULL]",
 }
-EXEMPT = {"tenant_depth", "clear_idle_work"}
-TABLES = ("tenant_class_counts", "tenant_queued_stripes")
+EXEMPT = {"tenant_depth", "settle_idle_work"}
+TABLES = ("tenant_class_counts",)
 # How a plan may read the table: through an index, or as the table a statement modifies (whose
 # rows its children found).
 BY_INDEX = ("Index Scan", "Index Only Scan", "Bitmap Heap Scan", "ModifyTable")
@@ -138,23 +148,14 @@ async def many_tenants(database_url: str) -> str:
         # with queued and running runs (the walk's partial index), most idle.
         await conn.execute(
             """
-            INSERT INTO tenant_class_counts (tenant_id, band, running, queued, has_work)
-            SELECT 'tenant-' || t, b, CASE WHEN t % 50 = 0 THEN 2 ELSE 0 END,
-                   CASE WHEN t % 100 = 0 THEN 5 ELSE 0 END, t % 100 = 0
+            INSERT INTO tenant_class_counts (tenant_id, band, running, has_work, due_at)
+            SELECT 'tenant-' || t, b, CASE WHEN t % 50 = 0 THEN 2 ELSE 0 END, t % 100 = 0,
+                   CASE WHEN t % 7 = 0 THEN now() + interval '1 day' END
             FROM generate_series(1, $1) AS t, generate_series(0, 2) AS b
             """,
             TENANTS,
         )
-        # Their 8 stripes each, a few holding queued runs.
-        await conn.execute(
-            """
-            INSERT INTO tenant_queued_stripes (tenant_id, band, stripe, queued)
-            SELECT tenant_id, band, s, CASE WHEN tenant_id LIKE '%7' THEN s ELSE 0 END
-            FROM tenant_class_counts, generate_series(0, 7) AS s
-            """
-        )
         await conn.execute("ANALYZE tenant_class_counts")
-        await conn.execute("ANALYZE tenant_queued_stripes")
     finally:
         await conn.close()
     return database_url
@@ -164,13 +165,13 @@ async def many_tenants(database_url: str) -> str:
 async def test_every_transition_finds_its_count_rows_by_key(many_tenants: str, mode: str) -> None:
     names = touching()
     # The statements that move runs: a new one that forgot the counts would not be checked.
-    assert {"enqueue", "claim_one", "claim_many", "complete_many", "sweep_expired"} <= set(names)
+    assert {"end_holds", "cancel_runs", "claim_fifo"} <= set(names)
     conn = await asyncpg.connect(plain_url(many_tenants))
     try:
         scans = {}
         for name in names:
-            if mode == "claim engine" and not name.startswith("claim_"):
-                continue  # only the claims run on the claim engine
+            if mode == "claim engine":
+                continue  # only the claim runs on the claim engine: see the functions' test
             plan = await plan_of(conn, name, mode)
             found = [
                 node["Node Type"]
@@ -182,3 +183,95 @@ async def test_every_transition_finds_its_count_rows_by_key(many_tenants: str, m
         assert not scans, f"read count rows or stripes other than by an index: {scans}"
     finally:
         await conn.close()
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan", "claim engine"])
+async def test_every_function_finds_its_count_rows_by_key(many_tenants: str, mode: str) -> None:
+    """The functions that touch the count rows, run for real (and rolled back) on a tenant
+    among many: a run created and marked, claimed (the walk, its settles of idle pairs), asked
+    a question, answered, a submission, a settle."""
+    engine = create_engine(Settings(database_url=None), many_tenants, pool_size=1)
+    queue = Queue(engine)
+    try:
+        async with engine.connect() as conn:
+            try:
+                plans = await start_explaining(conn)
+            except AutoExplainMissing as missing:
+                require_or_skip("auto_explain", str(missing))
+                raise
+            settings = (
+                CLAIM_PLANNER_SETTINGS if mode == "claim engine" else {"plan_cache_mode": mode}
+            )
+            transaction = await conn.begin()
+            for setting, value in settings.items():
+                await conn.exec_driver_sql(f"SET LOCAL {setting} = '{value}'")
+            run = await queue.enqueue(
+                NewRun(
+                    tenant_id="tenant-42", principal="p", agent="scripted", input={}, priority=20
+                ),
+                conn=conn,
+            )
+            rows = await queue.db.rows(
+                "claim",
+                {
+                    "owner": "o",
+                    "priorities": list(range(20, 30)),
+                    "lease_seconds": 30.0,
+                    "limit": 8,
+                    "max_running": [None, None, None],
+                },
+                conn,
+            )
+            (claimed,) = [row for row in rows if row["id"] == run.id]
+            await queue.db.rows(
+                "end_holds",
+                {
+                    "run_ids": [run.id],
+                    "epochs": [claimed["lease_epoch"]],
+                    "outcomes": ["waiting"],
+                    "values": ['{"ask": 1}'],
+                    "steps": [1],
+                    "states": ["{}"],
+                    "backoff_base": 1.0,
+                    "backoff_max": 2.0,
+                    "unknown": "?",
+                    "hook_attempts": 3,
+                    "hook_backoff_base": 1.0,
+                    "hook_backoff_max": 2.0,
+                },
+                conn,
+            )
+            await queue.deliver_input(run.id, {"answer": 1}, principal="p", conn=conn)
+            await conn.execute(
+                text(
+                    "SELECT r.outcome FROM turnstile_submit("
+                    " p_now => NULL, p_tenant => 'tenant-43', p_principal => 'p',"
+                    " p_own_sessions_only => false, p_actor => 'k', p_session => NULL,"
+                    " p_key => NULL, p_request_hash => NULL, p_ttl_seconds => 60,"
+                    " p_wait_ms => 1000, p_lock_timeout_ms => 60000,"
+                    " p_run_id => gen_random_uuid(), p_agent => 'scripted',"
+                    " p_default_agent => 'scripted', p_priority => CAST(20 AS smallint),"
+                    " p_default_priority => CAST(20 AS smallint), p_scheduled_for => NULL,"
+                    " p_input => CAST('{}' AS jsonb), p_max_attempts => 3,"
+                    " p_traceparent => NULL, p_max_queued => NULL) r"
+                )
+            )
+            await conn.execute(
+                text("SELECT turnstile_settle_work('tenant-44', CAST(2 AS smallint), NULL)")
+            )
+            await transaction.rollback()
+        checked = [
+            p.query.split("\n")[0][:80]
+            for p in plans
+            if any(node.get("Relation Name") in TABLES for node in p.nodes())
+        ]
+        assert len(checked) >= 5, checked  # the functions' statements on the count rows ran
+        scans = [
+            (p.query[:120], node["Node Type"])
+            for p in plans
+            for node in p.nodes()
+            if node.get("Relation Name") in TABLES and node["Node Type"] not in BY_INDEX
+        ]
+        assert not scans, f"read count rows other than by an index: {scans}"
+    finally:
+        await engine.dispose()

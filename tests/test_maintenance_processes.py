@@ -23,7 +23,7 @@ SERVICES = (
     "queue-metrics",
     "scheduler",
     # Stale has_work flags of tenants' count rows (docs/adr/0006, "Striped queued counts").
-    "work-flag-clearer",
+    "work-settler",
 )
 
 

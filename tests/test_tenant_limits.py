@@ -239,15 +239,25 @@ COUNTS = {
 
 
 async def seed_counts(engine: AsyncEngine) -> None:
+    """Each tenant's running count rows, and its queued runs themselves (the figures count
+    queued runs; running runs are the count rows')."""
     async with engine.begin() as conn:
         for tenant, rows in COUNTS.items():
             for band, running, queued in rows:
                 await conn.execute(
                     text(
-                        "INSERT INTO tenant_class_counts (tenant_id, band, running, queued) "
-                        "VALUES (:t, :b, :r, :q)"
+                        "INSERT INTO tenant_class_counts (tenant_id, band, running) "
+                        "VALUES (:t, :b, :r)"
                     ),
-                    {"t": tenant, "b": band, "r": running, "q": queued},
+                    {"t": tenant, "b": band, "r": running},
+                )
+                await conn.execute(
+                    text(
+                        "INSERT INTO runs (tenant_id, principal, agent, input, priority) "
+                        "SELECT :t, 'p', 'scripted', '{}'::jsonb, :b * 10 "
+                        "FROM generate_series(1, :q)"
+                    ),
+                    {"t": tenant, "b": band, "q": queued},
                 )
 
 

@@ -13,7 +13,7 @@ from app.maintenance.queue_metrics import QueueMetrics
 from app.maintenance.scheduler import Scheduler
 from app.maintenance.service import MaintenanceService
 from app.maintenance.sweeper import Sweeper
-from app.maintenance.work_flags import WorkFlagClearer
+from app.maintenance.work_settler import WorkSettler
 from app.observability.metrics import Metrics
 from app.queue.core import Queue
 
@@ -35,8 +35,8 @@ class Maintainer:
                 interval=settings.sweep_interval_seconds,
                 on_success=on_success,
             ),
-            # Stale has_work flags cost claims a probe each: cleared at the sweep's pace.
-            WorkFlagClearer(
+            # The fair walk's marks that no claim loop reaches, at the sweep's pace.
+            WorkSettler(
                 queue,
                 holder=holder,
                 interval=settings.sweep_interval_seconds,

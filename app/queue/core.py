@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from sqlalchemy import RowMapping
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.queue.errors import (
@@ -28,7 +29,14 @@ from app.queue.errors import (
     RunNotFoundError,
     RunNotWaitingError,
 )
-from app.store.database import Clock, Database, database_clock, dump_json, failed_with
+from app.store.database import (
+    Clock,
+    Database,
+    database_clock,
+    dump_json,
+    failed_with,
+    refusal,
+)
 from app.store.outcomes import OutcomeUnknown
 from app.store.statements import q, statements
 from app.vocabulary.classes import PriorityClass, priorities_of
@@ -40,6 +48,7 @@ from app.vocabulary.records import (
     ClaimedRun,
     Event,
     Fenced,
+    HoldEnd,
     JournalEntry,
     Lease,
     NewRun,
@@ -57,6 +66,10 @@ from app.vocabulary.records import (
 __all__ = ["Clock", "Queue", "QueueConfig", "database_clock", "dump_json", "failed_with"]
 
 log = logging.getLogger("turnstile.queue")
+
+_TRANSITION = {"succeeded": "succeeded", "failed": "failed", "queued": "released"}
+"""The observer's name of an ended hold, by the status it ended in (`waiting_for_user` is not
+a transition the metrics count)."""
 
 PASSED_OVER_RETRIES = 3
 """How many times a fair claim that claimed nothing, having passed over runs of a tenant that a
@@ -152,14 +165,21 @@ class Queue:
         """The claim's process defaults of the tenants' concurrency limits, by class band."""
         return {"max_running": list(self.config.tenant_max_running)}
 
-    async def _quota_refusal(self, tenant_id: str) -> QueueQuotaError:
-        """The refusal of a submission that found its tenant at its queued quota, with the
-        quota and the queued total as they are now (read only on this rare path)."""
-        rows = await self.db.rows(
-            "tenant_quota", {"tenant_id": tenant_id, "max_queued": self.config.tenant_max_queued}
-        )
-        row = rows[0]
-        return QueueQuotaError(tenant_id, row["max_queued"], int(row["queued"]))
+    async def _creating(
+        self, name: str, params: dict[str, Any], conn: AsyncConnection | None
+    ) -> list[RowMapping]:
+        """A statement that creates runs through turnstile_create_runs, its quota refusal
+        (TS429 queue-quota, nothing written) raised as QueueQuotaError."""
+        try:
+            return await self.db.rows(name, params, conn)
+        except DBAPIError as exc:
+            refused = refusal(exc)
+            if refused is None or refused[0] != "queue-quota":
+                raise
+            fields = refused[1]
+            raise QueueQuotaError(
+                str(fields["tenant_id"]), fields["max_queued"], int(fields["queued"])
+            ) from None
 
     async def _fenced(
         self,
@@ -195,7 +215,7 @@ class Queue:
         """A new queued run. For back-end services in the deployment and the core's own
         callers: not rate limited (the submission rate limit is the API's, in
         `turnstile_submit`)."""
-        rows = await self.db.rows(
+        rows = await self._creating(
             "enqueue",
             {
                 "id": run_id or uuid.uuid4(),
@@ -214,8 +234,6 @@ class Queue:
             },
             conn,
         )
-        if not rows:
-            raise await self._quota_refusal(new.tenant_id)
         run = Run.from_row(rows[0])
         self.observer.transition("enqueued", run.priority)
         return run
@@ -233,7 +251,7 @@ class Queue:
         ids = [uuid.uuid4() for _ in runs]
         if not ids:
             return []
-        rows = await self.db.rows(
+        await self._creating(
             "enqueue_many",
             {
                 "ids": ids,
@@ -248,8 +266,6 @@ class Queue:
             },
             conn,
         )
-        if int(rows[0]["enqueued"]) == 0:
-            raise await self._quota_refusal(tenant_id)
         for priority in {priority for _, _, priority, _ in runs}:
             count = sum(1 for _, _, p, _ in runs if p == priority)
             self.observer.transition("enqueued", priority, count)
@@ -276,10 +292,9 @@ class Queue:
         if not self.config.fair_claim:
             rows = await self.db.rows("claim_fifo", {**params, "limit": limit}, engine=engine)
         else:
-            name = "claim_one" if limit == 1 else "claim_many"
             fair = {**params, **self._limits(), "limit": limit}
             for _ in range(PASSED_OVER_RETRIES + 1):
-                found = await self.db.rows(name, dict(fair), engine=engine)
+                found = await self.db.rows("claim", dict(fair), engine=engine)
                 rows = [row for row in found if row["id"] is not None]
                 # Nothing claimed, but runs were passed over because a concurrent claim took
                 # their tenant's last room under its limit: other tenants' runs may be waiting
@@ -402,85 +417,73 @@ class Queue:
     async def wait_for_user(
         self, lease: Lease, question: JSON, *, step: int, state: JSON
     ) -> WriteOutcome:
-        return await self._fenced(
-            "wait_for_user",
-            lease,
-            {
-                "question": dump_json(question),
-                "step": step,
-                "state": dump_json(state),
-                **self._hook_attempts(),
-            },
-        )
+        """A question is not a failure: the lease is given up and attempts restart from 0."""
+        return (await self.end_holds([HoldEnd.waiting(lease, question, step=step, state=state)]))[0]
 
     async def complete(self, lease: Lease, result: JSON) -> WriteOutcome:
-        return await self._fenced(
-            "complete",
-            lease,
-            {"result": dump_json(result), **self._hook_attempts()},
-            transition="succeeded",
-        )
+        return (await self.end_holds([HoldEnd.succeeded(lease, result)]))[0]
 
     async def complete_many(self, completions: Sequence[tuple[Lease, JSON]]) -> list[WriteOutcome]:
         """Complete many runs in one fenced statement (a group commit). Each run is fenced on its
         own lease; the outcomes come back in the order given, `Fenced` for every run whose fence
         did not match (nothing was written for it)."""
-        if not completions:
-            return []
-        rows = await self.db.batch_rows(
-            "complete_many",
-            {
-                "run_ids": [lease.run_id for lease, _ in completions],
-                "epochs": [lease.epoch for lease, _ in completions],
-                "results": [dump_json(result) for _, result in completions],
-                **self._hook_attempts(),
-            },
+        return await self.end_holds(
+            [HoldEnd.succeeded(lease, result) for lease, result in completions]
         )
-        row = rows[0]
-        written = {
-            (run_id, int(epoch)): (int(seq), int(priority))
-            for run_id, epoch, seq, priority in zip(
-                row["ids"], row["epochs"], row["seqs"], row["priorities"], strict=True
-            )
-        }
-        outcomes: list[WriteOutcome] = []
-        for lease, _ in completions:
-            hit = written.get(lease.key)
-            if hit is None:
-                outcomes.append(Fenced(lease))
-            else:
-                self.observer.transition("succeeded", hit[1])
-                outcomes.append(Written(seq=hit[0]))
-        return outcomes
 
     async def fail(self, lease: Lease, failure: JSON) -> WriteOutcome:
         """Fail permanently: never requeued, whatever attempts remain."""
-        return await self._fenced(
-            "fail",
-            lease,
-            {"failure": dump_json(failure), "unknown": UNKNOWN_OUTCOME, **self._hook_attempts()},
-            transition="failed",
-        )
+        return (await self.end_holds([HoldEnd.failed(lease, failure)]))[0]
 
     async def release(self, lease: Lease, *, graceful: bool, reason: str = "") -> WriteOutcome:
         """Give the run back. Graceful (drain): requeued at once, attempt given back. Early
         (transient retries ran out): backoff, counted like a lost lease, failed on the last."""
-        if graceful:
-            return await self._fenced(
-                "release_graceful", lease, {"reason": reason}, transition="released"
+        end = HoldEnd.released(lease, reason) if graceful else HoldEnd.retry(lease, reason)
+        return (await self.end_holds([end]))[0]
+
+    async def end_holds(self, ends: Sequence[HoldEnd]) -> list[WriteOutcome]:
+        """End many holds in one fenced statement (`end_holds`): each fenced on its own lease,
+        the outcomes in the order given, `Fenced` for every hold whose fence did not match.
+        One whose outcome is unknown is replayed, recognising what its first sending wrote."""
+        if not ends:
+            return []
+        rows = await self.db.batch_rows("end_holds", {**self._end_params(ends), **self._hooks})
+        row = rows[0]
+        written = {
+            (run_id, int(epoch)): (int(seq), str(status), int(priority))
+            for run_id, epoch, seq, status, priority in zip(
+                row["ids"],
+                row["epochs"],
+                row["seqs"],
+                row["statuses"],
+                row["priorities"],
+                strict=True,
             )
-        return await self._fenced(
-            "release_early",
-            lease,
-            {
-                "reason": reason,
-                "backoff_base": self.config.backoff_base_seconds,
-                "backoff_max": self.config.backoff_max_seconds,
-                "unknown": UNKNOWN_OUTCOME,
-                **self._hooks,
-            },
-            transition="released",
-        )
+        }
+        outcomes: list[WriteOutcome] = []
+        for end in ends:
+            hit = written.get(end.lease.key)
+            if hit is None:
+                outcomes.append(Fenced(end.lease))
+                continue
+            seq, status, priority = hit
+            if end.outcome != "waiting":
+                self.observer.transition(_TRANSITION.get(status, "released"), priority)
+            outcomes.append(Written(seq=seq))
+        return outcomes
+
+    def _end_params(self, ends: Sequence[HoldEnd]) -> dict[str, Any]:
+        return {
+            "run_ids": [end.lease.run_id for end in ends],
+            "epochs": [end.lease.epoch for end in ends],
+            "outcomes": [end.outcome for end in ends],
+            "values": [dump_json(end.value) for end in ends],
+            "steps": [end.step for end in ends],
+            "states": [None if end.state is None else dump_json(end.state) for end in ends],
+            "backoff_base": self.config.backoff_base_seconds,
+            "backoff_max": self.config.backoff_max_seconds,
+            "unknown": UNKNOWN_OUTCOME,
+        }
 
     async def record_fenced(self, lease: Lease, *, during: str) -> int | None:
         """Write `run.fenced` with the stale epoch: the one write exempt from the fence."""
@@ -496,44 +499,29 @@ class Queue:
     # --- maintenance and operator transitions -------------------------------------------------
     async def sweep(self, *, limit: int = 500) -> SweepReport:
         """Requeue (with backoff) or dead-letter every run whose lease has expired, a batch of
-        `limit` per transaction: `lock_expired` takes the rows, then `sweep_expired` moves them
-        with a snapshot taken after the lock."""
+        `limit` per transaction: `lock_expired` takes the rows, then `end_holds` ends them
+        ('expired') with a snapshot taken after the lock."""
         requeued = failed = 0
         while True:
             async with self.engine.begin() as conn:
                 now = self.clock()
-                ids = (
-                    (await conn.execute(q("lock_expired"), {"limit": limit, "now": now}))
-                    .scalars()
-                    .all()
-                )
-                if not ids:
+                locked = (await conn.execute(q("lock_expired"), {"limit": limit, "now": now})).all()
+                if not locked:
                     return SweepReport(requeued=requeued, failed=failed)
-                row = (
-                    (
-                        await conn.execute(
-                            q("sweep_expired"),
-                            {
-                                "ids": list(ids),
-                                "backoff_base": self.config.backoff_base_seconds,
-                                "backoff_max": self.config.backoff_max_seconds,
-                                "unknown": UNKNOWN_OUTCOME,
-                                "now": now,
-                                **self._hooks,
-                            },
-                        )
-                    )
-                    .mappings()
-                    .one()
-                )
-            batch_requeued, batch_failed = int(row["requeued"]), int(row["failed"])
-            for key, count in (row["by_priority"] or {}).items():
-                status, _, priority = str(key).partition(":")
-                name = "requeued" if status == "queued" else "failed"
-                self.observer.transition(name, int(priority), int(count))
-            requeued += batch_requeued
-            failed += batch_failed
-            if len(ids) < limit:
+                ends = [
+                    HoldEnd(Lease(run_id=row.id, epoch=int(row.lease_epoch), owner=""), "expired")
+                    for row in locked
+                ]
+                params = {**self._end_params(ends), **self._hooks, "now": now}
+                row = (await conn.execute(q("end_holds"), params)).mappings().one()
+            for status, priority in zip(row["statuses"], row["priorities"], strict=True):
+                if status == "queued":
+                    requeued += 1
+                    self.observer.transition("requeued", int(priority))
+                else:
+                    failed += 1
+                    self.observer.transition("failed", int(priority))
+            if len(locked) < limit:
                 return SweepReport(requeued=requeued, failed=failed)
 
     async def deliver_input(
@@ -578,9 +566,9 @@ class Queue:
         succeeded or failed one (RunFinishedError). `tenant_id` and `principal` limit which
         runs the caller may cancel (None: any); another's run is not found."""
         rows = await self.db.rows(
-            "cancel",
+            "cancel_runs",
             {
-                "run_id": run_id,
+                "run_ids": [run_id],
                 "actor": actor,
                 "reason": reason,
                 "tenant_id": tenant_id,
@@ -600,6 +588,31 @@ class Queue:
             return CancelOutcome(run=current, changed=False)
         # Terminal statuses are final, so reading after the failed update cannot race.
         raise RunFinishedError(run_id, current.status)
+
+    async def cancel_many(
+        self,
+        run_ids: Sequence[UUID],
+        *,
+        actor: str,
+        reason: str,
+        tenant_id: str | None = None,
+    ) -> int:
+        """Cancel a batch of runs in one statement (those not finished and visible to
+        `tenant_id`); how many were cancelled."""
+        rows = await self.db.rows(
+            "cancel_runs",
+            {
+                "run_ids": list(run_ids),
+                "actor": actor,
+                "reason": reason,
+                "tenant_id": tenant_id,
+                "principal": None,
+                **self._hook_attempts(),
+            },
+        )
+        for row in rows:
+            self.observer.transition("cancelled", int(row["priority"]))
+        return len(rows)
 
     # --- reads --------------------------------------------------------------------------------
     async def get_run(

@@ -81,11 +81,15 @@ class Housekeeping:
         """Delete up to `limit` expired keys; how many were deleted."""
         return await self._rowcount("prune_idempotency_keys", limit=limit)
 
-    async def clear_idle_work(self, *, limit: int) -> tuple[int, int]:
-        """Offer up to `limit` count rows flagged has_work with nothing queued to
-        turnstile_clear_work (docs/adr/0006); (offered, cleared)."""
+    async def settle_idle_work(self, *, limit: int) -> tuple[int, int]:
+        """Offer up to `limit` pairs marked as having work but with none to claim now to
+        turnstile_settle_work (docs/adr/0009); (offered, cleared)."""
         async with self.queue.engine.begin() as conn:
-            row = (await conn.execute(q("clear_idle_work"), {"limit": limit})).one()
+            row = (
+                await conn.execute(
+                    q("settle_idle_work"), {"limit": limit, "now": self.queue.clock()}
+                )
+            ).one()
             return int(row.offered), int(row.cleared)
 
     async def prune_finished_runs(self, *, retention_seconds: float, limit: int) -> int:

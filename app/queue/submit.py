@@ -364,7 +364,7 @@ class Submissions:
             text("SELECT set_config('lock_timeout', :ms, true)"), {"ms": str(self.wait_ms)}
         )
         try:
-            taken = (await conn.execute(q("idempotency_claim"), params)).one_or_none()
+            taken = bool((await conn.execute(q("idempotency_claim"), params)).scalar_one())
         except DBAPIError as exc:
             if failed_with(exc, "55P03", "lock timeout"):
                 raise IdempotencyKeyInFlightError(idempotency.key) from None
@@ -373,7 +373,7 @@ class Submissions:
             text("SELECT set_config('lock_timeout', :ms, true)"),
             {"ms": str(self.lock_timeout_ms)},
         )
-        if taken is not None:
+        if taken:
             return None
         stored = (await conn.execute(q("idempotency_stored"), params)).mappings().one()
         if stored["request_hash"] != idempotency.request_hash:

@@ -38,6 +38,10 @@ submission holds it to its commit), so a larger value is a typo, not a plan."""
 TOP_TENANTS = 20
 """How many tenants the admin's views and the metrics show one by one; the rest are summed."""
 MAX_TOP_TENANTS = 200
+
+MAX_COUNTED = 1_000_000
+"""At most this many queued runs are counted for the per-tenant figures (one bounded
+index-only scan); past it the queued figures are floors."""
 """The most a view may ask for."""
 MAX_TENANT_LENGTH = 255
 
@@ -217,12 +221,19 @@ class Tenants:
     async def depth(self, *, tenant_id: str | None, top: int = TOP_TENANTS) -> list[TenantDepth]:
         """Running and queued runs per class: of `tenant_id` (an empty list when it has none),
         or of the `top` busiest tenants by queued runs, then one `tenant_id=None` entry summing
-        every other tenant with work (only when there is one). Reads tenant_class_totals."""
+        every other tenant with work (only when there is one). Running runs are the count
+        rows' (exact); queued runs are counted, at most `MAX_COUNTED` of them (past that the
+        queued figures are floors)."""
         if top < 1:
             raise ValueError("top must be at least 1")
         async with self.queue.engine.connect() as conn:
             rows = (
-                (await conn.execute(q("tenant_depth"), {"tenant_id": tenant_id, "top": top}))
+                (
+                    await conn.execute(
+                        q("tenant_depth"),
+                        {"tenant_id": tenant_id, "top": top, "max_counted": MAX_COUNTED},
+                    )
+                )
                 .mappings()
                 .all()
             )

@@ -32,6 +32,9 @@ log = logging.getLogger("turnstile.webhooks")
 # from producing deliveries and to give them their own backoff.
 WEBHOOK_AGENT = "webhook"
 EVENTS = ("run.succeeded", "run.failed", "run.cancelled", "run.waiting")
+DELETE_BATCH = 500
+"""A deleted endpoint's pending deliveries are cancelled this many at a time."""
+
 DISABLE_AFTER = 20  # failed deliveries in a row (each after all its attempts) that disable one
 
 
@@ -143,21 +146,38 @@ class Webhooks:
         return Endpoint.from_row(row)
 
     async def delete(self, *, tenant_id: str, endpoint_id: UUID, actor: str) -> int:
-        """Delete the endpoint and cancel its pending deliveries; how many were cancelled."""
+        """Delete the endpoint, then cancel its pending deliveries a batch at a time (each
+        batch a transaction of its own, so a backlog of any size is deleted); how many were
+        cancelled. A pending delivery a crash leaves behind fails at once when it runs."""
         async with self.queue.engine.begin() as conn:
-            row = (
-                (
-                    await conn.execute(
-                        q("webhook_delete"),
-                        {"id": endpoint_id, "tenant_id": tenant_id, "actor": actor, "now": None},
-                    )
+            deleted = (
+                await conn.execute(
+                    q("webhook_delete"), {"id": endpoint_id, "tenant_id": tenant_id, "now": None}
                 )
-                .mappings()
-                .one()
-            )
-        if not row["deleted"]:
+            ).first()
+        if deleted is None:
             raise WebhookNotFoundError(endpoint_id)
-        return int(row["cancelled"])
+        cancelled = 0
+        while True:
+            async with self.queue.engine.connect() as conn:
+                pending = (
+                    (
+                        await conn.execute(
+                            q("webhook_pending_deliveries"),
+                            {"id": endpoint_id, "limit": DELETE_BATCH},
+                        )
+                    )
+                    .scalars()
+                    .all()
+                )
+            if not pending:
+                return cancelled
+            cancelled += await self.queue.cancel_many(
+                list(pending),
+                actor=actor,
+                reason="webhook endpoint deleted",
+                tenant_id=tenant_id,
+            )
 
     async def target(self, delivery_run_id: UUID, endpoint_id: UUID) -> DeliveryTarget | None:
         """The endpoint a delivery run sends to, if it is of the run's tenant."""

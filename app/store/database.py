@@ -56,6 +56,12 @@ def positional(name: str) -> tuple[str, tuple[str, ...]]:
     return compiled.string, tuple(compiled.positiontup or ())
 
 
+END_ARRAYS = ("run_ids", "epochs", "outcomes", "values", "steps", "states")
+"""end_holds' parallel arrays, one entry per hold to end."""
+
+END_RESULTS = ("ids", "epochs", "seqs", "statuses", "priorities")
+"""end_holds' result: the ends written, as parallel arrays in one row."""
+
 _REFUSALS = ("TS404", "TS409", "TS429")
 """SQLSTATEs our own functions raise for a refusal (migration 0007; TS429, a tenant's queued
 quota (migration 0011) or its submission rate limit (migration 0012): the message names which)."""
@@ -76,6 +82,18 @@ def _lost(exc: BaseException) -> bool:
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     return isinstance(exc, OSError) or lost_connection(driver_error(exc))
+
+
+def refusal(exc: DBAPIError) -> tuple[str, dict[str, Any]] | None:
+    """A refusal one of our functions raised (SQLSTATE TS404/TS409/TS429, the problem's name
+    as the message, its fields as JSON in the detail), whichever path sent the statement:
+    directly, the driver's error is the wrapper's `orig`; through SQLAlchemy's dialect, the
+    cause of its own adapted error."""
+    cause = exc.orig if isinstance(exc.orig, asyncpg.PostgresError) else None
+    cause = cause or (exc.orig.__cause__ if exc.orig is not None else None)
+    if isinstance(cause, asyncpg.PostgresError) and cause.sqlstate in _REFUSALS:
+        return str(cause.message), json.loads(cause.detail or "{}")
+    return None
 
 
 def failed_with(exc: DBAPIError, sqlstate: str, message: str) -> bool:
@@ -207,12 +225,9 @@ class Database:
                 if not retry_on_disconnect or attempt == 1:
                     raise
             except DBAPIError as exc:
-                # Directly, the driver's error is the wrapper's `orig`; through SQLAlchemy's
-                # dialect, the cause of its own adapted error.
-                cause = exc.orig if isinstance(exc.orig, asyncpg.PostgresError) else None
-                cause = cause or (exc.orig.__cause__ if exc.orig is not None else None)
-                if isinstance(cause, asyncpg.PostgresError) and cause.sqlstate in _REFUSALS:
-                    raise refusals(cause.message, json.loads(cause.detail or "{}")) from None
+                refused = refusal(exc)
+                if refused is not None:
+                    raise refusals(*refused) from None
                 if retry_on_disconnect and attempt == 0 and exc.connection_invalidated:
                     continue
                 raise
@@ -295,14 +310,15 @@ class Database:
             await asyncio.sleep(REPLAY_PAUSE_SECONDS * 2**attempt)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def replay_completions(self, params: dict[str, Any]) -> list[Mapping[Any, Any]]:
-        """complete_many's replay: as `_replay`, for each (run, epoch) of the batch; the runs
-        found completed by the earlier sending and those completed now, in one result row."""
+    async def replay_ends(self, params: dict[str, Any]) -> list[Mapping[Any, Any]]:
+        """end_holds' replay: as `replay`, for each (run, epoch, outcome) of the batch; the
+        ends found written by the earlier sending and those written now, in one result row.
+        The sweeper's own ends are not replayed (its next pass finds what this one left)."""
         for attempt in range(REPLAY_ATTEMPTS):
             try:
                 async with self.engine.begin() as tx:
                     await tx.execute(q("lock_many_for_replay"), params)
-                    found = (await tx.execute(q("recognise_complete_many"), params)).mappings()
+                    found = (await tx.execute(q("recognise_end_holds"), params)).mappings()
                     earlier = dict(found.one())
                     done = set(zip(earlier["ids"], earlier["epochs"], strict=True))
                     left = [
@@ -312,25 +328,16 @@ class Database:
                         )
                         if key not in done
                     ]
-                    if not left:
-                        log.warning(
-                            "completion batch of unknown outcome replayed",
-                            extra={"runs": len(done), "earlier_commits_found": len(done)},
-                        )
-                        return [earlier]
-                    rest = {
-                        **params,
-                        **{
-                            k: [params[k][i] for i in left]
-                            for k in ("run_ids", "epochs", "results")
-                        },
-                    }
-                    now = dict((await tx.execute(q("complete_many"), rest)).mappings().one())
-                    merged = {
-                        k: [*earlier[k], *now[k]] for k in ("ids", "epochs", "seqs", "priorities")
-                    }
+                    merged = earlier
+                    if left:
+                        rest = {
+                            **params,
+                            **{k: [params[k][i] for i in left] for k in END_ARRAYS},
+                        }
+                        now = dict((await tx.execute(q("end_holds"), rest)).mappings().one())
+                        merged = {k: [*earlier[k], *now[k]] for k in END_RESULTS}
                 log.warning(
-                    "completion batch of unknown outcome replayed",
+                    "ends of unknown outcome replayed",
                     extra={"runs": len(params["run_ids"]), "earlier_commits_found": len(done)},
                 )
                 return [merged]
@@ -343,14 +350,14 @@ class Database:
     async def batch_rows(self, name: str, params: dict[str, Any]) -> Sequence[Mapping[Any, Any]]:
         """A multi-row fenced statement in a transaction of its own, retried when it was a
         deadlock victim (nothing of it committed). One whose outcome is unknown is sent again:
-        heartbeat_many as it is (setting a deadline again changes nothing), complete_many
-        through its replay."""
+        heartbeat_many as it is (setting a deadline again changes nothing), end_holds through
+        its replay."""
         for attempt in range(DEADLOCK_RETRIES + 1):
             try:
                 return await self.rows(name, dict(params))
             except OutcomeUnknown:
-                if name == "complete_many":
-                    return await self.replay_completions(dict(params, now=self.clock()))
+                if name == "end_holds":
+                    return await self.replay_ends(dict(params, now=self.clock()))
                 if name != "heartbeat_many" or attempt == DEADLOCK_RETRIES:
                     raise
             except DBAPIError as exc:

@@ -59,6 +59,13 @@ def downgrade(url: str, revision: str = "base") -> None:
 
 
 @lru_cache(maxsize=1)
+def known_revisions() -> frozenset[str]:
+    """Every revision this code's migrations know."""
+    script = ScriptDirectory.from_config(alembic_config())
+    return frozenset(revision.revision for revision in script.walk_revisions())
+
+
+@lru_cache(maxsize=1)
 def head_revision() -> str:
     """The newest revision this code knows; /readyz compares the database's with it."""
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()

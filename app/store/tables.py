@@ -445,24 +445,26 @@ tenant_limits = Table(
 tenant_class_counts = Table(
     "tenant_class_counts",
     metadata,
-    # A tenant's running and queued runs of one class band (priority / 10), kept exact by the
-    # statements that change them, so the fair claim reads a share from one row. Queued runs
-    # are split (migration 0014): new runs are added to the tenant's stripes
-    # (tenant_queued_stripes), so `queued` here holds the rest and may be negative; the queued
-    # total is `queued` + the sum of the 8 stripes (the view tenant_class_totals).
+    # A tenant's running runs of one class band (priority / 10), kept exact by the statements
+    # that move runs into and out of running, and the fair walk's marks (docs/adr/0009).
     Column("tenant_id", Text, primary_key=True),
     Column("band", SmallInteger, primary_key=True),
     Column("running", Integer, nullable=False, server_default=text("0")),
+    # Read by the release before migration 0016 only (its queued counts); dropped by the
+    # migration that contracts 0016.
     Column("queued", BigInteger, nullable=False, server_default=text("0")),
     # Ties between tenants with as many running runs go to the least recently served.
     _ts("last_claimed_at"),
-    # "May have queued runs": the fair walk's filter. Set by every statement that adds queued
-    # runs, cleared only by turnstile_clear_work when the exact total is 0 (docs/adr/0006).
+    # "Has a queued run to claim now": the fair walk's filter. Set by turnstile_mark_work and
+    # by transitions that requeue; cleared only by turnstile_settle_work.
     Column("has_work", Boolean, nullable=False, server_default=text("false")),
+    # Out of the walk: when its earliest queued run becomes eligible (NULL: none known);
+    # turnstile_promote_due puts it back then.
+    _ts("due_at"),
     CheckConstraint("band BETWEEN 0 AND 2", name="band"),
     CheckConstraint("running >= 0", name="non_negative"),
-    # The fair claim's walk (docs/adr/0006): tenants that may have queued runs of a class,
-    # fewest running first, then least recently served (migrations 0011, 0014).
+    # The fair claim's walk (docs/adr/0006): tenants with work to claim now, fewest running
+    # first, then least recently served.
     Index(
         "ix_tenant_class_counts_fair",
         "band",
@@ -471,15 +473,20 @@ tenant_class_counts = Table(
         "tenant_id",
         postgresql_where=text("has_work"),
     ),
+    # The pairs whose work comes due next (turnstile_promote_due).
+    Index(
+        "ix_tenant_class_counts_due",
+        "band",
+        "due_at",
+        postgresql_where=text("NOT has_work AND due_at IS NOT NULL"),
+    ),
 )
 
 tenant_queued_stripes = Table(
     "tenant_queued_stripes",
     metadata,
-    # New queued runs of a (tenant, band), spread over 8 rows by the enqueuing connection's
-    # backend pid (migration 0014; fillfactor 50 there, for the HOT update every enqueue
-    # makes), so one tenant's concurrent enqueues do not serialise on its count row. Created
-    # with the count row, always all 8.
+    # The striped queued counts of the release before migration 0016 (migration 0014), read
+    # and written by that release only; dropped by the migration that contracts 0016.
     Column("tenant_id", Text, primary_key=True),
     Column("band", SmallInteger, primary_key=True),
     Column("stripe", SmallInteger, primary_key=True),
@@ -487,6 +494,16 @@ tenant_queued_stripes = Table(
     CheckConstraint("band BETWEEN 0 AND 2", name="band"),
     CheckConstraint("stripe >= 0 AND stripe < 8", name="stripe"),
     CheckConstraint("queued >= 0", name="non_negative"),
+)
+
+schema_compatibility = Table(
+    "schema_compatibility",
+    metadata,
+    # One row: the oldest release whose code still works on this schema (migration 0016 on;
+    # every migration sets it). Read by readiness and the worker's start (app/store/resolve.py).
+    Column("id", SmallInteger, primary_key=True, server_default=text("1")),
+    Column("oldest_release", Text, nullable=False),
+    CheckConstraint("id = 1", name="one_row"),
 )
 
 submit_buckets = Table(

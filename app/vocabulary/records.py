@@ -52,6 +52,43 @@ class Fenced:
 
 WriteOutcome = Written | Fenced
 
+
+@dataclass(frozen=True)
+class HoldEnd:
+    """How a worker's hold on a run ends (the store's `end_holds`): its lease, the outcome
+    (succeeded, failed, waiting, released, retry, or the sweeper's expired) and what goes with
+    it (the result, the failure, the question and its checkpoint, the reason)."""
+
+    lease: Lease
+    outcome: str
+    value: Any = None
+    step: int | None = None
+    state: Any = None
+
+    @classmethod
+    def succeeded(cls, lease: Lease, result: Any) -> HoldEnd:
+        return cls(lease, "succeeded", result)
+
+    @classmethod
+    def failed(cls, lease: Lease, failure: Any) -> HoldEnd:
+        """A permanent failure: never requeued, whatever attempts remain."""
+        return cls(lease, "failed", failure)
+
+    @classmethod
+    def waiting(cls, lease: Lease, question: Any, *, step: int, state: Any) -> HoldEnd:
+        return cls(lease, "waiting", question, step, state)
+
+    @classmethod
+    def released(cls, lease: Lease, reason: str) -> HoldEnd:
+        """A graceful release (drain): requeued at once, the attempt given back."""
+        return cls(lease, "released", {"reason": reason})
+
+    @classmethod
+    def retry(cls, lease: Lease, reason: str) -> HoldEnd:
+        """Transient retries ran out: requeued with backoff, or dead-lettered on the last."""
+        return cls(lease, "retry", {"reason": reason})
+
+
 RUN_ID_PREFIX = 8
 """How many leading characters of a run id a notification names a run by (runs.sql bounds
 every payload; listeners match these prefixes)."""

@@ -10,10 +10,15 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
-async def run_cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
-    """Run `turnstile ARGS` to completion: (exit status, stdout, stderr)."""
+async def run_cli(
+    *args: str, env: dict[str, str], release: Path | None = None
+) -> tuple[int, str, str]:
+    """Run `turnstile ARGS` to completion: (exit status, stdout, stderr). With `release`, the
+    code of that checkout runs (another release's, from a git worktree): `python -m` puts
+    its working folder first on the path."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -22,6 +27,7 @@ async def run_cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, **env},
+        cwd=release,
     )
     out, err = await process.communicate()
     return int(process.returncode or 0), out.decode(), err.decode()
@@ -34,10 +40,13 @@ class Child:
 
 
 @asynccontextmanager
-async def turnstile(*args: str, ready: bytes, env: dict[str, str]) -> AsyncIterator[Child]:
-    """Start `turnstile ARGS`, wait for a stderr line containing `ready`, and keep reading its
-    log so a full pipe never blocks it. On the way out, a process still running gets SIGTERM
-    and must drain and exit 0; one the test killed itself is only reaped."""
+async def turnstile(
+    *args: str, ready: bytes, env: dict[str, str], release: Path | None = None
+) -> AsyncIterator[Child]:
+    """Start `turnstile ARGS` (the code of `release`, a checkout, when given), wait for a
+    stderr line containing `ready`, and keep reading its log so a full pipe never blocks it.
+    On the way out, a process still running gets SIGTERM and must drain and exit 0; one the
+    test killed itself is only reaped."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -46,6 +55,7 @@ async def turnstile(*args: str, ready: bytes, env: dict[str, str]) -> AsyncItera
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, **env},
+        cwd=release,
     )
     child = Child(process)
     stderr = process.stderr

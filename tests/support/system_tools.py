@@ -24,3 +24,12 @@ def require_tool(name: str, *candidates: str) -> Path:
     if os.environ.get("TURNSTILE_REQUIRE_SYSTEM_TESTS") == "1":
         pytest.fail(f"{message}; TURNSTILE_REQUIRE_SYSTEM_TESTS=1 requires it")
     pytest.skip(message)
+
+
+def require_or_skip(name: str, reason: str) -> None:
+    """A system component the test needs is missing (`reason`): skip, or fail under
+    TURNSTILE_REQUIRE_SYSTEM_TESTS=1."""
+    message = f"{name} is not available: {reason}"
+    if os.environ.get("TURNSTILE_REQUIRE_SYSTEM_TESTS") == "1":
+        pytest.fail(f"{message}; TURNSTILE_REQUIRE_SYSTEM_TESTS=1 requires it")
+    pytest.skip(message)

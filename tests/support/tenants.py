@@ -30,16 +30,20 @@ async def set_limits(
 
 
 async def counts(engine: AsyncEngine, tenant_id: str, band: int) -> tuple[int, int]:
-    """(running, queued) of the tenant's counts for the band (count row plus stripes: the view
-    tenant_class_totals); (0, 0) without a row."""
+    """(running, queued) of the tenant for the band: its count row's running (0 without a
+    row), and its queued runs, counted."""
     async with engine.connect() as conn:
-        row = (
-            await conn.execute(
-                text(
-                    "SELECT running, queued FROM tenant_class_totals "
-                    "WHERE tenant_id = :tenant AND band = :band"
-                ),
-                {"tenant": tenant_id, "band": band},
-            )
-        ).one_or_none()
-    return (int(row[0]), int(row[1])) if row else (0, 0)
+        running = await conn.scalar(
+            text(
+                "SELECT running FROM tenant_class_counts WHERE tenant_id = :tenant AND band = :band"
+            ),
+            {"tenant": tenant_id, "band": band},
+        )
+        queued = await conn.scalar(
+            text(
+                "SELECT count(*) FROM runs WHERE tenant_id = :tenant AND priority / 10 = :band "
+                "AND status = 'queued'"
+            ),
+            {"tenant": tenant_id, "band": band},
+        )
+    return int(running or 0), int(queued or 0)

@@ -19,12 +19,11 @@ CREATE OR REPLACE FUNCTION turnstile_submit(
     p_input jsonb,
     p_max_attempts integer,
     p_traceparent text,            -- the W3C trace context the run's work continues (or NULL)
-    -- Fair shares (0011): the tenant's queued quota when its tenant_limits row sets none
-    -- (the process default, TURNSTILE_TENANT_MAX_QUEUED; NULL: no quota).
+    -- The tenant's queued quota when its tenant_limits row sets none (the process default,
+    -- TURNSTILE_TENANT_MAX_QUEUED; NULL: no quota).
     p_max_queued integer,
-    -- [0012 rate limits] the process defaults of the submission rate limit (NULL: none);
-    -- the tenant's tenant_limits row overrides either. NULL by default: a process of the
-    -- previous release calls without them during a rolling upgrade.
+    -- The process defaults of the submission rate limit (NULL: none); the tenant's
+    -- tenant_limits row overrides either.
     p_submit_rate double precision DEFAULT NULL,
     p_submit_burst integer DEFAULT NULL,
     OUT outcome text,              -- created, delivered or replayed
@@ -32,56 +31,52 @@ CREATE OR REPLACE FUNCTION turnstile_submit(
     OUT stored_status integer,     -- on a replay: the stored answer
     OUT stored_body jsonb,
     OUT stored_run_id uuid,
-    -- [0012 rate limits] the tenant's submission rate limit, for the RateLimit headers: its
+    -- The tenant's submission rate limit, for the RateLimit headers: its
     -- rate (NULL: no limit), its burst, and the tokens left after this submission (a
     -- replay's: as the bucket stands).
     OUT rate_limit double precision,
     OUT rate_burst integer,
     OUT rate_tokens double precision
 )
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql VOLATILE AS $fn$
+-- A turn or a sessionless run in one round trip (ADR-0004's routing; docs/architecture.md,
+-- "One turn, end to end"). Each step is a statement with a snapshot of its own:
+-- 1. the tenant's rate limit and bucket as they stand (a replay answers with them);
+-- 2. with an Idempotency-Key, the key (turnstile_claim_key): a twin in flight is waited for
+--    within p_wait_ms, then its stored answer replayed, spending nothing;
+-- 3. with a rate limit, a token from the tenant's bucket, held to the commit (none left:
+--    TS429 rate-limited, before any run is written);
+-- 4. for a turn, the session's row locked (the routing decisions of one session are made one
+--    at a time) and its last activity marked; then, on a fresh read of its active run: none,
+--    a new run; a run waiting for the user, the answer delivered to it (turnstile_deliver_input;
+--    routed again if a cancel got there first); a run queued or running, TS409 session-busy;
+-- 5. a new run through turnstile_create_runs (the queued quota: TS429 queue-quota);
+-- 6. the 2xx answer stored under the key.
+-- Refusals raise SQLSTATE TS404/TS409/TS429 with the problem's name as the message and its
+-- fields as JSON in the detail; the transaction then rolls back whole, the key included.
 DECLARE
     v_now timestamptz := coalesce(p_now, now());
-    v_taken text;
+    v_taken boolean;
     v_owner text := p_principal;
     v_active runs;
     v_stored idempotency_keys;
-    -- Fair shares (0011): the tenant's queued quota and queued total.
-    v_quota integer;
-    v_queued bigint;
 BEGIN
-    -- [0012 rate limits] The tenant's limit and its bucket as they stand, without a lock:
-    -- a replay answers with them. A tenant with no rate costs one tenant_limits read.
     SELECT a.rate, a.burst, a.tokens INTO rate_limit, rate_burst, rate_tokens
     FROM turnstile_submit_allowance(p_tenant, v_now, p_submit_rate, p_submit_burst) a;
 
     IF p_key IS NOT NULL THEN
-        -- A twin's uncommitted insert makes this wait on the unique index, bounded by its own
-        -- lock timeout; the block's savepoint is the price of telling that wait apart from
-        -- any later lock timeout.
+        -- The wait on a twin's key is bounded by its own lock timeout; the block's savepoint
+        -- is the price of telling that wait apart from any later lock timeout.
         PERFORM set_config('lock_timeout', p_wait_ms::text, true);
         BEGIN
-            INSERT INTO idempotency_keys AS k (tenant_id, principal, key, request_hash,
-                                               response_status, response_body, created_at,
-                                               expires_at)
-            VALUES (p_tenant, p_principal, p_key, p_request_hash, 0, '{}'::jsonb, v_now,
-                    v_now + make_interval(secs => p_ttl_seconds))
-            ON CONFLICT (tenant_id, principal, key) DO UPDATE
-            SET request_hash = excluded.request_hash,
-                response_status = 0,
-                response_body = '{}'::jsonb,
-                run_id = NULL,
-                created_at = excluded.created_at,
-                expires_at = excluded.expires_at
-            -- an expired key not pruned yet counts as absent: it is taken over
-            WHERE k.expires_at <= v_now
-            RETURNING k.key INTO v_taken;
+            v_taken := turnstile_claim_key(v_now, p_tenant, p_principal, p_key,
+                                           p_request_hash, p_ttl_seconds);
         EXCEPTION WHEN lock_not_available THEN
             RAISE EXCEPTION 'idempotency-key-in-flight' USING ERRCODE = 'TS409',
                 DETAIL = jsonb_build_object('key', p_key)::text;
         END;
         PERFORM set_config('lock_timeout', p_lock_timeout_ms::text, true);
-        IF v_taken IS NULL THEN
+        IF NOT v_taken THEN
             -- A new statement, a new snapshot: it sees the twin's committed answer.
             SELECT * INTO v_stored FROM idempotency_keys
             WHERE tenant_id = p_tenant AND principal = p_principal AND key = p_key;
@@ -97,20 +92,18 @@ BEGIN
         END IF;
     END IF;
 
-    -- [0012 rate limits] A token from the tenant's bucket: after the key (a replay spends
-    -- none), before the session lock and the run's rows (a refused submission has written
-    -- nothing to runs). The upsert refills and spends in one statement and holds the row to
-    -- the commit, so concurrent submissions of the tenant, from any process, take turns;
-    -- any refusal below rolls the token back with everything else.
     IF rate_limit IS NOT NULL THEN
-        -- Short already as read above: spends committed since can only have taken more,
-        -- so this is refused without a lock or a write (a flood of refused submissions
-        -- neither queues on the row nor leaves dead versions of it).
+        -- Short already as read above: spends committed since can only have taken more, so
+        -- this is refused without a lock or a write (a flood of refused submissions neither
+        -- queues on the row nor leaves dead versions of it).
         IF rate_tokens < 1 THEN
             RAISE EXCEPTION 'rate-limited' USING ERRCODE = 'TS429',
                 DETAIL = jsonb_build_object('rate', rate_limit, 'burst', rate_burst,
                                             'tokens', rate_tokens)::text;
         END IF;
+        -- Refill and spend in one statement, holding the row to the commit: concurrent
+        -- submissions of the tenant, from any process, take turns; a refusal below rolls
+        -- the token back with everything else.
         INSERT INTO submit_buckets AS b (tenant_id, tokens, refilled_at)
         VALUES (p_tenant, rate_burst - 1, v_now)
         ON CONFLICT (tenant_id) DO UPDATE
@@ -118,12 +111,10 @@ BEGIN
                            b.tokens + rate_limit
                                * greatest(0, extract(epoch FROM v_now - b.refilled_at)
                                                  ::double precision)) - 1,
-            -- never backwards: a submission whose clock is behind the bucket's gains
-            -- nothing
+            -- never backwards: a submission whose clock is behind the bucket's gains nothing
             refilled_at = greatest(b.refilled_at, v_now)
         RETURNING b.tokens INTO rate_tokens;
         IF rate_tokens < 0 THEN
-            -- Less than one token was left: refused, and rolled back with the spend.
             RAISE EXCEPTION 'rate-limited' USING ERRCODE = 'TS429',
                 DETAIL = jsonb_build_object('rate', rate_limit, 'burst', rate_burst,
                                             'tokens', rate_tokens + 1)::text;
@@ -131,9 +122,7 @@ BEGIN
     END IF;
 
     IF p_session IS NOT NULL THEN
-        -- Every submission to a session takes its row first, so routing decisions on one
-        -- session are made one at a time. The run belongs to the session's owner, whoever
-        -- posted the turn.
+        -- The run belongs to the session's owner, whoever posted the turn.
         SELECT s.principal INTO v_owner FROM sessions s
         WHERE s.id = p_session AND s.tenant_id = p_tenant
           AND (NOT p_own_sessions_only OR s.principal = p_principal)
@@ -145,10 +134,8 @@ BEGIN
         -- The session's last activity (session retention reads it), under this lock.
         UPDATE sessions SET last_activity_at = greatest(last_activity_at, v_now)
         WHERE id = p_session;
-        -- Routing reads the active run with a fresh snapshot (after the lock wait), then acts
-        -- on it. A cancel takes the run row alone: one that commits between the read and a
-        -- delivery leaves the delivery nothing to update; routing again gives the turn the
-        -- new run it should get.
+        -- A cancel takes the run row alone: one that commits between the read and a delivery
+        -- leaves the delivery nothing to update; routing again gives the turn a new run.
         FOR attempt IN 1..2 LOOP
             SELECT * INTO v_active FROM runs
             WHERE session_id = p_session AND status IN ('queued', 'running', 'waiting_for_user');
@@ -178,56 +165,14 @@ BEGIN
                                                 'run_value', v_active.scheduled_for,
                                                 'given', p_scheduled_for)::text;
             END IF;
-            -- The delivery (as runs.sql deliver_input): guarded by the waiting status.
-            WITH delivered AS (
-                UPDATE runs r
-                SET status = 'queued',
-                    question = NULL,
-                    -- an answer that brings its own trace moves the rest of the run into it
-                    traceparent = coalesce(p_traceparent, r.traceparent),
-                    inputs_count = r.inputs_count + 1,
-                    last_event_seq = r.last_event_seq + 1,
-                    updated_at = v_now
-                WHERE r.id = v_active.id AND r.status = 'waiting_for_user'
-                RETURNING r.*
-            ),
-            event AS (
-                INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
-                SELECT d.id, d.last_event_seq, 'run.input_delivered', d.lease_epoch,
-                       jsonb_build_object('input_index', d.inputs_count,
-                                          'principal', p_principal),
-                       v_now
-                FROM delivered d
-            ),
-            answer AS (
-                INSERT INTO run_inputs (run_id, idx, input, principal, event_seq, created_at)
-                SELECT d.id, d.inputs_count, p_input, p_principal, d.last_event_seq, v_now
-                FROM delivered d
-            )
-            SELECT * INTO the_run FROM delivered;
+            -- Never refused by the quota: an answer resumes work already admitted.
+            SELECT * INTO the_run
+            FROM turnstile_deliver_input(v_now, v_active.id, p_input, p_principal,
+                                         p_traceparent);
             IF FOUND THEN
                 PERFORM pg_notify('turnstile', jsonb_build_object(
                     'work', jsonb_build_array(the_run.priority),
                     'runs', jsonb_build_array(left(the_run.id::text, 8)))::text);
-                -- Fair shares (0011): the requeued run counts in its tenant's queued
-                -- runs (runs.sql's count_moves), its count row locked after the run.
-                -- Never refused by the quota: an answer resumes work already admitted.
-                -- [0014] The row holds the lock anyway here (rare path): has_work too.
-                INSERT INTO tenant_class_counts AS c (tenant_id, band, running, queued,
-                                                     has_work)
-                VALUES (the_run.tenant_id, the_run.priority / 10, 0, 1, true)
-                ON CONFLICT (tenant_id, band) DO UPDATE
-                SET queued = c.queued + 1, has_work = true;
-                -- A count row never goes without its 8 stripes (a waiting run's row
-                -- exists with them: this is for a row created just now).
-                IF NOT EXISTS (SELECT 1 FROM tenant_queued_stripes s
-                               WHERE s.tenant_id = the_run.tenant_id
-                                 AND s.band = the_run.priority / 10) THEN
-                    INSERT INTO tenant_queued_stripes (tenant_id, band, stripe, queued)
-                    SELECT the_run.tenant_id, the_run.priority / 10, g, 0
-                    FROM generate_series(0, 7) AS g
-                    ON CONFLICT (tenant_id, band, stripe) DO NOTHING;
-                END IF;
                 outcome := 'delivered';
                 EXIT;
             END IF;
@@ -239,63 +184,17 @@ BEGIN
     END IF;
 
     IF outcome IS NULL THEN
-        -- A new queued run, its run.created event and its first input (as runs.sql enqueue).
-        -- Fair shares (0011): a tenant whose queued runs reached its quota gets no new run.
-        -- The total is the sum of its count rows (one per class), read now; concurrent
-        -- submissions of the tenant may each pass it once (docs/adr/0006).
-        v_quota := coalesce((SELECT l.max_queued FROM tenant_limits l
-                             WHERE l.tenant_id = p_tenant), p_max_queued);
-        IF v_quota IS NOT NULL THEN
-            -- [0014] The total: count rows plus their stripes.
-            SELECT coalesce((SELECT sum(c.queued) FROM tenant_class_counts c
-                             WHERE c.tenant_id = p_tenant), 0)
-                 + coalesce((SELECT sum(s.queued) FROM tenant_queued_stripes s
-                             WHERE s.tenant_id = p_tenant), 0)
-            INTO v_queued;
-            IF v_queued >= v_quota THEN
-                RAISE EXCEPTION 'queue-quota' USING ERRCODE = 'TS429',
-                    DETAIL = jsonb_build_object('tenant_id', p_tenant,
-                                                'max_queued', v_quota,
-                                                'queued', v_queued)::text;
-            END IF;
-        END IF;
-        -- ON CONFLICT on the one-active-run-per-session index is the backstop for anything
-        -- that got past the routing, without the savepoint a caught unique violation costs.
-        WITH created AS (
-            INSERT INTO runs AS r (id, tenant_id, principal, session_id, session_run_no,
-                                   status, priority, agent, input, max_attempts,
-                                   scheduled_for, last_event_seq, inputs_count,
-                                   traceparent, created_at, updated_at)
-            VALUES (p_run_id, p_tenant, v_owner, p_session,
-                    CASE WHEN p_session IS NOT NULL THEN
-                        (SELECT coalesce(max(n.session_run_no), 0) + 1 FROM runs n
-                         WHERE n.session_id = p_session)
-                    END,
-                    'queued',
-                    coalesce(p_priority, p_default_priority),
-                    coalesce(p_agent, p_default_agent), p_input, p_max_attempts,
-                    p_scheduled_for, 1, 1, p_traceparent, v_now, v_now)
-            ON CONFLICT (session_id) WHERE status IN ('queued', 'running', 'waiting_for_user')
-            DO NOTHING
-            RETURNING r.*
-        ),
-        event AS (
-            INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
-            SELECT c.id, 1, 'run.created', 0,
-                   jsonb_build_object('priority', c.priority, 'agent', c.agent,
-                                      'principal', c.principal,
-                                      'scheduled_for', c.scheduled_for,
-                                      'resubmitted_from', c.resubmitted_from,
-                                      'by', p_actor),
-                   c.created_at
-            FROM created c
-        ),
-        first_input AS (
-            INSERT INTO run_inputs (run_id, idx, input, principal, event_seq, created_at)
-            SELECT c.id, 1, c.input, c.principal, 1, c.created_at FROM created c
-        )
-        SELECT * INTO the_run FROM created;
+        SELECT * INTO the_run
+        FROM turnstile_create_runs(
+            v_now, ARRAY[p_run_id], ARRAY[p_tenant], ARRAY[v_owner], ARRAY[p_session],
+            ARRAY[coalesce(p_priority, p_default_priority)],
+            ARRAY[coalesce(p_agent, p_default_agent)], ARRAY[p_input], ARRAY[p_max_attempts],
+            ARRAY[p_scheduled_for], ARRAY[NULL::uuid], ARRAY[NULL::timestamptz],
+            ARRAY[NULL::uuid], ARRAY[p_traceparent],
+            ARRAY[jsonb_build_object('resubmitted_from', NULL, 'by', p_actor)],
+            true, p_max_queued);
         IF NOT FOUND THEN
+            -- The one-active-run index refused it: something got past the routing.
             SELECT * INTO v_active FROM runs
             WHERE session_id = p_session AND status IN ('queued', 'running', 'waiting_for_user');
             RAISE EXCEPTION 'session-busy' USING ERRCODE = 'TS409',
@@ -303,17 +202,11 @@ BEGIN
                                             'active_run_id', v_active.id,
                                             'status', v_active.status)::text;
         END IF;
-        -- [0013] The session too, so its streams in every API process look again now.
+        -- The session too, so its streams in every API process look again now.
         PERFORM pg_notify('turnstile', jsonb_strip_nulls(jsonb_build_object(
             'work', jsonb_build_array(the_run.priority),
             'sessions', CASE WHEN p_session IS NOT NULL
                              THEN jsonb_build_array(left(p_session::text, 8)) END))::text);
-        -- Fair shares (0011): the new run counts in its tenant's queued runs (runs.sql's
-        -- count_moves), its count row locked after the run.
-        -- [0014] On a stripe, never on the count row: concurrent submissions of one
-        -- tenant do not serialise (turnstile_add_queued, docs/adr/0006).
-        PERFORM turnstile_add_queued(the_run.tenant_id,
-                                     CAST(the_run.priority / 10 AS smallint), 1);
         outcome := 'created';
     END IF;
 

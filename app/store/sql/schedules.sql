@@ -51,46 +51,37 @@ LEFT JOIN LATERAL (
 
 
 -- name: create_ticks
--- The next ticks of locked schedules, as queued runs with their run.created event and first
--- input, like `enqueue`; one NOTIFY naming their priorities wakes the claim loops, which then
--- sleep until the earliest one is due (`next_due`).
-WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
-tick AS (
-    SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:schedule_ids AS uuid[]),
-                         CAST(:fire_ats AS timestamptz[]))
-        AS t(id, schedule_id, fire_at)
+-- The next ticks of locked schedules, as queued runs (turnstile_create_runs: exempt from the
+-- queued quota, due at their fire time, so their tenant stays out of the fair walk until
+-- then). One NOTIFY naming their priorities wakes the claim loops, which then sleep until the
+-- earliest one is due (`next_due`). A tick that exists already is left alone: the unique
+-- (schedule_id, fire_at) is the guarantee of one run per tick.
+WITH tick AS (
+    SELECT t.id, t.schedule_id, t.fire_at, s.tenant_id, s.principal, s.priority, s.agent,
+           s.input, t.n
+    FROM unnest(CAST(:ids AS uuid[]), CAST(:schedule_ids AS uuid[]),
+                CAST(:fire_ats AS timestamptz[])) WITH ORDINALITY AS t(id, schedule_id, fire_at, n)
+    JOIN schedules s ON s.id = t.schedule_id
 ),
 run AS (
-    INSERT INTO runs (id, tenant_id, principal, status, priority, agent, input, max_attempts,
-                      scheduled_for, schedule_id, fire_at, last_event_seq, inputs_count,
-                      created_at, updated_at)
-    SELECT tick.id, s.tenant_id, s.principal, 'queued', s.priority, s.agent, s.input,
-           :max_attempts, tick.fire_at, tick.schedule_id, tick.fire_at, 1, 1,
-           clock.now, clock.now
-    FROM tick JOIN schedules s ON s.id = tick.schedule_id, clock
-    -- One run per tick, enforced by the database: a tick that exists already is left alone.
-    ON CONFLICT (schedule_id, fire_at) DO NOTHING
-    RETURNING id, tenant_id, priority, agent, input, principal, scheduled_for, schedule_id,
-              fire_at, created_at
-),
--- The ticks' tenants' queued counts (runs.sql's count_moves). Ticks are exempt from queued
--- quotas (docs/adr/0006) but counted: they are queued runs of the tenant.
-moves AS (
-    SELECT tenant_id, priority / 10 AS band, 0 AS d_running, 1 AS d_queued FROM run
-),
-{{count_moves}},
-event AS (
-    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
-    SELECT id, 1, 'run.created', 0,
-           jsonb_build_object('priority', priority, 'agent', agent, 'principal', principal,
-                              'scheduled_for', scheduled_for, 'schedule_id', schedule_id,
-                              'fire_at', fire_at),
-           created_at
-    FROM run
-),
-first_input AS (
-    INSERT INTO run_inputs (run_id, idx, input, principal, event_seq, created_at)
-    SELECT id, 1, input, principal, 1, created_at FROM run
+    SELECT r.id, r.priority FROM turnstile_create_runs(
+        {{now}},
+        ARRAY(SELECT id FROM tick ORDER BY n),
+        ARRAY(SELECT tenant_id FROM tick ORDER BY n),
+        ARRAY(SELECT principal FROM tick ORDER BY n),
+        ARRAY(SELECT CAST(NULL AS uuid) FROM tick ORDER BY n),
+        ARRAY(SELECT priority FROM tick ORDER BY n),
+        ARRAY(SELECT agent FROM tick ORDER BY n),
+        ARRAY(SELECT input FROM tick ORDER BY n),
+        ARRAY(SELECT CAST(:max_attempts AS integer) FROM tick ORDER BY n),
+        ARRAY(SELECT fire_at FROM tick ORDER BY n),
+        ARRAY(SELECT schedule_id FROM tick ORDER BY n),
+        ARRAY(SELECT fire_at FROM tick ORDER BY n),
+        ARRAY(SELECT CAST(NULL AS uuid) FROM tick ORDER BY n),
+        ARRAY(SELECT CAST(NULL AS text) FROM tick ORDER BY n),
+        ARRAY(SELECT jsonb_build_object('schedule_id', schedule_id, 'fire_at', fire_at)
+              FROM tick ORDER BY n),
+        false, NULL) AS r
 )
 SELECT count(*) AS created,
        pg_notify('turnstile', jsonb_build_object(
@@ -113,17 +104,14 @@ paused AS (
     RETURNING s.*
 ),
 dropped AS (
+    -- Queued ticks hold no count (a tenant left with nothing to claim is settled by the
+    -- next claim that walks it).
     DELETE FROM runs r USING paused
     WHERE r.schedule_id = paused.id AND r.status = 'queued' AND r.started_at IS NULL
-    RETURNING r.id, r.tenant_id, r.priority
-),
--- The dropped ticks leave their tenant's queued count (runs.sql's count_moves).
-moves AS (
-    SELECT tenant_id, priority / 10 AS band, 0 AS d_running, -1 AS d_queued FROM dropped
-),
-{{count_moves}}
+    RETURNING r.id
+)
 SELECT paused.*, (SELECT count(*) FROM dropped) AS dropped
-FROM paused CROSS JOIN (SELECT count(*) FROM move_clear) AS cleared;
+FROM paused;
 
 
 -- name: resume_schedule
@@ -143,17 +131,13 @@ WITH gone AS (
     DELETE FROM schedules WHERE id = :id RETURNING id
 ),
 dropped AS (
+    -- As in pause_schedule: queued ticks hold no count.
     DELETE FROM runs r USING gone
     WHERE r.schedule_id = gone.id AND r.status = 'queued' AND r.started_at IS NULL
-    RETURNING r.id, r.tenant_id, r.priority
-),
--- The dropped ticks leave their tenant's queued count (runs.sql's count_moves).
-moves AS (
-    SELECT tenant_id, priority / 10 AS band, 0 AS d_running, -1 AS d_queued FROM dropped
-),
-{{count_moves}}
+    RETURNING r.id
+)
 SELECT gone.id, (SELECT count(*) FROM dropped) AS dropped
-FROM gone CROSS JOIN (SELECT count(*) FROM move_clear) AS cleared;
+FROM gone;
 
 
 -- name: schedules_missing_a_tick

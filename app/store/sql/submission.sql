@@ -2,22 +2,11 @@
 -- one transaction of a submission (app/queue/submit.py), so a refused turn leaves nothing.
 
 -- name: idempotency_claim
--- Take the key for this request. A concurrent twin's uncommitted insert makes this wait on the
--- unique index (bounded by a per-statement lock_timeout), then see its committed row. An
--- expired key that was not pruned yet counts as absent: it is taken over.
-INSERT INTO idempotency_keys (tenant_id, principal, key, request_hash, response_status,
-                              response_body, created_at, expires_at)
-VALUES (:tenant_id, :principal, :key, :request_hash, 0, '{}'::jsonb, {{now}},
-        {{now}} + make_interval(secs => :ttl_seconds))
-ON CONFLICT (tenant_id, principal, key) DO UPDATE
-SET request_hash = excluded.request_hash,
-    response_status = 0,
-    response_body = '{}'::jsonb,
-    run_id = NULL,
-    created_at = excluded.created_at,
-    expires_at = excluded.expires_at
-WHERE idempotency_keys.expires_at <= {{now}}
-RETURNING key;
+-- Take the key for this request (turnstile_claim_key, as turnstile_submit takes it): true
+-- when taken. A concurrent twin's uncommitted insert makes this wait on the unique index
+-- (bounded by a per-statement lock_timeout), then see its committed row.
+SELECT turnstile_claim_key({{now}}, :tenant_id, :principal, :key, :request_hash,
+                           CAST(:ttl_seconds AS double precision)) AS taken;
 
 
 -- name: idempotency_stored
@@ -136,13 +125,12 @@ RETURNING seq;
 
 
 -- name: submit
--- A turn or a sessionless run in one round trip: `turnstile_submit` (alembic/versions/0007,
--- replaced by 0005 and 0011: the tenants' counts and queued quota, docs/adr/0006)
--- takes the key, locks the session, routes, enqueues or delivers, and stores the answer, each
--- step a statement with a fresh snapshot. Positional parameters: it runs on the driver's own
+-- A turn or a sessionless run in one round trip: `turnstile_submit`
+-- (app/store/functions/turnstile_submit.sql) takes the key, locks the session, routes,
+-- enqueues or delivers, and stores the answer, each step a statement with a fresh snapshot. Positional parameters: it runs on the driver's own
 -- connection (Queue.call), prepared once per connection. The run's columns are spread out so
 -- the driver decodes them by type, as for every other run row. With a submission rate limit
--- (migration 0012) it also takes a token from the tenant's bucket and returns the bucket's
+-- it also takes a token from the tenant's bucket and returns the bucket's
 -- figures (rate_limit NULL: no limit) for the RateLimit headers; over the limit it raises
 -- TS429 before writing a run.
 SELECT r.outcome, r.stored_status, r.stored_body, r.stored_run_id,

@@ -44,49 +44,65 @@ FROM turnstile_submit_allowance(:tenant_id, {{now}}, :default_rate, :default_bur
 
 
 -- name: tenant_depth
--- Running and queued runs per tenant and class band, from tenant_class_totals (the count rows
--- with their stripes: a few rows per tenant, never the runs). With :tenant_id, that tenant's rows only. Otherwise the
--- :top tenants by queued runs (then running, then name) one by one, and every other tenant
--- with work summed in rows whose tenant_id is NULL: the result is bounded whatever the number
--- of tenants (the metrics' series, the admin's view).
-WITH per_tenant AS (
-    SELECT tenant_id, sum(queued) AS queued, sum(running) AS running
-    FROM tenant_class_totals
-    WHERE (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id)
-    GROUP BY tenant_id
-    HAVING sum(queued) + sum(running) > 0
+-- Running and queued runs per tenant and class band: running from the count rows (exact),
+-- queued counted from the queued runs themselves (ix_runs_tenant_claim), at most
+-- :max_counted of them: past that the queued figures are floors, and the read stays bounded
+-- however deep the queue. With :tenant_id, that tenant's rows only. Otherwise the :top
+-- tenants by queued runs (then running, then name) one by one, and every other tenant with
+-- work summed in rows whose tenant_id is NULL: the result is bounded whatever the number of
+-- tenants (the metrics' series, the admin's view).
+WITH queued AS (
+    SELECT q.tenant_id, CAST(q.priority / 10 AS smallint) AS band, count(*) AS queued
+    FROM (SELECT r.tenant_id, r.priority FROM runs r
+          WHERE r.status = 'queued'
+            AND (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = :tenant_id)
+          LIMIT :max_counted) AS q
+    GROUP BY 1, 2
+),
+running AS (
+    SELECT c.tenant_id, c.band, c.running FROM tenant_class_counts c
+    WHERE c.running > 0 AND (CAST(:tenant_id AS text) IS NULL OR c.tenant_id = :tenant_id)
+),
+per_pair AS (
+    SELECT coalesce(r.tenant_id, q.tenant_id) AS tenant_id, coalesce(r.band, q.band) AS band,
+           coalesce(r.running, 0) AS running, coalesce(q.queued, 0) AS queued
+    FROM running r FULL JOIN queued q ON q.tenant_id = r.tenant_id AND q.band = r.band
 ),
 ranked AS (
-    SELECT tenant_id, queued, running,
-           row_number() OVER (ORDER BY queued DESC, running DESC, tenant_id) AS rank
-    FROM per_tenant
+    SELECT tenant_id, row_number() OVER (ORDER BY sum(queued) DESC, sum(running) DESC,
+                                                   tenant_id) AS rank
+    FROM per_pair
+    GROUP BY tenant_id
 )
-SELECT CASE WHEN r.rank <= :top THEN c.tenant_id END AS tenant_id,
+SELECT CASE WHEN r.rank <= :top THEN p.tenant_id END AS tenant_id,
        min(r.rank) AS rank,
-       c.band,
-       sum(c.running) AS running,
-       sum(c.queued) AS queued
+       p.band,
+       sum(p.running) AS running,
+       sum(p.queued) AS queued
 FROM ranked r
-JOIN tenant_class_totals c ON c.tenant_id = r.tenant_id
-GROUP BY 1, c.band
+JOIN per_pair p ON p.tenant_id = r.tenant_id
+GROUP BY 1, p.band
 ORDER BY 2, 3;
 
 
--- name: clear_idle_work
--- The backstop for stale has_work flags (docs/adr/0006, "Striped queued counts"): the claims,
--- and every statement that takes runs out of queued offer a (tenant, class) to
--- turnstile_clear_work when their snapshot says it is empty, but a clear that found a stripe
--- locked by an enqueue that then rolled back, or an enqueue rolled back after its mark, can
--- leave the flag set with nothing queued: the walk then probes that tenant for nothing. Up to
--- :limit flagged rows whose total reads 0 or less are offered, in key order; the function
--- never waits and clears only what it proves empty. Returns the rows offered and cleared.
+-- name: settle_idle_work
+-- The settler's pass (docs/adr/0009): up to :limit pairs marked as having work to claim but
+-- with none eligible now (a claim walks such a pair at most once before settling it; this
+-- catches those no claim walks), offered to turnstile_settle_work in key order. The function
+-- never waits and clears only what it proves idle.
 SELECT count(*) AS offered,
-       count(*) FILTER (WHERE turnstile_clear_work(i.tenant_id, i.band)) AS cleared
+       count(*) FILTER (WHERE turnstile_settle_work(i.tenant_id, i.band, {{now}})) AS cleared
 FROM (
     SELECT c.tenant_id, c.band FROM tenant_class_counts c
     WHERE c.has_work
-      AND c.queued + (SELECT coalesce(sum(s.queued), 0) FROM tenant_queued_stripes s
-                      WHERE s.tenant_id = c.tenant_id AND s.band = c.band) <= 0
+      AND NOT EXISTS (
+          SELECT 1 FROM generate_series(c.band * 10, c.band * 10 + 9) AS p(priority)
+          CROSS JOIN LATERAL (
+              SELECT 1 FROM runs q
+              WHERE q.tenant_id = c.tenant_id AND q.status = 'queued'
+                AND q.priority = p.priority
+                AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
+              LIMIT 1) AS found)
     ORDER BY c.tenant_id, c.band
     LIMIT :limit
 ) AS i;

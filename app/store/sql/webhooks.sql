@@ -32,57 +32,26 @@ RETURNING id, tenant_id, url, events, consecutive_failures, disabled_at, created
 
 
 -- name: webhook_delete
--- The endpoint is marked deleted (its past deliveries keep their link) and its pending
--- deliveries are cancelled in the same statement, each as `cancel` would: epoch bumped (a worker
--- sending one is fenced at its next write), run.cancelled written. No delivery reports them.
-WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
-endpoint AS (
-    UPDATE webhook_endpoints
-    SET deleted_at = clock.now, updated_at = clock.now
-    FROM clock
-    WHERE id = :id AND tenant_id = :tenant_id AND deleted_at IS NULL
-    RETURNING id
-),
-pending AS MATERIALIZED (
-    -- Rows in id order, as the other multi-row statements lock them (runs.sql's header).
-    -- `was`: the status as locked (the counts move from it).
-    SELECT r.id, r.status AS was FROM webhook_deliveries d
-    JOIN endpoint ON endpoint.id = d.endpoint_id
-    JOIN runs r ON r.id = d.run_id
-    WHERE r.status IN ('queued', 'running', 'waiting_for_user')
-    ORDER BY r.id
-    FOR UPDATE OF r
-),
-cancelled AS (
-    UPDATE runs r
-    SET status = 'cancelled',
-        lease_epoch = r.lease_epoch + 1,
-        lease_owner = NULL,
-        lease_expires_at = NULL,
-        finished_at = clock.now,
-        last_event_seq = r.last_event_seq + 1,
-        updated_at = clock.now
-    FROM pending, clock
-    WHERE r.id = pending.id AND r.status IN ('queued', 'running', 'waiting_for_user')
-    RETURNING r.id, r.last_event_seq, r.lease_epoch, r.tenant_id, r.priority
-),
--- The cancelled deliveries leave their tenant's counts (runs.sql's count_moves).
-moves AS (
-    SELECT cancelled.tenant_id, cancelled.priority / 10 AS band,
-           CASE WHEN pending.was = 'running' THEN -1 ELSE 0 END AS d_running,
-           CASE WHEN pending.was = 'queued' THEN -1 ELSE 0 END AS d_queued
-    FROM cancelled JOIN pending ON pending.id = cancelled.id
-),
-{{count_moves}},
-event AS (
-    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
-    SELECT cancelled.id, cancelled.last_event_seq, 'run.cancelled', cancelled.lease_epoch,
-           jsonb_build_object('by', CAST(:actor AS text), 'reason', 'webhook endpoint deleted'),
-           clock.now
-    FROM cancelled, clock
-)
-SELECT (SELECT count(*) FROM endpoint) AS deleted, (SELECT count(*) FROM cancelled) AS cancelled
-FROM (SELECT count(*) FROM move_clear) AS cleared;
+-- The endpoint is marked deleted (its past deliveries keep their link): no transition makes a
+-- delivery to it from now on, and a pending one that runs fails at once. Its pending
+-- deliveries are then cancelled a batch at a time (webhook_pending_deliveries, cancel_runs),
+-- each batch its own transaction, so a dead receiver's backlog of any size is deleted within
+-- the statement timeout.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now)
+UPDATE webhook_endpoints
+SET deleted_at = clock.now, updated_at = clock.now
+FROM clock
+WHERE id = :id AND tenant_id = :tenant_id AND deleted_at IS NULL
+RETURNING id;
+
+
+-- name: webhook_pending_deliveries
+-- Up to :limit of a deleted endpoint's deliveries not finished yet, in id order.
+SELECT r.id FROM webhook_deliveries d
+JOIN runs r ON r.id = d.run_id
+WHERE d.endpoint_id = :id AND r.status IN ('queued', 'running', 'waiting_for_user')
+ORDER BY r.id
+LIMIT :limit;
 
 
 -- name: webhook_for_delivery

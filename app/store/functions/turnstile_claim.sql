@@ -1,0 +1,197 @@
+CREATE OR REPLACE FUNCTION turnstile_claim(
+    p_owner text,
+    p_priorities smallint[],          -- the classes' priorities the caller serves
+    p_lease_seconds double precision,
+    p_limit integer,                  -- at most this many runs
+    p_max_running integer[],          -- process default limits by band (NULL: none)
+    p_now timestamptz                 -- NULL: now()
+)
+RETURNS TABLE (run runs, passed_over integer)
+LANGUAGE plpgsql VOLATILE AS $fn$
+-- The claim (ADR-0004 decision 1, with fair shares between tenants: docs/adr/0006 and 0009).
+-- Classes highest first; within a class, tenants in the fair order (fewest running runs of
+-- the class, then least recently served), only the pairs with work to claim now (marked, or
+-- come due), round robin: every tenant's first run, then every tenant's next, ... Within
+-- a tenant, its highest priority, then longest eligible run. A tenant at its concurrency
+-- limit for the class is passed over, but for its webhook deliveries and schedule ticks.
+-- Runs are taken FOR UPDATE SKIP LOCKED, so contending claimers step over each other.
+--
+-- The walk reads the count rows' snapshot; the limits are then held exactly against the rows
+-- locked in (tenant_id, band) order, after the runs, as every statement locks them. Runs
+-- taken beyond a limit a concurrent claim reached first stay queued (`passed_over`; the
+-- caller asks again at once). A tenant the walk finds with nothing to claim (its last runs
+-- were claimed or cancelled, or its work is all later) is offered to turnstile_settle_work,
+-- which takes it out of the walk until it has work again: the walk costs only the tenants
+-- with work to claim now, and each emptied one once. Always at least one row: `run` NULL when
+-- nothing was claimed.
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    v_band smallint;
+    v_priorities smallint[];
+    t record;
+    v_full boolean;
+    v_take integer;
+    -- The runs taken, in order, with their tenant, band, limit and whether they are exempt.
+    v_ids uuid[] := '{}';
+    v_tenants text[] := '{}';
+    v_bands smallint[] := '{}';
+    v_caps integer[] := '{}';
+    v_exempt boolean[] := '{}';
+    -- The tenants of the round being walked, and of the next.
+    v_round text[];
+    v_round_caps integer[];
+    v_round_full boolean[];
+    v_next text[];
+    v_next_caps integer[];
+    v_next_full boolean[];
+    v_got uuid[];
+    v_got_exempt boolean[];
+    -- Pairs to offer to turnstile_settle_work at the end.
+    v_idle_tenants text[] := '{}';
+    v_idle_bands smallint[] := '{}';
+    v_allowed uuid[];
+    v_passed integer := 0;
+    i integer;
+BEGIN
+    FOR v_band IN SELECT DISTINCT p / 10 FROM unnest(p_priorities) AS p ORDER BY 1 LOOP
+        EXIT WHEN cardinality(v_ids) >= p_limit;
+        v_priorities := ARRAY(SELECT p FROM unnest(p_priorities) AS p WHERE p / 10 = v_band
+                              ORDER BY p);
+        -- Round 1: the fair order, one run from each tenant that has one to claim now.
+        v_round := '{}'; v_round_caps := '{}'; v_round_full := '{}';
+        FOR t IN
+            SELECT c.tenant_id, c.running,
+                   coalesce((SELECT CAST(l.max_running
+                                         ->> (ARRAY['interactive', 'async', 'maintenance'])
+                                                 [v_band + 1] AS integer)
+                             FROM tenant_limits l WHERE l.tenant_id = c.tenant_id),
+                            p_max_running[v_band + 1]) AS cap
+            FROM (
+                -- The pairs marked as having work (ix_tenant_class_counts_fair, in order), and
+                -- those whose work has come due since they were settled (a few rows of
+                -- ix_tenant_class_counts_due), merged in the fair order.
+                SELECT * FROM tenant_class_counts c
+                WHERE c.band = v_band AND c.has_work
+                UNION ALL
+                SELECT * FROM tenant_class_counts c
+                WHERE c.band = v_band AND NOT c.has_work AND c.due_at <= v_now
+            ) AS c
+            ORDER BY c.running, c.last_claimed_at NULLS FIRST, c.tenant_id
+        LOOP
+            v_full := t.cap IS NOT NULL AND t.running >= t.cap;
+            SELECT array_agg(h.id), array_agg(h.exempt) INTO v_got, v_got_exempt
+            FROM turnstile_claim_heads(t.tenant_id, v_priorities, v_full, v_now, 1, v_ids) AS h;
+            IF v_got IS NULL THEN
+                IF NOT v_full THEN
+                    v_idle_tenants := v_idle_tenants || t.tenant_id;
+                    v_idle_bands := v_idle_bands || v_band;
+                END IF;
+                CONTINUE;
+            END IF;
+            v_ids := v_ids || v_got[1];
+            v_tenants := v_tenants || t.tenant_id;
+            v_bands := v_bands || v_band;
+            v_caps := v_caps || t.cap;
+            v_exempt := v_exempt || v_got_exempt[1];
+            v_round := v_round || t.tenant_id;
+            v_round_caps := v_round_caps || t.cap;
+            v_round_full := v_round_full || v_full;
+            EXIT WHEN cardinality(v_ids) >= p_limit;
+        END LOOP;
+        -- Further rounds: the tenants that had a run, in the same order, a share each of
+        -- what is left (one statement per tenant and round, whatever the share).
+        WHILE cardinality(v_ids) < p_limit AND cardinality(v_round) > 0 LOOP
+            v_take := ceil((p_limit - cardinality(v_ids))::numeric / cardinality(v_round));
+            v_next := '{}'; v_next_caps := '{}'; v_next_full := '{}';
+            FOR i IN 1 .. cardinality(v_round) LOOP
+                EXIT WHEN cardinality(v_ids) >= p_limit;
+                SELECT array_agg(h.id), array_agg(h.exempt) INTO v_got, v_got_exempt
+                FROM turnstile_claim_heads(v_round[i], v_priorities, v_round_full[i], v_now,
+                                           least(v_take, p_limit - cardinality(v_ids)),
+                                           v_ids) AS h;
+                CONTINUE WHEN v_got IS NULL;
+                v_ids := v_ids || v_got;
+                v_tenants := v_tenants || array_fill(v_round[i], ARRAY[cardinality(v_got)]);
+                v_bands := v_bands || array_fill(v_band, ARRAY[cardinality(v_got)]);
+                v_caps := v_caps || array_fill(v_round_caps[i], ARRAY[cardinality(v_got)]);
+                v_exempt := v_exempt || v_got_exempt;
+                IF cardinality(v_got) = v_take THEN  -- it may have more
+                    v_next := v_next || v_round[i];
+                    v_next_caps := v_next_caps || v_round_caps[i];
+                    v_next_full := v_next_full || v_round_full[i];
+                END IF;
+            END LOOP;
+            v_round := v_next; v_round_caps := v_next_caps; v_round_full := v_next_full;
+        END LOOP;
+    END LOOP;
+
+    IF cardinality(v_ids) > 0 THEN
+        -- The limits, exactly: the count rows locked in key order (after the runs), each
+        -- tenant's taken runs ranked against the room its row shows now.
+        WITH taken AS (
+            SELECT * FROM unnest(v_ids, v_tenants, v_bands, v_caps, v_exempt)
+                WITH ORDINALITY AS k(id, tenant_id, band, cap, exempt, ord)
+        ),
+        counts AS MATERIALIZED (
+            SELECT c.tenant_id, c.band, c.running FROM tenant_class_counts c
+            WHERE c.tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM taken))
+              AND (c.tenant_id, c.band) IN (SELECT tenant_id, band FROM taken)
+            ORDER BY c.tenant_id, c.band
+            FOR UPDATE
+        ),
+        ranked AS (
+            SELECT taken.*, row_number() OVER (PARTITION BY tenant_id, band, exempt
+                                               ORDER BY ord) AS rank
+            FROM taken
+        )
+        SELECT ARRAY(SELECT r.id FROM ranked r
+                     JOIN counts c ON c.tenant_id = r.tenant_id AND c.band = r.band
+                     WHERE r.exempt OR r.cap IS NULL OR c.running + r.rank <= r.cap)
+        INTO v_allowed;
+        v_passed := cardinality(v_ids) - cardinality(v_allowed);
+
+        RETURN QUERY
+        WITH claimed AS (
+            UPDATE runs r
+            SET status = 'running',
+                lease_epoch = r.lease_epoch + 1,        -- the fencing token of this claim
+                attempts = r.attempts + 1,
+                lease_owner = p_owner,
+                lease_expires_at = v_now + make_interval(secs => p_lease_seconds),
+                last_event_seq = r.last_event_seq + 1,
+                started_at = coalesce(r.started_at, v_now),
+                updated_at = v_now
+            -- By primary key alone: the runs are locked and still queued.
+            WHERE r.id = ANY(v_allowed)
+            RETURNING r.*
+        ),
+        event AS (
+            INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+            SELECT c.id, c.last_event_seq, 'run.claimed', c.lease_epoch,
+                   jsonb_build_object('attempt', c.attempts, 'owner', c.lease_owner,
+                                      'lease_expires_at', c.lease_expires_at),
+                   v_now
+            FROM claimed c
+        ),
+        counted AS (
+            -- The rows locked above. last_claimed_at orders ties between tenants: the wall
+            -- clock (a serving order, not a run's time), so it advances under a test's clock.
+            UPDATE tenant_class_counts c
+            SET running = c.running + n.n, last_claimed_at = clock_timestamp()
+            FROM (SELECT tenant_id, priority / 10 AS band, count(*) AS n FROM claimed
+                  GROUP BY 1, 2) AS n
+            WHERE c.tenant_id = n.tenant_id AND c.band = n.band
+        )
+        SELECT ROW(c.*)::runs, v_passed FROM claimed c;
+    END IF;
+
+    -- Last, so that nothing waits while holding what these take (they never wait).
+    PERFORM turnstile_settle_work(k.tenant_id, k.band, v_now)
+    FROM unnest(v_idle_tenants, v_idle_bands) AS k(tenant_id, band)
+    ORDER BY k.tenant_id, k.band;
+
+    IF cardinality(v_ids) = 0 OR cardinality(v_allowed) = 0 THEN
+        RETURN QUERY SELECT NULL::runs, v_passed;
+    END IF;
+END
+$fn$;
