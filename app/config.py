@@ -23,8 +23,10 @@ if TYPE_CHECKING:
 RUN_WRITE_CONNECTIONS = 10
 """At most this many pooled connections serve the runs' own writes (see `Settings.pool_size`)."""
 
+MIN_SUBMIT_RATE = 1 / 86_400
 MAX_SUBMIT_RATE = 1_000_000.0
-"""As app/queue/tenants.py's MAX_RATE: the same bound for the default and the overrides."""
+"""As app/queue/tenants.py's MIN_RATE and MAX_RATE: the same bounds for the default and the
+overrides (one a day at least)."""
 
 
 class Settings(BaseSettings):
@@ -253,10 +255,13 @@ class Settings(BaseSettings):
     @classmethod
     def _check_submit_rate(cls, value: float | None) -> float | None:
         # One message for 0, negatives, inf and nan alike: what to write instead.
-        if value is not None and not (math.isfinite(value) and 0 < value <= MAX_SUBMIT_RATE):
+        if value is not None and not (
+            math.isfinite(value) and MIN_SUBMIT_RATE <= value <= MAX_SUBMIT_RATE
+        ):
             raise ValueError(
-                f"must be a number of submissions a second above 0 and at most "
-                f"{MAX_SUBMIT_RATE:g} (TURNSTILE_SUBMIT_RATE_PER_SECOND; unset it for no limit)"
+                f"must be a number of submissions a second from {MIN_SUBMIT_RATE:.9g} (one a "
+                f"day) to {MAX_SUBMIT_RATE:g} (TURNSTILE_SUBMIT_RATE_PER_SECOND; unset it for "
+                "no limit)"
             )
         return value
 

@@ -217,6 +217,10 @@ BAD_BODIES: list[Any] = [
         BadBody(b'{"input": "\\ud800"}', "input"),
         id="input-with-lone-surrogate",
     ),
+    # Issue 40, item 6: numbers jsonb gives back beyond 64 bits.
+    pytest.param(BadBody(b'{"input": {"x": 1e308}}', "64-bit"), id="input-1e308"),
+    pytest.param(BadBody(b'{"input": [1.6775841459608994e+172]}', "64-bit"), id="input-1.68e172"),
+    pytest.param(BadBody(b'{"input": 1208925819614629174706176}', "64-bit"), id="input-2-80"),
     pytest.param(
         BadBody(as_json({"input": 1, "scheduled_for": "0001-01-01T00:00:00+14:00"}), "scheduled"),
         id="scheduled-for-before-year-1-in-utc",
@@ -323,6 +327,43 @@ BAD_PARAMETERS: list[Any] = [
         ),
         id="cursor-date-out-of-range",
     ),
+    # Issue 40, item 7: transcript cursors with numbers beyond their columns.
+    pytest.param(
+        Bad(
+            "GET",
+            "/sessions/{session}/messages?cursor=" + cursor_of(b"t|99999999999999999999999|1"),
+            "cursor",
+        ),
+        id="transcript-cursor-huge-run-number",
+    ),
+    pytest.param(
+        Bad(
+            "GET",
+            "/sessions/{session}/messages?cursor=" + cursor_of(b"t|2147483648|1"),
+            "cursor",
+        ),
+        id="transcript-cursor-run-number-over-int32",
+    ),
+    pytest.param(
+        Bad(
+            "GET",
+            "/sessions/{session}/messages?cursor=" + cursor_of(f"t|1|{INT64_MAX + 1}".encode()),
+            "cursor",
+        ),
+        id="transcript-cursor-seq-over-int64",
+    ),
+    pytest.param(
+        Bad(
+            "GET",
+            "/sessions/{session}/messages?cursor=" + cursor_of("t|\u0661|1".encode()),
+            "cursor",
+        ),
+        id="transcript-cursor-arabic-digit",
+    ),
+    pytest.param(
+        Bad("GET", "/sessions/{session}/messages?cursor=" + cursor_of(b"t|1_0|1"), "cursor"),
+        id="transcript-cursor-underscore",
+    ),
 ]
 
 
@@ -368,6 +409,65 @@ async def test_the_valid_twins_of_the_bad_requests_succeed(seeded: Seeded) -> No
     page = (await client.get(seeded.path("/sessions/{session}/runs?limit=200"))).json()
     assert len(page["runs"]) == 1
     assert page["next_cursor"] is None
+
+
+# --- 1. bad input: a tenant's limits (admin scope) --------------------------------------------
+BAD_TENANT_REQUESTS: list[Any] = [
+    pytest.param("GET", "/tenants/a%00b/limits", None, "tenant", id="tenant-with-nul"),
+    pytest.param("PUT", "/tenants/a%00b/limits", b"{}", "tenant", id="put-tenant-with-nul"),
+    pytest.param("GET", "/tenants/a%07b/limits", None, "tenant", id="tenant-with-bell"),
+    pytest.param("GET", "/tenants/acme%E2%80%8B/limits", None, "tenant", id="tenant-zero-width"),
+    pytest.param(
+        "PUT",
+        "/tenants/acme/limits",
+        b'{"submit_rate_per_second": 1e-300}',
+        "submit_rate_per_second",
+        id="rate-1e-300",
+    ),
+    pytest.param(
+        "PUT",
+        "/tenants/acme/limits",
+        b'{"submit_rate_per_second": 0.00001}',
+        "submit_rate_per_second",
+        id="rate-below-one-a-day",
+    ),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "mentions"), BAD_TENANT_REQUESTS)
+async def test_a_bad_tenant_or_limit_is_a_clear_problem_and_writes_nothing(
+    seeded: Seeded, method: str, path: str, body: bytes | None, mentions: str
+) -> None:
+    admin = await seeded.api.client("platform", "sre", "admin")
+    response = await admin.request(
+        method, path, content=body, headers={"Content-Type": "application/json"}
+    )
+    assert_problem(response, 422, "invalid-request", mentions)
+    async with seeded.api.engine.connect() as conn:
+        assert (await conn.execute(text("SELECT count(*) FROM tenant_limits"))).scalar() == 0
+    # The valid twin: a rate of one a day is the least a limit may be.
+    response = await admin.put("/tenants/acme/limits", json={"submit_rate_per_second": 1 / 86_400})
+    assert response.status_code == 200, response.text
+
+
+async def test_a_tenant_rate_stored_before_its_bound_still_answers_429(seeded: Seeded) -> None:
+    """A submission rate of 1e-300, as a database written before the bound may hold: the
+    tenant's submissions answer 429 with a Retry-After a client can use, never 500."""
+    async with seeded.api.engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO tenant_limits (tenant_id, max_running, submit_rate_per_second,"
+                " updated_at) VALUES ('acme', '{}', 1e-300, now())"
+            )
+        )
+    answers = [await seeded.client.post("/runs", json={"input": {}}) for _ in range(3)]
+    assert answers[0].status_code == 202, answers[0].text
+    refused = answers[-1]
+    body = assert_problem(refused, 429, "rate-limited")
+    retry_after = int(refused.headers["retry-after"])
+    assert 1 <= retry_after <= 86_400
+    assert body["retry_after_seconds"] == retry_after
+    assert len(refused.headers["ratelimit-policy"]) < 100, refused.headers
 
 
 # --- 1. bad input: bodies over the size limit --------------------------------------------------

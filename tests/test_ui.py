@@ -187,6 +187,9 @@ async def test_bad_input_is_a_clear_page_never_a_traceback(
             ("session=nope", "session: 'nope' is not a session id"),
             ("since=yesterday", "since: 'yesterday' is not a time"),
             ("since=2030-01-02T00:00&until=2030-01-01T00:00", "since must be earlier"),
+            # Issue 40, item 7: times that fall outside Python's range once in UTC.
+            ("since=0001-01-01T00:00:00%2B14:00", "since: '0001-01-01T00:00:00+14:00' is out"),
+            ("until=9999-12-31T23:59:59-12:00", "until: '9999-12-31T23:59:59-12:00' is out"),
         ]:
             response = await client.get(f"/ui/runs?{query}")
             assert response.status_code == 400, query

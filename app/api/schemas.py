@@ -21,7 +21,9 @@ from pydantic import (
 )
 
 from app.queue.pages import RunsPage, TranscriptPage
+from app.queue.tenants import MAX_RATE
 from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import MIN_SUBMIT_RATE
 from app.vocabulary.statuses import RunStatus
 
 NUMBER_BOUND = 2**63
@@ -275,7 +277,10 @@ class TenantLimitsRequest(Strict):
     )
     submit_rate_per_second: StrictFloat | None = Field(
         default=None,
-        description="Submissions a second, on average (POST /runs and turns; beyond: 429).",
+        ge=MIN_SUBMIT_RATE,
+        le=MAX_RATE,
+        description="Submissions a second, on average (POST /runs and turns; beyond: 429); "
+        "from one a day (1/86400) to 1,000,000.",
     )
     submit_burst: StrictInt | None = Field(
         default=None, description="Submissions at once after a pause (the bucket's size)."

@@ -7,16 +7,36 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
+from pydantic import AfterValidator
 
 from app.api.auth import AdminDep
 from app.api.problems import responses
 from app.api.schemas import TenantLimitsDocument, TenantLimitsRequest
 from app.api.services import state_of
-from app.queue.tenants import MAX_TENANT_LENGTH, TenantLimits, Tenants
+from app.queue.tenants import TenantLimits, Tenants
+from app.security.names import MAX_NAME_LENGTH, InvalidNameError, tenant_name
 
 router = APIRouter(tags=["tenants"])
 
-TenantPath = Annotated[str, Path(min_length=1, max_length=MAX_TENANT_LENGTH)]
+
+def normalised_tenant(value: str) -> str:
+    """The path's tenant as app/security/names.py normalises it; a 422 when it cannot be one."""
+    try:
+        return tenant_name(value)
+    except InvalidNameError as exc:
+        raise ValueError(exc.reason) from None
+
+
+TenantPath = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="The tenant's name, in NFKC form (`acme` in fullwidth letters is `acme`); "
+        "no control or invisible characters.",
+    ),
+    AfterValidator(normalised_tenant),
+]
 
 
 def limits_document(tenants: Tenants, tenant: str, limits: TenantLimits) -> dict[str, Any]:
