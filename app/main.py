@@ -12,12 +12,12 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.api.auth import KeyCache
 from app.api.services import ServiceState
 from app.api.watch import LiveWatch, RunWatch, StreamLimits
 from app.config import Settings, get_settings
@@ -74,7 +74,7 @@ class AppState:
     # Set when the process is asked to stop, before uvicorn waits for open connections:
     # long polls and event streams watch it so they end promptly.
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
-    key_cache: dict[bytes, Any] = field(default_factory=dict)
+    key_cache: KeyCache = field(default_factory=KeyCache)
 
 
 def _serves_the_api(state: AppState) -> ServiceState:

@@ -27,9 +27,17 @@ from __future__ import annotations
 import unicodedata
 
 MAX_NAME_LENGTH = 255
-# General categories refused anywhere in a name: Cc control, Cf format, Cs surrogate, Co private
-# use, Cn unassigned, Zl line and Zp paragraph separators.
-_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+# General categories refused anywhere in a name, with how an error message calls them.
+_REFUSED_CATEGORIES = {
+    "Cc": "a control character",
+    "Cf": "an invisible format character",
+    "Cs": "a lone surrogate",
+    "Co": "a private-use character",
+    "Cn": "an unassigned character",
+    "Zl": "a line separator",
+    "Zp": "a paragraph separator",
+    "Zs": "a space other than U+0020",
+}
 
 
 class InvalidNameError(ValueError):
@@ -60,11 +68,10 @@ def _normalised(what: str, value: str) -> str:
     if len(name) > MAX_NAME_LENGTH:
         raise InvalidNameError(what, f"must be at most {MAX_NAME_LENGTH} characters")
     for char in name:
-        category = unicodedata.category(char)
-        if category in _REFUSED_CATEGORIES or (category == "Zs" and char != " "):
+        kind = _REFUSED_CATEGORIES.get(unicodedata.category(char))
+        if kind is not None and char != " ":
             raise InvalidNameError(
                 what,
-                f"must not contain invisible or control characters (U+{ord(char):04X}, "
-                f"{unicodedata.name(char, 'unnamed')})",
+                f"must not contain invisible or control characters (U+{ord(char):04X}, {kind})",
             )
     return name
