@@ -200,11 +200,27 @@ class Settings(BaseSettings):
         description="Concurrent event streams and long polls one API key may hold open in one "
         "API process; more answer 429.",
     )
+    max_streams_per_tenant: int | None = Field(
+        default=None,
+        ge=1,
+        description="Concurrent event streams and long polls the keys of one tenant may hold "
+        "open in one API process, all together; more answer 429. Unset: a quarter of "
+        "max_streams_per_process, so one tenant (with however many keys) cannot take a "
+        "process's every place.",
+    )
     max_streams_per_process: int = Field(
         default=1_000,
         ge=1,
         description="Concurrent event streams and long polls one API process serves; more "
         "answer 429.",
+    )
+    stream_key_recheck_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description="How often an API process checks that the keys holding event streams and "
+        "long polls open are still unrevoked (one statement for all of them); a revoked key's "
+        "streams end with a stream.ended event, its long polls with 401.",
     )
     trust_forwarded_headers: bool = Field(
         default=False,
@@ -305,6 +321,13 @@ class Settings(BaseSettings):
         return parse_class_limits(self.tenant_max_running)
 
     @property
+    def stream_tenant_limit(self) -> int:
+        """TURNSTILE_MAX_STREAMS_PER_TENANT, or a quarter of the process's places."""
+        if self.max_streams_per_tenant is not None:
+            return self.max_streams_per_tenant
+        return max(1, self.max_streams_per_process // 4)
+
+    @property
     def slot_groups(self) -> tuple[SlotGroup, ...]:
         from app.vocabulary.layout import parse_slots
 
@@ -354,6 +377,14 @@ class Settings(BaseSettings):
             raise ValueError(
                 "pgbouncer needs listen_database_url: LISTEN cannot work through transaction "
                 "pooling, so give a direct PostgreSQL URL for it"
+            )
+        if (
+            self.max_streams_per_tenant is not None
+            and self.max_streams_per_tenant > self.max_streams_per_process
+        ):
+            raise ValueError(
+                f"max_streams_per_tenant ({self.max_streams_per_tenant}) must not exceed "
+                f"max_streams_per_process ({self.max_streams_per_process}); it could never apply"
             )
         if self.secret_key is not None and len(self.secret_key.get_secret_value()) < 32:
             raise ValueError("secret_key (TURNSTILE_SECRET_KEY) must be at least 32 characters")

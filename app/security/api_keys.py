@@ -156,6 +156,15 @@ async def authenticate(engine: AsyncEngine, secret: str) -> Caller | None:
     )
 
 
+async def active_keys(engine: AsyncEngine, key_ids: set[UUID]) -> set[UUID]:
+    """Which of `key_ids` are still unrevoked (revoked and deleted ones are left out)."""
+    if not key_ids:
+        return set()
+    async with engine.connect() as conn:
+        rows = await conn.execute(statement("keys_active"), {"ids": sorted(key_ids)})
+        return {row.id for row in rows}
+
+
 async def list_keys(engine: AsyncEngine, tenant_id: str | None = None) -> list[KeyInfo]:
     async with engine.connect() as conn:
         rows = await conn.execute(
