@@ -20,9 +20,14 @@ What this file proves:
    operator key, and checks that no response is a 5xx, that status codes, content types,
    headers and bodies conform to the document, and that every problem is well formed.
 
+   The tenants' limits (admin scope) are fuzzed again with an admin key, since the operator
+   key only ever gets their 403.
+
 The cases for non-storable JSON values, out-of-range times and sequence numbers, non-UTF-8
 bodies and the problem media type in the document were once bugs this file found; they stay as
-regression tests.
+regression tests. So do the ones a probe found (issue 40): numbers beyond 64 bits in an input,
+transcript cursors beyond their columns, control characters in a tenant's name and a submission
+rate of 1e-300, each also sent through the fuzzer's own checks.
 """
 
 from __future__ import annotations
@@ -713,18 +718,96 @@ UVICORN_REFUSAL = "Invalid HTTP request received."
 
 
 def fuzz(
-    base: str, authorization: str, document: dict[str, Any], path_values: dict[str, str]
+    base: str,
+    authorization: str,
+    document: dict[str, Any],
+    path_values: dict[str, str],
+    under: str = "/",
 ) -> list[Finding]:
-    """Run schemathesis over every operation. Blocking: the test runs it in a thread while the
-    server under test keeps serving on the test's event loop."""
+    """Run schemathesis over every operation (whose path starts with `under`). Blocking: the
+    test runs it in a thread while the server under test keeps serving on the test's event
+    loop."""
     schema = schemathesis.openapi.from_dict(document)
     findings: list[Finding] = []
     headers = {"Authorization": authorization}
     for result in schema.get_all_operations():
         assert isinstance(result, Ok), result.err()
+        if not result.ok().path.startswith(under):
+            continue
         for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
             fuzz_operation(result.ok(), mode, base, headers, path_values, findings)
     return findings
+
+
+def check_cases(
+    base: str, document: dict[str, Any], authorization: str, cases: list[dict[str, Any]]
+) -> list[Finding]:
+    """The fuzzer's checks (CHECKS) on requests written by hand: the ones a probe found."""
+    schema = schemathesis.openapi.from_dict(document)
+    headers = {"Authorization": authorization}
+    findings: list[Finding] = []
+    for spec in cases:
+        operation = schema[spec.pop("path")][spec.pop("method")]
+        case = operation.Case(**spec)
+        try:
+            response = case.call(base_url=base, headers=headers, timeout=15)
+            case.validate_response(
+                response,
+                checks=CHECKS,
+                headers=headers,
+                transport_kwargs={"base_url": base, "headers": headers},
+            )
+        except (FailureGroup, OSError) as exc:
+            findings.append(Finding(operation.label, "explicit", str(exc)))
+    return findings
+
+
+async def test_the_requests_a_probe_found_pass_the_fuzzers_checks(seeded: Seeded) -> None:
+    """Issue 40, items 6 and 7: each answered 500 (or made a run no read could render)."""
+    api, client = seeded.api, seeded.client
+    document = (await client.get("/openapi.json")).json()
+    huge_cursor = cursor_of(b"t|99999999999999999999999|1")
+    as_operator: list[dict[str, Any]] = [
+        {
+            "path": "/sessions/{session_id}/messages",
+            "method": "GET",
+            "path_parameters": {"session_id": seeded.session_id},
+            "query": {"cursor": huge_cursor},
+        },
+        {"path": "/runs", "method": "POST", "body": {"input": {"x": 1e308}}},
+        {"path": "/runs", "method": "POST", "body": {"input": [2**80]}},
+        {
+            "path": "/sessions/{session_id}/turns",
+            "method": "POST",
+            "path_parameters": {"session_id": seeded.session_id},
+            "body": {"input": 1.6775841459608994e172},
+        },
+    ]
+    admin = await api.client("platform", "sre", "admin")
+    as_admin: list[dict[str, Any]] = [
+        {
+            "path": "/tenants/{tenant}/limits",
+            "method": "GET",
+            "path_parameters": {"tenant": "a\x00b"},
+        },
+        {
+            "path": "/tenants/{tenant}/limits",
+            "method": "PUT",
+            "path_parameters": {"tenant": "acme"},
+            "body": {"submit_rate_per_second": 1e-300},
+        },
+    ]
+    findings = await asyncio.to_thread(
+        check_cases, api.base, document, client.headers["Authorization"], as_operator
+    )
+    findings += await asyncio.to_thread(
+        check_cases, api.base, document, admin.headers["Authorization"], as_admin
+    )
+    report = "\n\n".join(f"[{f.operation}]\n{f.report}" for f in findings)
+    assert not findings, report
+    # And the submissions of the tenant whose rate a probe tried to set still go through.
+    response = await client.post("/runs", json={"input": {}})
+    assert response.status_code == 202, response.text
 
 
 async def test_every_response_conforms_to_the_openapi_document(seeded: Seeded) -> None:
@@ -743,6 +826,13 @@ async def test_every_response_conforms_to_the_openapi_document(seeded: Seeded) -
         client.headers["Authorization"],
         document,
         {"session_id": seeded.session_id, "run_id": run_id},
+    )
+    # The tenants' limits need the admin scope: with the operator key above they only ever
+    # answer 403, so their handlers are fuzzed again with an admin key (issue 40, item 7: a NUL
+    # in the tenant and a rate of 1e-300 answered 500 there).
+    admin = await api.client("platform", "sre", "admin")
+    findings += await asyncio.to_thread(
+        fuzz, api.base, admin.headers["Authorization"], document, {"tenant": "acme"}, "/tenants"
     )
     report = "\n\n".join(f"[{f.operation}, {f.mode} case]\n{f.report}" for f in findings)
     assert not findings, report
