@@ -135,9 +135,11 @@ class Settings(BaseSettings):
     # --- runtime -----------------------------------------------------------------------------
     http_allowed_hosts: str = Field(
         default="*",
-        description="Hosts http_request may reach: names, '*.suffix', '*' or literal addresses. "
-        "Internal addresses only when the host is listed by its exact name or address; "
-        "link-local and cloud-metadata addresses only when the address itself is listed.",
+        description="Hosts http_request and webhooks may reach, comma-separated: names, "
+        "'*.suffix', '*' or literal addresses, each optionally with ':port' (that port only; "
+        "without one, every port). Internal addresses only when the host is listed by its "
+        "exact name or address; link-local and cloud-metadata addresses only when the address "
+        "itself is listed.",
     )
     http_timeout_seconds: float = Field(default=10.0, gt=0)
     agent_time_limit_seconds: float = Field(default=600.0, gt=0)
@@ -266,6 +268,16 @@ class Settings(BaseSettings):
     def _any_case(cls, value: object) -> object:
         # People write INFO as often as info.
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("http_allowed_hosts")
+    @classmethod
+    def _check_allowed_hosts(cls, value: str) -> str:
+        from app.runtime.http_tool import parse_allowed
+
+        for entry in value.split(","):
+            if entry.strip():
+                parse_allowed(entry)  # its ValueError names the entry and what is wrong
+        return value
 
     @field_validator("submit_rate_per_second")
     @classmethod
