@@ -68,6 +68,30 @@ class Settings(BaseSettings):
         "never the side that closes a connection just as a client sends on it.",
     )
 
+    http_header_timeout_seconds: float = Field(
+        default=20.0,
+        gt=0,
+        le=3600,
+        description="A request's line and headers must arrive within this, from the "
+        "connection's opening or the request's first byte; else the connection is closed "
+        "(slow-header clients, app/api/connections.py).",
+    )
+    http_body_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="A request's whole body must arrive within this, from the service's first "
+        "read of it; else 408 request-timeout and the connection is closed.",
+    )
+    max_connections: int | None = Field(
+        default=None,
+        ge=1,
+        description="Concurrent HTTP connections (idle keep-alive ones and open streams "
+        "included) one API process takes; beyond, new requests answer 503 (uvicorn's "
+        "limit_concurrency). Unset: max_streams_per_process + 1,000. Keep it below the "
+        "process's open-file limit (ulimit -n) less its database connections.",
+    )
+
     # --- queue ------------------------------------------------------------------------------
     lease_seconds: float = Field(default=30.0, gt=0)
     heartbeat_seconds: float = Field(default=10.0, gt=0)
@@ -331,6 +355,13 @@ class Settings(BaseSettings):
         if self.tenant_max_running is None:
             return (None, None, None)
         return parse_class_limits(self.tenant_max_running)
+
+    @property
+    def connection_limit(self) -> int:
+        """TURNSTILE_MAX_CONNECTIONS, or the stream places plus 1,000 for plain requests."""
+        if self.max_connections is not None:
+            return self.max_connections
+        return self.max_streams_per_process + 1_000
 
     @property
     def stream_tenant_limit(self) -> int:

@@ -351,7 +351,11 @@ def create_app(
     from app.api.limits import BodyLimit
 
     problems.install(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.max_body_bytes,
+        timeout_seconds=settings.http_body_timeout_seconds,
+    )
     if settings.trust_forwarded_headers:
         app.add_middleware(ForwardedProto)
     app.add_middleware(HttpMetrics, metrics=metrics)

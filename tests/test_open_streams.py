@@ -89,7 +89,12 @@ async def test_a_revoked_keys_session_stream_ends_saying_why_and_others_go_on(
     database_url: str, engine: AsyncEngine
 ) -> None:
     async with running_api(
-        database_url, engine, stream_key_recheck_seconds=RECHECK, workers=True
+        database_url,
+        engine,
+        stream_key_recheck_seconds=RECHECK,
+        workers=True,
+        # Shorter than the streams stay open: only a body is timed, never a stream.
+        http_body_timeout_seconds=RECHECK / 4,
     ) as api:
         alice_key, alice = await key_and_client(api, "acme", "alice")
         _, bob = await key_and_client(api, "acme", "bob")

@@ -87,6 +87,7 @@ async def load_run(request: Request, run_id: UUID, caller: Caller) -> Run:
             "queue-quota",
             "malformed-json",
             "body-too-large",
+            "request-timeout",
             "rate-limited",
         ),
         202: {"headers": SUBMITTED_HEADERS},

@@ -286,6 +286,7 @@ async def session_events(
             "queue-quota",
             "malformed-json",
             "body-too-large",
+            "request-timeout",
             "rate-limited",
         ),
         202: {"headers": SUBMITTED_HEADERS},

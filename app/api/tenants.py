@@ -72,10 +72,16 @@ async def get_limits(tenant: TenantPath, request: Request, caller: AdminDep) -> 
         "`max_running`, returns to the service's default. Takes effect at the next claim and "
         "submission in every process, without a restart. Running counts are per class "
         "(interactive, async, maintenance), whole numbers from 0; `submit_rate_per_second` "
-        "is above 0, `submit_burst` at least 1."
+        "is from 1/86400 (one a day) to 1,000,000, `submit_burst` at least 1. The tenant's "
+        "name is taken in NFKC form."
     ),
     responses=responses(
-        "unauthorized", "forbidden", "invalid-request", "malformed-json", "body-too-large"
+        "unauthorized",
+        "forbidden",
+        "invalid-request",
+        "malformed-json",
+        "body-too-large",
+        "request-timeout",
     ),
 )
 async def put_limits(
