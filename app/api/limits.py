@@ -60,7 +60,7 @@ class BodyLimit:
                 except TimeoutError:
                     # The rest of the body may still be on its way: the connection is not reused.
                     raise _TimedOut(
-                        408, self._too_slow()[3], headers={"Connection": "close"}
+                        408, self._slow_detail(), headers={"Connection": "close"}
                     ) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
@@ -96,12 +96,10 @@ class BodyLimit:
         )
 
     def _too_slow(self) -> tuple[int, str, str, str]:
-        return (
-            408,
-            "request-timeout",
-            "The request body took too long",
-            f"the whole body must arrive within {self.timeout_seconds:g} s",
-        )
+        return 408, "request-timeout", "The request body took too long", self._slow_detail()
+
+    def _slow_detail(self) -> str:
+        return f"the whole body must arrive within {self.timeout_seconds:g} s"
 
     async def _refuse(
         self, send: Send, status: int, slug: str, title: str, detail: str, *, close: bool = False
