@@ -688,23 +688,7 @@ def fuzz_operation(
     )
     @given(case=strategy)
     def check(case: Case) -> None:
-        response = None
-        try:
-            response = case.call(base_url=base, headers=headers, timeout=15)
-            if response.status_code == 400 and response.text == UVICORN_REFUSAL:
-                # Negative header cases (e.g. `content-length: Infinity`) that the HTTP server
-                # refuses before any application code runs: not an answer of the API.
-                return
-            case.validate_response(
-                response,
-                checks=CHECKS,
-                headers=headers,
-                transport_kwargs={"base_url": base, "headers": headers},
-            )
-        except (FailureGroup, OSError) as exc:
-            # requests' connection errors are OSErrors: a stream cut mid-body is a failure too.
-            # Record and go on, so one run shows everything that fails.
-            findings.append(Finding(operation.label, mode.value, str(exc)))
+        call_and_check(case, base, headers, findings, mode.value)
 
     try:
         check()
@@ -715,6 +699,28 @@ def fuzz_operation(
 
 
 UVICORN_REFUSAL = "Invalid HTTP request received."
+
+
+def call_and_check(
+    case: Case, base: str, headers: dict[str, str], findings: list[Finding], mode: str
+) -> None:
+    """Send `case` and run CHECKS on the answer; a failure is recorded in `findings`."""
+    try:
+        response = case.call(base_url=base, headers=headers, timeout=15)
+        if response.status_code == 400 and response.text == UVICORN_REFUSAL:
+            # Negative header cases (e.g. `content-length: Infinity`) that the HTTP server
+            # refuses before any application code runs: not an answer of the API.
+            return
+        case.validate_response(
+            response,
+            checks=CHECKS,
+            headers=headers,
+            transport_kwargs={"base_url": base, "headers": headers},
+        )
+    except (FailureGroup, OSError) as exc:
+        # requests' connection errors are OSErrors: a stream cut mid-body is a failure too.
+        # Record and go on, so one run shows everything that fails.
+        findings.append(Finding(case.operation.label, mode, str(exc)))
 
 
 def fuzz(
@@ -748,17 +754,7 @@ def check_cases(
     findings: list[Finding] = []
     for spec in cases:
         operation = schema[spec.pop("path")][spec.pop("method")]
-        case = operation.Case(**spec)
-        try:
-            response = case.call(base_url=base, headers=headers, timeout=15)
-            case.validate_response(
-                response,
-                checks=CHECKS,
-                headers=headers,
-                transport_kwargs={"base_url": base, "headers": headers},
-            )
-        except (FailureGroup, OSError) as exc:
-            findings.append(Finding(operation.label, "explicit", str(exc)))
+        call_and_check(operation.Case(**spec), base, headers, findings, "explicit")
     return findings
 
 

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 from uuid import uuid4
 
@@ -32,36 +29,12 @@ from app.client import AsyncTurnstile, UnauthorizedError
 from app.config import Settings
 from app.security.api_keys import authenticate, revoke_key
 from tests.support.api import Api, running_api
+from tests.support.sse import Item, sse
 from tests.support.waiting import eventually
 
 SSE = {"Accept": "text/event-stream"}
 RECHECK = 0.2  # the tests' recheck interval (5 s by default)
 GUARD = 20.0  # how long a stream may take to end before the test fails instead of hanging
-
-
-@dataclass
-class Item:
-    event: str
-    id: str | None
-    data: Any
-
-
-async def sse(response: httpx.Response) -> AsyncIterator[Item]:
-    event, event_id, data = "message", None, []
-    async for line in response.aiter_lines():
-        if line == "":
-            if data:
-                yield Item(event, event_id, json.loads("\n".join(data)))
-            event, event_id, data = "message", None, []
-        elif not line.startswith(":"):
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if name == "event":
-                event = value
-            elif name == "id":
-                event_id = value
-            elif name == "data":
-                data.append(value)
 
 
 async def to_the_end(response: httpx.Response) -> list[Item]:
