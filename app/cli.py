@@ -877,9 +877,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _normalise_names(args: argparse.Namespace) -> None:
     """Every tenant and principal a command takes (`--tenant`, `--principal`, `tenants get
-    TENANT`), as app/security/names.py normalises them: one spelling per tenant, whatever the
+    TENANT`), as app/vocabulary/names.py normalises them: one spelling per tenant, whatever the
     shell sent; a name that cannot be one is a one-line error."""
-    from app.security.names import principal_name, tenant_name
+    from app.vocabulary.names import principal_name, tenant_name
 
     for attribute, normalise in (("tenant", tenant_name), ("principal", principal_name)):
         value = getattr(args, attribute, None)
@@ -888,7 +888,7 @@ def _normalise_names(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from app.security.names import InvalidNameError
+    from app.vocabulary.names import InvalidNameError
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """Tenant and principal names (issue 40, item 8): `keys create` took 5,000-character tenants
 (which no API could then give limits), control characters, and look-alikes (`acme` in
 fullwidth letters, `acme` with a zero-width space) as new tenants. Names are now normalised
-(NFKC, edges trimmed) and checked in one place, app/security/names.py, which the keys, the
+(NFKC, edges trimmed) and checked in one place, app/vocabulary/names.py, which the keys, the
 tenants' limits (API and CLI) and every --tenant and --principal of the CLI go through.
 """
 
@@ -14,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.security.api_keys import create_key
-from app.security.names import MAX_NAME_LENGTH, InvalidNameError, principal_name, tenant_name
+from app.vocabulary.names import MAX_NAME_LENGTH, InvalidNameError, principal_name, tenant_name
 from tests.support.api import running_api
 from tests.support.processes import run_cli
 

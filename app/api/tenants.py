@@ -14,13 +14,13 @@ from app.api.problems import responses
 from app.api.schemas import TenantLimitsDocument, TenantLimitsRequest
 from app.api.services import state_of
 from app.queue.tenants import TenantLimits, Tenants
-from app.security.names import MAX_NAME_LENGTH, InvalidNameError, tenant_name
+from app.vocabulary.names import MAX_NAME_LENGTH, InvalidNameError, tenant_name
 
 router = APIRouter(tags=["tenants"])
 
 
 def normalised_tenant(value: str) -> str:
-    """The path's tenant as app/security/names.py normalises it; a 422 when it cannot be one."""
+    """The path's tenant as app/vocabulary/names.py normalises it; a 422 when it cannot be one."""
     try:
         return tenant_name(value)
     except InvalidNameError as exc:

@@ -26,9 +26,9 @@ from sqlalchemy import RowMapping
 
 from app.queue.core import Queue, dump_json
 from app.queue.errors import InvalidLimitsError
-from app.security.names import InvalidNameError, tenant_name
 from app.store.statements import q
 from app.vocabulary.classes import PriorityClass
+from app.vocabulary.names import InvalidNameError, tenant_name
 from app.vocabulary.records import JSON, MIN_SUBMIT_RATE
 
 MAX_INT = 2**31 - 1
@@ -246,7 +246,7 @@ class Tenants:
 
 
 def _check_tenant(tenant_id: str) -> str:
-    """The tenant's normalised name (app/security/names.py), or InvalidLimitsError."""
+    """The tenant's normalised name (app/vocabulary/names.py), or InvalidLimitsError."""
     try:
         return tenant_name(tenant_id)
     except InvalidNameError as exc:

@@ -18,8 +18,8 @@ from uuid import UUID
 from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.security.names import principal_name, tenant_name
 from app.store.statements import q
+from app.vocabulary.names import principal_name, tenant_name
 
 SCOPES = ("operator", "admin")
 KEY_PREFIX = "ts_"

@@ -3,7 +3,10 @@
 Every path that takes a name goes through `tenant_name` and `principal_name`: API keys
 (`turnstile keys create`, the development key), the tenants' limits (`/tenants/{tenant}/limits`,
 `turnstile tenants`), and every `--tenant` and `--principal` of the command line. Requests
-authenticated by a key carry its names, checked when the key was made.
+authenticated by a key carry its names, checked when the key was made. The Python queue API
+(`Queue.enqueue`, for back-end services inside the deployment) takes names as it is given them,
+so that runs of a tenant named before these rules keep their tenant (a resubmission, say); a
+program that takes names from people calls `tenant_name` first.
 
 A name is normalised, then checked:
 - NFKC, the compatibility normal form: look-alikes that Unicode itself maps to plain letters
