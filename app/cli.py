@@ -875,13 +875,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _normalise_names(args: argparse.Namespace) -> None:
+    """Every tenant and principal a command takes (`--tenant`, `--principal`, `tenants get
+    TENANT`), as app/vocabulary/names.py normalises them: one spelling per tenant, whatever the
+    shell sent; a name that cannot be one is a one-line error."""
+    from app.vocabulary.names import principal_name, tenant_name
+
+    for attribute, normalise in (("tenant", tenant_name), ("principal", principal_name)):
+        value = getattr(args, attribute, None)
+        if isinstance(value, str):
+            setattr(args, attribute, normalise(value))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    from app.vocabulary.names import InvalidNameError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], None] = args.func
     try:
+        _normalise_names(args)
         func(args)
-    except (CommandError, EmbeddedUnavailableError, PluginError) as exc:
+    except (CommandError, EmbeddedUnavailableError, PluginError, InvalidNameError) as exc:
         print(f"turnstile: {exc}", file=sys.stderr)
         sys.exit(2)
     except (OperationalError, DBAPIError, OSError) as exc:

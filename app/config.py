@@ -23,8 +23,10 @@ if TYPE_CHECKING:
 RUN_WRITE_CONNECTIONS = 10
 """At most this many pooled connections serve the runs' own writes (see `Settings.pool_size`)."""
 
+MIN_SUBMIT_RATE = 1 / 86_400
 MAX_SUBMIT_RATE = 1_000_000.0
-"""As app/queue/tenants.py's MAX_RATE: the same bound for the default and the overrides."""
+"""As app/queue/tenants.py's MIN_RATE and MAX_RATE: the same bounds for the default and the
+overrides (one a day at least)."""
 
 
 class Settings(BaseSettings):
@@ -64,6 +66,30 @@ class Settings(BaseSettings):
         description="How long an idle HTTP keep-alive connection stays open. Above common "
         "client and load-balancer idle timeouts (httpx 5 s, AWS ALB 60 s), so the server is "
         "never the side that closes a connection just as a client sends on it.",
+    )
+
+    http_header_timeout_seconds: float = Field(
+        default=20.0,
+        gt=0,
+        le=3600,
+        description="A request's line and headers must arrive within this, from the "
+        "connection's opening or the request's first byte; else the connection is closed "
+        "(slow-header clients, app/api/connections.py).",
+    )
+    http_body_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="A request's whole body must arrive within this, from the service's first "
+        "read of it; else 408 request-timeout and the connection is closed.",
+    )
+    max_connections: int | None = Field(
+        default=None,
+        ge=1,
+        description="Concurrent HTTP connections (idle keep-alive ones and open streams "
+        "included) one API process takes; beyond, new requests answer 503 (uvicorn's "
+        "limit_concurrency). Unset: max_streams_per_process + 1,000. Keep it below the "
+        "process's open-file limit (ulimit -n) less its database connections.",
     )
 
     # --- queue ------------------------------------------------------------------------------
@@ -133,9 +159,11 @@ class Settings(BaseSettings):
     # --- runtime -----------------------------------------------------------------------------
     http_allowed_hosts: str = Field(
         default="*",
-        description="Hosts http_request may reach: names, '*.suffix', '*' or literal addresses. "
-        "Internal addresses only when the host is listed by its exact name or address; "
-        "link-local and cloud-metadata addresses only when the address itself is listed.",
+        description="Hosts http_request and webhooks may reach, comma-separated: names, "
+        "'*.suffix', '*' or literal addresses, each optionally with ':port' (that port only; "
+        "without one, every port). Internal addresses only when the host is listed by its "
+        "exact name or address; link-local and cloud-metadata addresses only when the address "
+        "itself is listed.",
     )
     http_timeout_seconds: float = Field(default=10.0, gt=0)
     agent_time_limit_seconds: float = Field(default=600.0, gt=0)
@@ -198,11 +226,27 @@ class Settings(BaseSettings):
         description="Concurrent event streams and long polls one API key may hold open in one "
         "API process; more answer 429.",
     )
+    max_streams_per_tenant: int | None = Field(
+        default=None,
+        ge=1,
+        description="Concurrent event streams and long polls the keys of one tenant may hold "
+        "open in one API process, all together; more answer 429. Unset: a quarter of "
+        "max_streams_per_process, so one tenant (with however many keys) cannot take a "
+        "process's every place.",
+    )
     max_streams_per_process: int = Field(
         default=1_000,
         ge=1,
         description="Concurrent event streams and long polls one API process serves; more "
         "answer 429.",
+    )
+    stream_key_recheck_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description="How often an API process checks that the keys holding event streams and "
+        "long polls open are still unrevoked (one statement for all of them); a revoked key's "
+        "streams end with a stream.ended event, its long polls with 401.",
     )
     trust_forwarded_headers: bool = Field(
         default=False,
@@ -249,14 +293,27 @@ class Settings(BaseSettings):
         # People write INFO as often as info.
         return value.lower() if isinstance(value, str) else value
 
+    @field_validator("http_allowed_hosts")
+    @classmethod
+    def _check_allowed_hosts(cls, value: str) -> str:
+        from app.runtime.http_tool import parse_allowed
+
+        for entry in value.split(","):
+            if entry.strip():
+                parse_allowed(entry)  # its ValueError names the entry and what is wrong
+        return value
+
     @field_validator("submit_rate_per_second")
     @classmethod
     def _check_submit_rate(cls, value: float | None) -> float | None:
         # One message for 0, negatives, inf and nan alike: what to write instead.
-        if value is not None and not (math.isfinite(value) and 0 < value <= MAX_SUBMIT_RATE):
+        if value is not None and not (
+            math.isfinite(value) and MIN_SUBMIT_RATE <= value <= MAX_SUBMIT_RATE
+        ):
             raise ValueError(
-                f"must be a number of submissions a second above 0 and at most "
-                f"{MAX_SUBMIT_RATE:g} (TURNSTILE_SUBMIT_RATE_PER_SECOND; unset it for no limit)"
+                f"must be a number of submissions a second from {MIN_SUBMIT_RATE:.9g} (one a "
+                f"day) to {MAX_SUBMIT_RATE:g} (TURNSTILE_SUBMIT_RATE_PER_SECOND; unset it for "
+                "no limit)"
             )
         return value
 
@@ -298,6 +355,20 @@ class Settings(BaseSettings):
         if self.tenant_max_running is None:
             return (None, None, None)
         return parse_class_limits(self.tenant_max_running)
+
+    @property
+    def connection_limit(self) -> int:
+        """TURNSTILE_MAX_CONNECTIONS, or the stream places plus 1,000 for plain requests."""
+        if self.max_connections is not None:
+            return self.max_connections
+        return self.max_streams_per_process + 1_000
+
+    @property
+    def stream_tenant_limit(self) -> int:
+        """TURNSTILE_MAX_STREAMS_PER_TENANT, or a quarter of the process's places."""
+        if self.max_streams_per_tenant is not None:
+            return self.max_streams_per_tenant
+        return max(1, self.max_streams_per_process // 4)
 
     @property
     def slot_groups(self) -> tuple[SlotGroup, ...]:
@@ -349,6 +420,14 @@ class Settings(BaseSettings):
             raise ValueError(
                 "pgbouncer needs listen_database_url: LISTEN cannot work through transaction "
                 "pooling, so give a direct PostgreSQL URL for it"
+            )
+        if (
+            self.max_streams_per_tenant is not None
+            and self.max_streams_per_tenant > self.max_streams_per_process
+        ):
+            raise ValueError(
+                f"max_streams_per_tenant ({self.max_streams_per_tenant}) must not exceed "
+                f"max_streams_per_process ({self.max_streams_per_process}); it could never apply"
             )
         if self.secret_key is not None and len(self.secret_key.get_secret_value()) < 32:
             raise ValueError("secret_key (TURNSTILE_SECRET_KEY) must be at least 32 characters")

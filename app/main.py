@@ -12,14 +12,14 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.api.auth import KeyCache
 from app.api.services import ServiceState
-from app.api.watch import LiveWatch, RunWatch, StreamLimits
+from app.api.watch import KeyRecheck, LiveWatch, RunWatch, StreamLimits
 from app.config import Settings, get_settings
 from app.maintenance.maintainer import Maintainer
 from app.observability import tracing
@@ -38,6 +38,7 @@ from app.runtime.plugins import load_plugins
 from app.runtime.webhooks import AGENT as WEBHOOK_AGENT
 from app.runtime.webhooks import TOOL as WEBHOOK_TOOL
 from app.runtime.webhooks import WebhookAgent, WebhookDeliveryTool
+from app.security.api_keys import active_keys
 from app.security.secret_box import SecretBox
 from app.store.engine import create_claim_engine, create_engine
 from app.store.resolve import ResolvedDatabase, resolve_database
@@ -74,7 +75,7 @@ class AppState:
     # Set when the process is asked to stop, before uvicorn waits for open connections:
     # long polls and event streams watch it so they end promptly.
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
-    key_cache: dict[bytes, Any] = field(default_factory=dict)
+    key_cache: KeyCache = field(default_factory=KeyCache)
 
 
 def _serves_the_api(state: AppState) -> ServiceState:
@@ -218,6 +219,7 @@ async def services(
     )
     pool: WorkerPool | None = None
     maintainer: Maintainer | None = None
+    key_recheck: KeyRecheck | None = None
     # Traces, when the standard OTEL_* settings ask for them (off by default, nothing imported).
     stop_tracing = tracing.configure_from_env(role)
     try:
@@ -263,6 +265,7 @@ async def services(
             egress=egress,
             streams=StreamLimits(
                 per_key=settings.max_streams_per_key,
+                per_tenant=settings.stream_tenant_limit,
                 per_process=settings.max_streams_per_process,
             ),
             deltas=deltas,
@@ -272,8 +275,18 @@ async def services(
         notifier.on_runs(state.watch.notify)
         notifier.on_deltas(state.live.deliver)
         notifier.on_sessions(state.live.sessions_notified)
+        # Streams and long polls of keys revoked while they are open end (app/api/watch.py).
+        key_recheck = KeyRecheck(
+            state.streams,
+            lambda key_ids: active_keys(engine, key_ids),
+            interval=settings.stream_key_recheck_seconds,
+            forget=state.key_cache.forget,
+        )
+        key_recheck.start()
         yield state
     finally:
+        if key_recheck is not None:
+            await key_recheck.stop()
         if maintainer is not None:
             await maintainer.stop()
         if pool is not None:
@@ -338,7 +351,11 @@ def create_app(
     from app.api.limits import BodyLimit
 
     problems.install(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.max_body_bytes,
+        timeout_seconds=settings.http_body_timeout_seconds,
+    )
     if settings.trust_forwarded_headers:
         app.add_middleware(ForwardedProto)
     app.add_middleware(HttpMetrics, metrics=metrics)

@@ -18,6 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 from sqlalchemy.exc import DBAPIError
 
+from app.api.connections import head_deadline_protocol
 from app.config import Settings
 from app.main import create_app, services
 from app.store.engine import create_engine
@@ -65,6 +66,10 @@ def server_config(settings: Settings, app: FastAPI) -> uvicorn.Config:
         # Longer than the clients' own idle timeouts: the client closes first (the keep-alive
         # race, a request sent on a connection the server is closing, then cannot happen).
         timeout_keep_alive=settings.http_keep_alive_seconds,
+        # A deadline for each request's head (uvicorn has none), and a cap on connections that
+        # keeps the process's file descriptors for its database connections and workers.
+        http=head_deadline_protocol(settings.http_header_timeout_seconds),
+        limit_concurrency=settings.connection_limit,
     )
 
 

@@ -20,9 +20,14 @@ What this file proves:
    operator key, and checks that no response is a 5xx, that status codes, content types,
    headers and bodies conform to the document, and that every problem is well formed.
 
+   The tenants' limits (admin scope) are fuzzed again with an admin key, since the operator
+   key only ever gets their 403.
+
 The cases for non-storable JSON values, out-of-range times and sequence numbers, non-UTF-8
 bodies and the problem media type in the document were once bugs this file found; they stay as
-regression tests.
+regression tests. So do the ones a probe found (issue 40): numbers beyond 64 bits in an input,
+transcript cursors beyond their columns, control characters in a tenant's name and a submission
+rate of 1e-300, each also sent through the fuzzer's own checks.
 """
 
 from __future__ import annotations
@@ -217,6 +222,10 @@ BAD_BODIES: list[Any] = [
         BadBody(b'{"input": "\\ud800"}', "input"),
         id="input-with-lone-surrogate",
     ),
+    # Issue 40, item 6: numbers jsonb gives back beyond 64 bits.
+    pytest.param(BadBody(b'{"input": {"x": 1e308}}', "64-bit"), id="input-1e308"),
+    pytest.param(BadBody(b'{"input": [1.6775841459608994e+172]}', "64-bit"), id="input-1.68e172"),
+    pytest.param(BadBody(b'{"input": 1208925819614629174706176}', "64-bit"), id="input-2-80"),
     pytest.param(
         BadBody(as_json({"input": 1, "scheduled_for": "0001-01-01T00:00:00+14:00"}), "scheduled"),
         id="scheduled-for-before-year-1-in-utc",
@@ -323,6 +332,43 @@ BAD_PARAMETERS: list[Any] = [
         ),
         id="cursor-date-out-of-range",
     ),
+    # Issue 40, item 7: transcript cursors with numbers beyond their columns.
+    pytest.param(
+        Bad(
+            "GET",
+            "/sessions/{session}/messages?cursor=" + cursor_of(b"t|99999999999999999999999|1"),
+            "cursor",
+        ),
+        id="transcript-cursor-huge-run-number",
+    ),
+    pytest.param(
+        Bad(
+            "GET",
+            "/sessions/{session}/messages?cursor=" + cursor_of(b"t|2147483648|1"),
+            "cursor",
+        ),
+        id="transcript-cursor-run-number-over-int32",
+    ),
+    pytest.param(
+        Bad(
+            "GET",
+            "/sessions/{session}/messages?cursor=" + cursor_of(f"t|1|{INT64_MAX + 1}".encode()),
+            "cursor",
+        ),
+        id="transcript-cursor-seq-over-int64",
+    ),
+    pytest.param(
+        Bad(
+            "GET",
+            "/sessions/{session}/messages?cursor=" + cursor_of("t|\u0661|1".encode()),
+            "cursor",
+        ),
+        id="transcript-cursor-arabic-digit",
+    ),
+    pytest.param(
+        Bad("GET", "/sessions/{session}/messages?cursor=" + cursor_of(b"t|1_0|1"), "cursor"),
+        id="transcript-cursor-underscore",
+    ),
 ]
 
 
@@ -368,6 +414,65 @@ async def test_the_valid_twins_of_the_bad_requests_succeed(seeded: Seeded) -> No
     page = (await client.get(seeded.path("/sessions/{session}/runs?limit=200"))).json()
     assert len(page["runs"]) == 1
     assert page["next_cursor"] is None
+
+
+# --- 1. bad input: a tenant's limits (admin scope) --------------------------------------------
+BAD_TENANT_REQUESTS: list[Any] = [
+    pytest.param("GET", "/tenants/a%00b/limits", None, "tenant", id="tenant-with-nul"),
+    pytest.param("PUT", "/tenants/a%00b/limits", b"{}", "tenant", id="put-tenant-with-nul"),
+    pytest.param("GET", "/tenants/a%07b/limits", None, "tenant", id="tenant-with-bell"),
+    pytest.param("GET", "/tenants/acme%E2%80%8B/limits", None, "tenant", id="tenant-zero-width"),
+    pytest.param(
+        "PUT",
+        "/tenants/acme/limits",
+        b'{"submit_rate_per_second": 1e-300}',
+        "submit_rate_per_second",
+        id="rate-1e-300",
+    ),
+    pytest.param(
+        "PUT",
+        "/tenants/acme/limits",
+        b'{"submit_rate_per_second": 0.00001}',
+        "submit_rate_per_second",
+        id="rate-below-one-a-day",
+    ),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "mentions"), BAD_TENANT_REQUESTS)
+async def test_a_bad_tenant_or_limit_is_a_clear_problem_and_writes_nothing(
+    seeded: Seeded, method: str, path: str, body: bytes | None, mentions: str
+) -> None:
+    admin = await seeded.api.client("platform", "sre", "admin")
+    response = await admin.request(
+        method, path, content=body, headers={"Content-Type": "application/json"}
+    )
+    assert_problem(response, 422, "invalid-request", mentions)
+    async with seeded.api.engine.connect() as conn:
+        assert (await conn.execute(text("SELECT count(*) FROM tenant_limits"))).scalar() == 0
+    # The valid twin: a rate of one a day is the least a limit may be.
+    response = await admin.put("/tenants/acme/limits", json={"submit_rate_per_second": 1 / 86_400})
+    assert response.status_code == 200, response.text
+
+
+async def test_a_tenant_rate_stored_before_its_bound_still_answers_429(seeded: Seeded) -> None:
+    """A submission rate of 1e-300, as a database written before the bound may hold: the
+    tenant's submissions answer 429 with a Retry-After a client can use, never 500."""
+    async with seeded.api.engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO tenant_limits (tenant_id, max_running, submit_rate_per_second,"
+                " updated_at) VALUES ('acme', '{}', 1e-300, now())"
+            )
+        )
+    answers = [await seeded.client.post("/runs", json={"input": {}}) for _ in range(3)]
+    assert answers[0].status_code == 202, answers[0].text
+    refused = answers[-1]
+    body = assert_problem(refused, 429, "rate-limited")
+    retry_after = int(refused.headers["retry-after"])
+    assert 1 <= retry_after <= 86_400
+    assert body["retry_after_seconds"] == retry_after
+    assert len(refused.headers["ratelimit-policy"]) < 100, refused.headers
 
 
 # --- 1. bad input: bodies over the size limit --------------------------------------------------
@@ -583,23 +688,7 @@ def fuzz_operation(
     )
     @given(case=strategy)
     def check(case: Case) -> None:
-        response = None
-        try:
-            response = case.call(base_url=base, headers=headers, timeout=15)
-            if response.status_code == 400 and response.text == UVICORN_REFUSAL:
-                # Negative header cases (e.g. `content-length: Infinity`) that the HTTP server
-                # refuses before any application code runs: not an answer of the API.
-                return
-            case.validate_response(
-                response,
-                checks=CHECKS,
-                headers=headers,
-                transport_kwargs={"base_url": base, "headers": headers},
-            )
-        except (FailureGroup, OSError) as exc:
-            # requests' connection errors are OSErrors: a stream cut mid-body is a failure too.
-            # Record and go on, so one run shows everything that fails.
-            findings.append(Finding(operation.label, mode.value, str(exc)))
+        call_and_check(case, base, headers, findings, mode.value)
 
     try:
         check()
@@ -612,19 +701,109 @@ def fuzz_operation(
 UVICORN_REFUSAL = "Invalid HTTP request received."
 
 
+def call_and_check(
+    case: Case, base: str, headers: dict[str, str], findings: list[Finding], mode: str
+) -> None:
+    """Send `case` and run CHECKS on the answer; a failure is recorded in `findings`."""
+    try:
+        response = case.call(base_url=base, headers=headers, timeout=15)
+        if response.status_code == 400 and response.text == UVICORN_REFUSAL:
+            # Negative header cases (e.g. `content-length: Infinity`) that the HTTP server
+            # refuses before any application code runs: not an answer of the API.
+            return
+        case.validate_response(
+            response,
+            checks=CHECKS,
+            headers=headers,
+            transport_kwargs={"base_url": base, "headers": headers},
+        )
+    except (FailureGroup, OSError) as exc:
+        # requests' connection errors are OSErrors: a stream cut mid-body is a failure too.
+        # Record and go on, so one run shows everything that fails.
+        findings.append(Finding(case.operation.label, mode, str(exc)))
+
+
 def fuzz(
-    base: str, authorization: str, document: dict[str, Any], path_values: dict[str, str]
+    base: str,
+    authorization: str,
+    document: dict[str, Any],
+    path_values: dict[str, str],
+    under: str = "/",
 ) -> list[Finding]:
-    """Run schemathesis over every operation. Blocking: the test runs it in a thread while the
-    server under test keeps serving on the test's event loop."""
+    """Run schemathesis over every operation (whose path starts with `under`). Blocking: the
+    test runs it in a thread while the server under test keeps serving on the test's event
+    loop."""
     schema = schemathesis.openapi.from_dict(document)
     findings: list[Finding] = []
     headers = {"Authorization": authorization}
     for result in schema.get_all_operations():
         assert isinstance(result, Ok), result.err()
+        if not result.ok().path.startswith(under):
+            continue
         for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
             fuzz_operation(result.ok(), mode, base, headers, path_values, findings)
     return findings
+
+
+def check_cases(
+    base: str, document: dict[str, Any], authorization: str, cases: list[dict[str, Any]]
+) -> list[Finding]:
+    """The fuzzer's checks (CHECKS) on requests written by hand: the ones a probe found."""
+    schema = schemathesis.openapi.from_dict(document)
+    headers = {"Authorization": authorization}
+    findings: list[Finding] = []
+    for spec in cases:
+        operation = schema[spec.pop("path")][spec.pop("method")]
+        call_and_check(operation.Case(**spec), base, headers, findings, "explicit")
+    return findings
+
+
+async def test_the_requests_a_probe_found_pass_the_fuzzers_checks(seeded: Seeded) -> None:
+    """Issue 40, items 6 and 7: each answered 500 (or made a run no read could render)."""
+    api, client = seeded.api, seeded.client
+    document = (await client.get("/openapi.json")).json()
+    huge_cursor = cursor_of(b"t|99999999999999999999999|1")
+    as_operator: list[dict[str, Any]] = [
+        {
+            "path": "/sessions/{session_id}/messages",
+            "method": "GET",
+            "path_parameters": {"session_id": seeded.session_id},
+            "query": {"cursor": huge_cursor},
+        },
+        {"path": "/runs", "method": "POST", "body": {"input": {"x": 1e308}}},
+        {"path": "/runs", "method": "POST", "body": {"input": [2**80]}},
+        {
+            "path": "/sessions/{session_id}/turns",
+            "method": "POST",
+            "path_parameters": {"session_id": seeded.session_id},
+            "body": {"input": 1.6775841459608994e172},
+        },
+    ]
+    admin = await api.client("platform", "sre", "admin")
+    as_admin: list[dict[str, Any]] = [
+        {
+            "path": "/tenants/{tenant}/limits",
+            "method": "GET",
+            "path_parameters": {"tenant": "a\x00b"},
+        },
+        {
+            "path": "/tenants/{tenant}/limits",
+            "method": "PUT",
+            "path_parameters": {"tenant": "acme"},
+            "body": {"submit_rate_per_second": 1e-300},
+        },
+    ]
+    findings = await asyncio.to_thread(
+        check_cases, api.base, document, client.headers["Authorization"], as_operator
+    )
+    findings += await asyncio.to_thread(
+        check_cases, api.base, document, admin.headers["Authorization"], as_admin
+    )
+    report = "\n\n".join(f"[{f.operation}]\n{f.report}" for f in findings)
+    assert not findings, report
+    # And the submissions of the tenant whose rate a probe tried to set still go through.
+    response = await client.post("/runs", json={"input": {}})
+    assert response.status_code == 202, response.text
 
 
 async def test_every_response_conforms_to_the_openapi_document(seeded: Seeded) -> None:
@@ -643,6 +822,13 @@ async def test_every_response_conforms_to_the_openapi_document(seeded: Seeded) -
         client.headers["Authorization"],
         document,
         {"session_id": seeded.session_id, "run_id": run_id},
+    )
+    # The tenants' limits need the admin scope: with the operator key above they only ever
+    # answer 403, so their handlers are fuzzed again with an admin key (issue 40, item 7: a NUL
+    # in the tenant and a rate of 1e-300 answered 500 there).
+    admin = await api.client("platform", "sre", "admin")
+    findings += await asyncio.to_thread(
+        fuzz, api.base, admin.headers["Authorization"], document, {"tenant": "acme"}, "/tenants"
     )
     report = "\n\n".join(f"[{f.operation}, {f.mode} case]\n{f.report}" for f in findings)
     assert not findings, report

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import ipaddress
 import tracemalloc
@@ -23,10 +24,19 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import Response
+from pydantic import ValidationError
 
+from app.config import Settings
 from app.queue.core import Queue
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
-from app.runtime.http_tool import MAX_RESPONSE_BYTES, HttpRequestTool, Resolver, address_reach
+from app.runtime.http_tool import (
+    MAX_RESPONSE_BYTES,
+    AllowedHost,
+    HttpRequestTool,
+    Resolver,
+    address_reach,
+    parse_allowed,
+)
 from app.runtime.tools import PermanentToolError, ToolContext
 from app.vocabulary.records import NewRun
 from tests.support.runtime import current, execute_once
@@ -276,3 +286,112 @@ async def test_a_malformed_url_fails_the_run_at_once(queue: Queue) -> None:
     failed = await current(queue, run.id)
     assert (failed.status, failed.failure["kind"], failed.attempts) == ("failed", "tool_error", 1)
     assert "port out of range" in failed.failure["message"].lower()
+
+
+# --- host:port entries (issue 40, item 11) ------------------------------------------------------
+@dataclass
+class Counting:
+    """A loopback server that counts the requests it is sent."""
+
+    base: str
+    port: int
+    hits: list[str] = field(default_factory=list)
+
+
+def counting_app(counting: Counting) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/{path:path}")
+    async def answer(path: str) -> Response:
+        counting.hits.append(path)
+        return Response(b'{"ok": true}', media_type="application/json")
+
+    return app
+
+
+@pytest.fixture
+async def two_servers() -> AsyncIterator[tuple[Counting, Counting]]:
+    async with contextlib.AsyncExitStack() as stack:
+        servers = []
+        for _ in range(2):
+            counting = Counting(base="", port=0)
+            base = await stack.enter_async_context(running_server(counting_app(counting)))
+            counting.base, counting.port = base, int(base.rsplit(":", 1)[1])
+            servers.append(counting)
+        yield servers[0], servers[1]
+
+
+async def test_a_host_port_entry_opens_that_port_only(
+    two_servers: tuple[Counting, Counting],
+) -> None:
+    """Listing `127.0.0.1` opens every port on it (the API's, PostgreSQL's); `127.0.0.1:PORT`
+    opens that one port. Names listed with a port likewise."""
+    allowed, other = two_servers
+    for entry in (f"127.0.0.1:{allowed.port}", f"localhost:{allowed.port}"):
+        tool = HttpRequestTool([entry])
+        host = entry.rsplit(":", 1)[0]
+        answer = await tool_run(tool, f"http://{host}:{allowed.port}/yes")
+        assert answer["status"] == 200
+        with pytest.raises(PermanentToolError, match=f"port {other.port} of host"):
+            await tool_run(tool, f"http://{host}:{other.port}/no")
+        with pytest.raises(PermanentToolError, match="port 80 of host"):
+            await tool_run(tool, f"http://{host}/no")  # the scheme's port is a port too
+        await tool.check_url(f"http://{host}:{allowed.port}/hook")
+        with pytest.raises(PermanentToolError, match="not on the allow-list"):
+            await tool.check_url(f"http://{host}:{other.port}/hook")
+    assert allowed.hits == ["yes", "yes"]
+    assert other.hits == []
+    # An entry without a port still opens every port, as before.
+    open_tool = HttpRequestTool(["127.0.0.1"])
+    assert (await tool_run(open_tool, f"{other.base}/any"))["status"] == 200
+    assert other.hits == ["any"]
+
+
+async def test_ports_apply_to_patterns_and_literal_addresses() -> None:
+    transport = Recording()
+    async with httpx.AsyncClient(transport=transport) as client:
+        tool = HttpRequestTool(
+            ["*.example.com:443", "[fd00::1]:8080", "10.0.0.5:9000"],
+            client=client,
+            resolve=resolver({"api.example.com": ["93.184.216.34"]}),
+        )
+        assert (await tool_run(tool, "https://api.example.com/"))["status"] == 200
+        with pytest.raises(PermanentToolError, match="port 8443"):
+            await tool_run(tool, "https://api.example.com:8443/")
+        assert (await tool_run(tool, "http://[fd00::1]:8080/"))["status"] == 200
+        with pytest.raises(PermanentToolError, match="port 80 of host"):
+            await tool_run(tool, "http://[fd00::1]/")
+        assert (await tool_run(tool, "http://10.0.0.5:9000/"))["status"] == 200
+        with pytest.raises(PermanentToolError, match="port 5432 of host"):
+            await tool_run(tool, "http://10.0.0.5:5432/")
+    assert transport.hosts == ["93.184.216.34", "fd00::1", "10.0.0.5"]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "host:",
+        "host:0",
+        "host:65536",
+        "host:http",
+        "host:+80",
+        "[::1",
+        "[::1]x",
+        "[nope]:80",
+        ":80",
+    ],
+)
+def test_a_malformed_allow_list_entry_is_refused_at_start(entry: str) -> None:
+    with pytest.raises(ValueError, match="allow-list entry"):
+        HttpRequestTool([entry])
+    with pytest.raises(ValidationError, match="allow-list entry"):
+        Settings(http_allowed_hosts=f"example.com,{entry}")
+
+
+def test_allow_list_entries_parse() -> None:
+    assert parse_allowed(" Intranet.Local:8443 ") == AllowedHost("intranet.local", 8443, None)
+    assert parse_allowed("fd00::1").port is None  # a bare IPv6 address has no port
+    assert parse_allowed("[FD00::1]:80") == AllowedHost(
+        "fd00::1", 80, ipaddress.ip_address("fd00::1")
+    )
+    assert parse_allowed("*") == AllowedHost("*", None, None)

@@ -20,7 +20,6 @@ import itertools
 import json
 import math
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID, uuid4
@@ -40,6 +39,7 @@ from app.worker.deltas import DeltaPublisher
 from tests.support.api import running_api
 from tests.support.processes import turnstile
 from tests.support.servers import running_server
+from tests.support.sse import Item, sse
 from tests.support.streaming_model import SlowTalker
 from tests.support.waiting import eventually
 
@@ -47,36 +47,6 @@ TEXT = 'Streaming, piece by piece: «naïve» "quoted" text\nwith a newline and 
 
 
 # --- helpers -----------------------------------------------------------------------------------
-@dataclass
-class Item:
-    event: str
-    id: str | None
-    data: dict[str, Any]
-
-
-async def sse(response: httpx.Response) -> AsyncIterator[Item]:
-    """The events of an SSE response, as they come."""
-    event: str = "message"
-    event_id: str | None = None
-    data: list[str] = []
-    async for line in response.aiter_lines():
-        if line == "":
-            if data:
-                yield Item(event, event_id, json.loads("\n".join(data)))
-            event, event_id, data = "message", None, []
-        elif line.startswith(":"):
-            continue
-        else:
-            name, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if name == "event":
-                event = value
-            elif name == "id":
-                event_id = value
-            elif name == "data":
-                data.append(value)
-
-
 def assemble(deltas: list[dict[str, Any]]) -> str:
     """The text deltas make, each placed at its offset; asserts none is missing."""
     text = ""

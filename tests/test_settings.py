@@ -47,9 +47,10 @@ def test_submission_rate_limit_settings_read_from_the_environment(
     ("field", "value", "says"),
     [
         ("submit_rate_per_second", 0, "TURNSTILE_SUBMIT_RATE_PER_SECOND; unset it for no limit"),
-        ("submit_rate_per_second", -1, "above 0"),
-        ("submit_rate_per_second", float("inf"), "above 0"),
-        ("submit_rate_per_second", float("nan"), "above 0"),
+        ("submit_rate_per_second", -1, "(one a day)"),
+        ("submit_rate_per_second", 1e-300, "(one a day)"),
+        ("submit_rate_per_second", float("inf"), "(one a day)"),
+        ("submit_rate_per_second", float("nan"), "(one a day)"),
         ("submit_burst", 0, "TURNSTILE_SUBMIT_BURST"),
     ],
 )

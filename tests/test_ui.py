@@ -187,6 +187,9 @@ async def test_bad_input_is_a_clear_page_never_a_traceback(
             ("session=nope", "session: 'nope' is not a session id"),
             ("since=yesterday", "since: 'yesterday' is not a time"),
             ("since=2030-01-02T00:00&until=2030-01-01T00:00", "since must be earlier"),
+            # Issue 40, item 7: times that fall outside Python's range once in UTC.
+            ("since=0001-01-01T00:00:00%2B14:00", "since: '0001-01-01T00:00:00+14:00' is out"),
+            ("until=9999-12-31T23:59:59-12:00", "until: '9999-12-31T23:59:59-12:00' is out"),
         ]:
             response = await client.get(f"/ui/runs?{query}")
             assert response.status_code == 400, query
@@ -249,6 +252,42 @@ async def test_tenant_scoping_follows_the_api(database_url: str, engine: AsyncEn
         assert (await admin.get(f"/ui/runs/{theirs.id}")).status_code == 200
         overview = await admin.get("/ui")
         assert "whole queue" in overview.text
+
+
+async def test_an_admin_reads_only_its_own_tenants_sessions_as_in_the_api(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    """Issue 40, item 9: the scope table gives admin keys any run, but sessions of their own
+    tenant only; the dashboard's session page answered 200 where the API answers 404."""
+    async with running_api(database_url, engine) as api:
+        alice = await api.client("acme", "alice")
+        session = (await alice.post("/sessions")).json()["id"]
+        said = "a private word of acme"
+        turn = await alice.post(f"/sessions/{session}/turns", json={"input": {"text": said}})
+        run = turn.json()["id"]
+        admin_key = await api.key("platform", "root", "admin")
+        admin_api = httpx.AsyncClient(
+            base_url=api.base, headers={"Authorization": f"Bearer {admin_key}"}, timeout=30
+        )
+        api.clients.append(admin_api)
+        assert (await admin_api.get(f"/sessions/{session}")).status_code == 404
+        admin = await signed_in(api, admin_key)
+        page = await admin.get(f"/ui/sessions/{session}")
+        assert page.status_code == 404, page.text
+        assert "is visible to this key" in page.text
+        assert said not in page.text
+        # Its runs stay readable, as in the API, without a link to the session it cannot open.
+        run_page = await admin.get(f"/ui/runs/{run}")
+        assert run_page.status_code == 200
+        assert f'href="/ui/sessions/{session}"' not in run_page.text
+        assert f'href="/ui/sessions/{session}"' not in (await admin.get("/ui/runs")).text
+        # The tenant's own operator reads the session, with the links.
+        ops = await signed_in(api, await api.key("acme", "ops", "operator"))
+        assert (await ops.get(f"/ui/sessions/{session}")).status_code == 200
+        assert f'href="/ui/sessions/{session}"' in (await ops.get(f"/ui/runs/{run}")).text
+        # And an admin of the session's own tenant reads it too.
+        own_admin = await signed_in(api, await api.key("acme", "root", "admin"))
+        assert (await own_admin.get(f"/ui/sessions/{session}")).status_code == 200
 
 
 async def test_the_runs_list_filters_and_pages(database_url: str, engine: AsyncEngine) -> None:

@@ -56,6 +56,12 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
         "The request body is too large",
         "Bodies are limited by TURNSTILE_MAX_BODY_BYTES.",
     ),
+    "request-timeout": (
+        408,
+        "The request body took too long",
+        "The whole body must arrive within TURNSTILE_HTTP_BODY_TIMEOUT_SECONDS of the service's "
+        "first read of it. Nothing was written; send it again.",
+    ),
     "unauthorized": (
         401,
         "Authentication required",
@@ -395,6 +401,7 @@ def install(app: FastAPI) -> None:
             403: "forbidden",
             404: "not-found",
             405: "method-not-allowed",
+            408: "request-timeout",
             413: "body-too-large",
         }.get(exc.status_code)
         if slug is None:

@@ -13,7 +13,7 @@ from uuid import UUID
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response
 
-from app.api.auth import CallerDep, submitter_of, visible_principal, visible_tenant
+from app.api.auth import CHALLENGE, CallerDep, submitter_of, visible_principal, visible_tenant
 from app.api.json_responses import FastJSONResponse
 from app.api.problems import ApiProblem, responses
 from app.api.schemas import (
@@ -87,6 +87,7 @@ async def load_run(request: Request, run_id: UUID, caller: Caller) -> Run:
             "queue-quota",
             "malformed-json",
             "body-too-large",
+            "request-timeout",
             "rate-limited",
         ),
         202: {"headers": SUBMITTED_HEADERS},
@@ -141,7 +142,7 @@ async def get_run(
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         with (
-            state.streams.acquire(caller.key_id),
+            state.streams.acquire(caller.key_id, caller.tenant_id) as slot,
             state.watch.watching(str(run_id)) as changed,
         ):
             # Watch first, then read: a change between the two is never missed.
@@ -150,14 +151,25 @@ async def get_run(
                 run.status == known
                 and run.status not in TERMINAL
                 and not state.shutdown.is_set()
+                and not slot.ended.is_set()
                 and (remaining := deadline - loop.time()) > 0
             ):
                 pause = recheck_seconds(
                     run.status, run.scheduled_for, active_seconds=POLL_RECHECK_SECONDS
                 )
-                await wait_for_change(changed, state.shutdown, min(pause, remaining))
+                await wait_for_change(changed, state.shutdown, min(pause, remaining), slot.ended)
                 changed.clear()  # cleared before the read below, so a later change wakes us
+                if slot.ended.is_set():
+                    break
                 run = await load_run(request, run_id, caller)
+            if slot.ended.is_set():
+                # Its key was revoked while it waited: no answer under that key any more.
+                raise ApiProblem(
+                    "unauthorized",
+                    "the API key was revoked while this long poll waited",
+                    headers=CHALLENGE,
+                    reason=slot.reason,
+                )
     document = run.to_document()
     etag = etag_of(document)
     if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
@@ -210,8 +222,8 @@ async def run_events(
                     ],
                 )
             start = int(last_event_id.strip())
-        slot = state.streams.acquire(caller.key_id)
-        return HeldStream(slot, run_stream(request, run_id, caller, start))
+        slot = state.streams.acquire(caller.key_id, caller.tenant_id)
+        return HeldStream(slot, run_stream(request, run_id, caller, start, slot))
     events = await state.queue.events(run_id, after=after, limit=limit)
     return EventPage(
         events=[e.__dict__ for e in events],

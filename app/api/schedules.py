@@ -48,6 +48,7 @@ router = APIRouter(tags=["schedules"])
             "invalid-request",
             "malformed-json",
             "body-too-large",
+            "request-timeout",
             "idempotency-key-reused",
             "idempotency-key-in-flight",
         ),

@@ -21,13 +21,22 @@ from pydantic import (
 )
 
 from app.queue.pages import RunsPage, TranscriptPage
+from app.queue.tenants import MAX_RATE
 from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import MIN_SUBMIT_RATE
 from app.vocabulary.statuses import RunStatus
+
+NUMBER_BOUND = 2**63
+"""Numbers in stored JSON lie within [-NUMBER_BOUND, NUMBER_BOUND), the signed 64-bit range.
+jsonb keeps a number's exact decimal value, so `1e308` comes back from PostgreSQL as a 309-digit
+integer: beyond what most JSON parsers and renderers handle (orjson's included), which made a
+run that no read could render. Larger values travel as strings."""
 
 
 def storable_json(value: JsonValue) -> JsonValue:
-    """Refuse what PostgreSQL's jsonb cannot hold: NUL characters, lone surrogates, and the
-    non-finite numbers Python's JSON parser accepts (NaN, Infinity, 1e400)."""
+    """Refuse what PostgreSQL's jsonb cannot hold, or could not give back renderable: NUL
+    characters, lone surrogates, the non-finite numbers Python's JSON parser accepts (NaN,
+    Infinity, 1e400), and numbers beyond 64 bits (`NUMBER_BOUND`)."""
 
     def check(item: Any, where: str) -> None:
         if isinstance(item, str):
@@ -39,6 +48,11 @@ def storable_json(value: JsonValue) -> JsonValue:
                 raise ValueError(f"{where}: strings must be valid Unicode") from None
         elif isinstance(item, float) and not math.isfinite(item):
             raise ValueError(f"{where}: numbers must be finite")
+        elif isinstance(item, int | float) and not -NUMBER_BOUND <= item < NUMBER_BOUND:
+            raise ValueError(
+                f"{where}: numbers must lie within the signed 64-bit range (-2**63 to "
+                "2**63 - 1, about 9.22e18); send larger ones as strings"
+            )
         elif isinstance(item, dict):
             for key, inner in item.items():
                 check(key, where)
@@ -102,7 +116,10 @@ class Strict(BaseModel):
 class TurnRequest(Strict):
     """A user's turn. Fields left out of an answer to a waiting run come from that run."""
 
-    input: StorableJson = Field(description="Anything JSON: the turn's content for the agent.")
+    input: StorableJson = Field(
+        description="Anything JSON: the turn's content for the agent. Numbers lie within the "
+        "signed 64-bit range (larger ones as strings); strings hold no NUL character."
+    )
     agent: str | None = Field(
         default=None, min_length=1, max_length=200, description="Default: the service's."
     )
@@ -260,7 +277,10 @@ class TenantLimitsRequest(Strict):
     )
     submit_rate_per_second: StrictFloat | None = Field(
         default=None,
-        description="Submissions a second, on average (POST /runs and turns; beyond: 429).",
+        ge=MIN_SUBMIT_RATE,
+        le=MAX_RATE,
+        description="Submissions a second, on average (POST /runs and turns; beyond: 429); "
+        "from one a day (1/86400) to 1,000,000.",
     )
     submit_burst: StrictInt | None = Field(
         default=None, description="Submissions at once after a pause (the bucket's size)."
@@ -316,7 +336,9 @@ class ScheduleRequest(Strict):
     agent: str | None = Field(
         default=None, min_length=1, max_length=200, description="Default: the service's."
     )
-    input: StorableJson = Field(description="Anything JSON: every tick's run gets it.")
+    input: StorableJson = Field(
+        description="Anything JSON, as a turn's input: every tick's run gets it."
+    )
     class_: PriorityClass = Field(
         default=PriorityClass.ASYNC, alias="class", description="The runs' class (async)."
     )

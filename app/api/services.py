@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from fastapi import Request
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -22,6 +22,9 @@ from app.queue.tenants import Tenants
 from app.queue.webhooks import Webhooks
 from app.runtime.http_tool import HttpRequestTool
 from app.security.secret_box import SecretBox
+
+if TYPE_CHECKING:
+    from app.api.auth import KeyCache  # auth reaches the state through this module
 
 
 class PoolStatus(Protocol):
@@ -84,7 +87,7 @@ class ServiceState(Protocol):
     def shutdown(self) -> asyncio.Event: ...
 
     @property
-    def key_cache(self) -> dict[bytes, Any]: ...
+    def key_cache(self) -> KeyCache: ...
 
     @property
     def pool(self) -> PoolStatus | None: ...

@@ -256,8 +256,8 @@ async def session_events(
         run_no, seq = session_cursor(last_event_id, ["header", "Last-Event-ID"])
     elif after is not None:
         run_no, seq = session_cursor(after, ["query", "after"])
-    slot = state_of(request).streams.acquire(caller.key_id)
-    return HeldStream(slot, session_stream(request, session_id, run_no, seq))
+    slot = state_of(request).streams.acquire(caller.key_id, caller.tenant_id)
+    return HeldStream(slot, session_stream(request, session_id, run_no, seq, slot))
 
 
 @router.post(
@@ -286,6 +286,7 @@ async def session_events(
             "queue-quota",
             "malformed-json",
             "body-too-large",
+            "request-timeout",
             "rate-limited",
         ),
         202: {"headers": SUBMITTED_HEADERS},

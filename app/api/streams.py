@@ -22,6 +22,10 @@ wakes it at once; one submitted through this process pokes it directly too), or 
 timer (`recheck_seconds`). A session stream with no active run looks again after
 `SESSION_IDLE_FIRST_SECONDS`, then twice as long each time up to `IDLE_RECHECK_SECONDS` (30 s):
 a safety net for a notification lost while the listener reconnected.
+
+Ending early: a stream whose key is revoked while it is open (found by `KeyRecheck`,
+app/api/watch.py) sends `stream.ended` with `{"reason": "key-revoked", "detail": ...}` (no `id`:
+nothing to resume from) and closes; reconnecting with that key answers 401.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from app.api.auth import visible_principal, visible_tenant
 from app.api.services import state_of
 from app.api.watch import (
     IDLE_RECHECK_SECONDS,
+    KEY_REVOKED,
     STREAM_RECHECK_SECONDS,
     Inbox,
     StreamSlot,
@@ -58,6 +63,11 @@ SESSION_IDLE_FIRST_SECONDS = 1.0
 HELD_DELTAS = 256  # deltas of a session's next run kept until the stream reaches that run
 DELTA_EVENT = "message.delta"
 COMPLETED_EVENT = "message.completed"
+ENDED_EVENT = "stream.ended"
+ENDED_DETAIL = {
+    KEY_REVOKED: "the API key this stream was opened with has been revoked; reconnecting with "
+    "it answers 401",
+}
 
 
 class HeldStream(EventSourceResponse):
@@ -104,6 +114,17 @@ def durable(event: Event, event_id: str, extra: dict[str, Any] | None = None) ->
     )
 
 
+def ended(slot: StreamSlot) -> bytes:
+    """The last event of a stream ended early, saying why (not durable: no `id`)."""
+    reason = slot.reason or KEY_REVOKED
+    return frame(
+        ServerSentEvent(
+            event=ENDED_EVENT,
+            data={"reason": reason, "detail": ENDED_DETAIL.get(reason, reason)},
+        )
+    )
+
+
 def live(delta: Delta) -> bytes:
     return frame(
         ServerSentEvent(
@@ -141,9 +162,10 @@ class DeltaFilter:
 
 
 async def wait(
-    inbox: Inbox, changed: asyncio.Event, shutdown: asyncio.Event, seconds: float
+    inbox: Inbox, changed: asyncio.Event, shutdown: asyncio.Event, seconds: float, slot: StreamSlot
 ) -> None:
-    waiters = [asyncio.ensure_future(e.wait()) for e in (changed, shutdown, inbox.ready)]
+    events = (changed, shutdown, inbox.ready, slot.ended)
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
     try:
         await asyncio.wait(waiters, timeout=max(seconds, 0.0), return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -152,10 +174,11 @@ async def wait(
 
 
 async def run_stream(
-    request: Request, run_id: UUID, caller: Caller, after: int
+    request: Request, run_id: UUID, caller: Caller, after: int, slot: StreamSlot
 ) -> AsyncIterator[bytes]:
     """A run's events and live deltas. Each recheck is one statement (where the run stands and
-    what is new); keep-alive comments in between cost the database nothing."""
+    what is new); keep-alive comments in between cost the database nothing. Ends early, with
+    `stream.ended`, when `slot` is ended (its key revoked)."""
     state = state_of(request)
     loop = asyncio.get_running_loop()
     last_sent = loop.time()
@@ -167,6 +190,9 @@ async def run_stream(
         state.live.following(run_id=run_id) as inbox,
     ):
         while not state.shutdown.is_set():
+            if slot.ended.is_set():
+                yield ended(slot)
+                return
             # Deltas first: one heard before this read was sent before the events it may
             # show (its notification committed first), so it goes out ahead of them.
             if caught_up and inbox.ready.is_set():
@@ -204,14 +230,15 @@ async def run_stream(
                 yield KEEPALIVE_COMMENT
                 last_sent = loop.time()
             pause = min(next_check, last_sent + KEEPALIVE_SECONDS) - loop.time()
-            await wait(inbox, changed, state.shutdown, pause)
+            await wait(inbox, changed, state.shutdown, pause, slot)
 
 
 async def session_stream(
-    request: Request, session_id: UUID, run_no: int, after: int
+    request: Request, session_id: UUID, run_no: int, after: int, slot: StreamSlot
 ) -> AsyncIterator[bytes]:
     """All the session's runs' events in order (ids `<run_no>.<seq>`), with their deltas, for as
-    long as the client stays: a conversation's stream does not end with a run."""
+    long as the client stays: a conversation's stream does not end with a run, only when
+    `slot` is ended (its key revoked), with `stream.ended`."""
     state = state_of(request)
     loop = asyncio.get_running_loop()
     last_sent = loop.time()
@@ -225,6 +252,9 @@ async def session_stream(
     with contextlib.ExitStack() as watching, state.live.following(session_id=session_id) as inbox:
         changed = asyncio.Event()
         while not state.shutdown.is_set():
+            if slot.ended.is_set():
+                yield ended(slot)
+                return
             # Deltas first (as in run_stream); those of a run the stream has not reached yet
             # wait in `held` for the read that reaches it.
             if inbox.ready.is_set():
@@ -299,4 +329,4 @@ async def session_stream(
                 yield KEEPALIVE_COMMENT
                 last_sent = loop.time()
             pause = min(next_check, last_sent + KEEPALIVE_SECONDS) - loop.time()
-            await wait(inbox, changed, state.shutdown, pause)
+            await wait(inbox, changed, state.shutdown, pause, slot)

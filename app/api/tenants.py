@@ -7,16 +7,36 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
+from pydantic import AfterValidator
 
 from app.api.auth import AdminDep
 from app.api.problems import responses
 from app.api.schemas import TenantLimitsDocument, TenantLimitsRequest
 from app.api.services import state_of
-from app.queue.tenants import MAX_TENANT_LENGTH, TenantLimits, Tenants
+from app.queue.tenants import TenantLimits, Tenants
+from app.vocabulary.names import MAX_NAME_LENGTH, InvalidNameError, tenant_name
 
 router = APIRouter(tags=["tenants"])
 
-TenantPath = Annotated[str, Path(min_length=1, max_length=MAX_TENANT_LENGTH)]
+
+def normalised_tenant(value: str) -> str:
+    """The path's tenant as app/vocabulary/names.py normalises it; a 422 when it cannot be one."""
+    try:
+        return tenant_name(value)
+    except InvalidNameError as exc:
+        raise ValueError(exc.reason) from None
+
+
+TenantPath = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="The tenant's name, in NFKC form (`acme` in fullwidth letters is `acme`); "
+        "no control or invisible characters.",
+    ),
+    AfterValidator(normalised_tenant),
+]
 
 
 def limits_document(tenants: Tenants, tenant: str, limits: TenantLimits) -> dict[str, Any]:
@@ -52,10 +72,16 @@ async def get_limits(tenant: TenantPath, request: Request, caller: AdminDep) -> 
         "`max_running`, returns to the service's default. Takes effect at the next claim and "
         "submission in every process, without a restart. Running counts are per class "
         "(interactive, async, maintenance), whole numbers from 0; `submit_rate_per_second` "
-        "is above 0, `submit_burst` at least 1."
+        "is from 1/86400 (one a day) to 1,000,000, `submit_burst` at least 1. The tenant's "
+        "name is taken in NFKC form."
     ),
     responses=responses(
-        "unauthorized", "forbidden", "invalid-request", "malformed-json", "body-too-large"
+        "unauthorized",
+        "forbidden",
+        "invalid-request",
+        "malformed-json",
+        "body-too-large",
+        "request-timeout",
     ),
 )
 async def put_limits(

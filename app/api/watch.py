@@ -19,22 +19,31 @@ deltas (the durable `message.completed` still comes), and never holds up the lis
 streams or any run.
 
 Capping: each open stream or long poll holds a place (`StreamLimits`), at most
-`max_streams_per_key` per API key and `max_streams_per_process` per API process; over either
-cap the request is refused at once with 429 `too-many-streams` and `Retry-After`.
+`max_streams_per_key` per API key, `max_streams_per_tenant` per tenant (all its keys) and
+`max_streams_per_process` per API process; over any cap the request is refused at once with 429
+`too-many-streams` and `Retry-After`.
+
+Revocation: a place remembers its key. `KeyRecheck` asks the database every
+`stream_key_recheck_seconds` which of the keys holding places are still unrevoked (one
+statement for all of them, none while nothing is open) and ends the places of the others: a
+stream sends `stream.ended` (`reason: key-revoked`) and closes, a long poll answers 401.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from uuid import UUID
 
 from app.api.problems import ApiProblem
 from app.queue.deltas import Delta
 from app.vocabulary.records import RUN_ID_PREFIX
+
+log = logging.getLogger("turnstile.api")
 
 STREAM_RECHECK_SECONDS = 0.5  # a running run's events reach its streams within this
 POLL_RECHECK_SECONDS = 1.0  # a long poll's unnotified status changes (claims) within this
@@ -173,18 +182,31 @@ class LiveWatch:
                         del table[key]
 
 
-class StreamSlot:
-    """One open stream's or long poll's place; releasing it twice is harmless."""
+KEY_REVOKED = "key-revoked"
+"""Why a place was ended: its key was revoked while the stream or long poll was open."""
 
-    def __init__(self, limits: StreamLimits, key_id: UUID) -> None:
+
+class StreamSlot:
+    """One open stream's or long poll's place; releasing it twice is harmless. `ended` is set
+    (with `reason`) when the stream must end early: its key was revoked."""
+
+    def __init__(self, limits: StreamLimits, key_id: UUID, tenant_id: str) -> None:
         self._limits = limits
-        self._key_id = key_id
+        self.key_id = key_id
+        self.tenant_id = tenant_id
+        self.ended = asyncio.Event()
+        self.reason: str | None = None
         self._held = True
+
+    def end(self, reason: str) -> None:
+        if not self.ended.is_set():
+            self.reason = reason
+            self.ended.set()
 
     def release(self) -> None:
         if self._held:
             self._held = False
-            self._limits._release(self._key_id)
+            self._limits._release(self)
 
     def __enter__(self) -> StreamSlot:
         return self
@@ -194,35 +216,119 @@ class StreamSlot:
 
 
 class StreamLimits:
-    """Counts open streams and long polls per key and in this process (the event loop is the
-    only thread that touches the counts, so they need no lock)."""
+    """Counts open streams and long polls per key, per tenant and in this process, and knows
+    each key's places (the event loop is the only thread that touches them: no lock)."""
 
-    def __init__(self, *, per_key: int, per_process: int) -> None:
+    def __init__(self, *, per_key: int, per_tenant: int, per_process: int) -> None:
         self.per_key = per_key
+        self.per_tenant = per_tenant
         self.per_process = per_process
         self.open = 0
-        self._by_key: dict[UUID, int] = {}
+        self._by_key: dict[UUID, set[StreamSlot]] = {}
+        self._by_tenant: dict[str, int] = {}
 
-    def acquire(self, key_id: UUID) -> StreamSlot:
-        """A place for one more stream or long poll of `key_id`, or 429 `too-many-streams`."""
-        held = self._by_key.get(key_id, 0)
+    def acquire(self, key_id: UUID, tenant_id: str) -> StreamSlot:
+        """A place for one more stream or long poll of `key_id` (of `tenant_id`), or 429
+        `too-many-streams` naming the limit that is full."""
+        held = len(self._by_key.get(key_id, ()))
         if held >= self.per_key:
             raise _too_many(f"this key already has {held} open (per key limit {self.per_key})")
+        tenant_held = self._by_tenant.get(tenant_id, 0)
+        if tenant_held >= self.per_tenant:
+            raise _too_many(
+                f"this key's tenant already has {tenant_held} open in this API process (per "
+                f"tenant limit {self.per_tenant})"
+            )
         if self.open >= self.per_process:
             raise _too_many(
                 f"this API process already serves {self.open} (process limit {self.per_process})"
             )
-        self._by_key[key_id] = held + 1
+        slot = StreamSlot(self, key_id, tenant_id)
+        self._by_key.setdefault(key_id, set()).add(slot)
+        self._by_tenant[tenant_id] = tenant_held + 1
         self.open += 1
-        return StreamSlot(self, key_id)
+        return slot
 
-    def _release(self, key_id: UUID) -> None:
+    def held_keys(self) -> set[UUID]:
+        """The keys holding at least one place now."""
+        return set(self._by_key)
+
+    def end_for(self, key_ids: set[UUID], reason: str) -> int:
+        """End every place these keys hold (each stream sees `ended` and stops); how many."""
+        ended = 0
+        for key_id in key_ids:
+            for slot in self._by_key.get(key_id, ()):
+                slot.end(reason)
+                ended += 1
+        return ended
+
+    def _release(self, slot: StreamSlot) -> None:
         self.open -= 1
-        left = self._by_key.get(key_id, 1) - 1
+        slots = self._by_key.get(slot.key_id)
+        if slots is not None:
+            slots.discard(slot)
+            if not slots:
+                del self._by_key[slot.key_id]
+        left = self._by_tenant.get(slot.tenant_id, 1) - 1
         if left > 0:
-            self._by_key[key_id] = left
+            self._by_tenant[slot.tenant_id] = left
         else:
-            self._by_key.pop(key_id, None)
+            self._by_tenant.pop(slot.tenant_id, None)
+
+
+class KeyRecheck:
+    """Ends the places of keys revoked while their streams and long polls are open: every
+    `interval` seconds, one statement asks which of the keys holding places are unrevoked
+    (none while nothing is open). The revoked ones are also dropped from the key cache, so
+    their next request in this process is refused at once, not after the cache's 5 s.
+
+    A failed check (the database unreachable) is logged and retried at the next interval;
+    open streams go on meanwhile, as they would without this check."""
+
+    def __init__(
+        self,
+        limits: StreamLimits,
+        active_keys: Callable[[set[UUID]], Awaitable[set[UUID]]],
+        *,
+        interval: float,
+        forget: Callable[[set[UUID]], None] = lambda _: None,
+    ) -> None:
+        self.limits = limits
+        self.active_keys = active_keys
+        self.interval = interval
+        self.forget = forget
+        self._task: asyncio.Task[None] | None = None
+
+    async def run_once(self) -> set[UUID]:
+        """Check the keys holding places now; the ones found revoked, whose places it ended."""
+        held = self.limits.held_keys()
+        if not held:
+            return set()
+        revoked = held - await self.active_keys(held)
+        if revoked:
+            self.forget(revoked)
+            ended = self.limits.end_for(revoked, KEY_REVOKED)
+            log.info("ended %d streams and long polls of %d revoked keys", ended, len(revoked))
+        return revoked
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="turnstile stream key recheck")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.run_once()
+            except Exception:  # logged; the next interval tries again
+                log.warning("could not recheck the keys of open streams", exc_info=True)
 
 
 def _too_many(why: str) -> ApiProblem:

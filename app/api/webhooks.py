@@ -98,6 +98,7 @@ def _box(state: ServiceState) -> SecretBox:
         "secret-key-missing",
         "malformed-json",
         "body-too-large",
+        "request-timeout",
     ),
 )
 async def create_webhook(body: WebhookRequest, request: Request, caller: OperatorDep) -> Any:

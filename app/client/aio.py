@@ -176,8 +176,11 @@ class AsyncTurnstile:
                         await asyncio.sleep(self.retry.delay(failures, retry_after))
                         continue
                     async for message in source.aiter_sse():
-                        if not message.data or message.event == calls.DELTA_EVENT:
-                            continue  # live text: session_events (or LiveText) shows it
+                        if not message.data or message.event in (
+                            calls.DELTA_EVENT,
+                            calls.ENDED_EVENT,
+                        ):
+                            continue  # live text (session_events shows it), or the end
                         event = calls.decode_event(message.data)
                         if event.seq <= last:
                             continue  # already delivered before a reconnect
@@ -232,7 +235,7 @@ class AsyncTurnstile:
                         await asyncio.sleep(self.retry.delay(failures, retry_after))
                         continue
                     async for message in source.aiter_sse():
-                        if not message.data:
+                        if not message.data or message.event == calls.ENDED_EVENT:
                             continue
                         item = calls.decode_item(message.event, message.data)
                         if isinstance(item, Event):

@@ -134,6 +134,9 @@ def decode_event(data: str) -> Event:
 
 
 DELTA_EVENT = "message.delta"
+# The server's last word on a stream it ends early (its key was revoked): not an event of a
+# run. The reconnect that follows gets the API's answer (401), raised as UnauthorizedError.
+ENDED_EVENT = "stream.ended"
 
 
 def session_events_path(session: SessionRef) -> str:

@@ -5,6 +5,13 @@ The worker pool sets the run's context (run id, session id, epoch, worker id, sl
 context variable for the task executing it, so every log line from the runtime, the tools and
 the queue core during that execution carries it without passing it around. Secrets never go
 into log records: the API key of a model endpoint is held by the agent and never formatted.
+
+Outbound requests: httpx logs each one at info level with its full URL, and a URL's query
+string (`?token=...`) or user info (`user:password@`) may carry a credential that a tenant's
+tool call, a webhook endpoint or the model endpoint's settings put there. Those lines keep the
+method, the host, the path and the status, with the query and the user info replaced by
+`[redacted]` (`OutboundUrlRedaction`). httpcore's own debug traces (headers as sent and
+received) stay off whatever the level.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import re
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -27,6 +35,39 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
     fields = dict(run_context.get() or {})
     fields.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
     return fields
+
+
+# An http(s) URL in a log line: its user info and its query string are what may carry secrets.
+_URL = re.compile(
+    r"(?P<scheme>https?://)(?P<userinfo>[^/@\s\"'?#]*@)?(?P<rest>[^\s\"'?#]*)"
+    r"(?P<query>\?[^\s\"'#]*)?",
+    re.IGNORECASE,
+)
+
+
+def redact_urls(text: str) -> str:
+    """`text` with every URL's user info and query string replaced by `[redacted]`."""
+
+    def redacted(found: re.Match[str]) -> str:
+        userinfo = "[redacted]@" if found["userinfo"] else ""
+        query = "?[redacted]" if found["query"] else ""
+        return f"{found['scheme']}{userinfo}{found['rest']}{query}"
+
+    return _URL.sub(redacted, text)
+
+
+class OutboundUrlRedaction(logging.Filter):
+    """Rewrites a record's message with its URLs redacted (see the module's docstring)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact_urls(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return True
+
+
+REDACTED_LOGGERS = ("httpx",)
 
 
 class JsonFormatter(logging.Formatter):
@@ -67,3 +108,9 @@ def configure_logging(level: str, *, json_lines: bool | None = None) -> None:
         logger = logging.getLogger(name)
         logger.handlers[:] = []
         logger.propagate = True
+    for name in REDACTED_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, OutboundUrlRedaction) for f in logger.filters):
+            logger.addFilter(OutboundUrlRedaction())
+    # Wire-level traces of the HTTP client, response headers included: never in our logs.
+    logging.getLogger("httpcore").setLevel("WARNING")

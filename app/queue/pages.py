@@ -6,6 +6,7 @@ transcript pages the same way, on its own cursor: the last entry's (run number, 
 from __future__ import annotations
 
 import base64
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -89,15 +90,26 @@ def encode_transcript_cursor(run_no: int, seq: int) -> str:
     return base64.urlsafe_b64encode(f"t|{run_no}|{seq}".encode()).decode().rstrip("=")
 
 
+# ASCII digits within the columns' ranges (session_run_no is an integer, seq a bigint): int()
+# alone also takes '1_0', other scripts' digits (U+0661) and numbers the statement's casts
+# would refuse.
+_TRANSCRIPT_CURSOR = re.compile(r"t\|([0-9]{1,10})\|([0-9]{1,19})", re.ASCII)
+MAX_RUN_NO = 2**31 - 1
+MAX_SEQ = 2**63 - 1
+
+
 def decode_transcript_cursor(cursor: str) -> tuple[int, int]:
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
-        tag, run_no, seq = base64.urlsafe_b64decode(padded).decode().split("|")
-        if tag != "t" or int(run_no) < 0 or int(seq) < 0:
-            raise ValueError("not a transcript cursor")
-        return int(run_no), int(seq)
+        found = _TRANSCRIPT_CURSOR.fullmatch(base64.urlsafe_b64decode(padded).decode())
     except (ValueError, UnicodeDecodeError):
         raise InvalidCursorError() from None
+    if found is None:
+        raise InvalidCursorError()
+    run_no, seq = int(found.group(1)), int(found.group(2))
+    if run_no > MAX_RUN_NO or seq > MAX_SEQ:
+        raise InvalidCursorError()
+    return run_no, seq
 
 
 @dataclass(frozen=True)

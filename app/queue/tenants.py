@@ -28,10 +28,14 @@ from app.queue.core import Queue, dump_json
 from app.queue.errors import InvalidLimitsError
 from app.store.statements import q
 from app.vocabulary.classes import PriorityClass
-from app.vocabulary.records import JSON
+from app.vocabulary.names import InvalidNameError, tenant_name
+from app.vocabulary.records import JSON, MIN_SUBMIT_RATE
 
 MAX_INT = 2**31 - 1
 """The columns are PostgreSQL integers."""
+MIN_RATE = MIN_SUBMIT_RATE
+"""Submissions a second: one a day at least. Below it a refused submission's Retry-After would
+be astronomically far (1e-300 made one of 300 digits, which broke every answer of the tenant)."""
 MAX_RATE = 1_000_000.0
 """Submissions a second: far above anything one tenant's bucket row can serve (each limited
 submission holds it to its commit), so a larger value is a typo, not a plan."""
@@ -43,7 +47,6 @@ MAX_COUNTED = 1_000_000
 """At most this many queued runs are counted for the per-tenant figures (one bounded
 index-only scan); past it the queued figures are floors."""
 """The most a view may ask for."""
-MAX_TENANT_LENGTH = 255
 
 _T = TypeVar("_T")
 
@@ -161,7 +164,7 @@ class Tenants:
 
     async def get_limits(self, tenant_id: str) -> TenantLimits:
         """The tenant's overrides (all None when it has none)."""
-        _check_tenant(tenant_id)
+        tenant_id = _check_tenant(tenant_id)
         async with self.queue.engine.connect() as conn:
             row = (
                 (await conn.execute(q("tenant_limits_get"), {"tenant_id": tenant_id}))
@@ -184,7 +187,7 @@ class Tenants:
         `max_running`) to the default; KEEP leaves it as it is. `max_running` names classes to
         change (merged into the current ones), or with `replace_classes` the whole set (a class
         left out returns to the default). InvalidLimitsError names the first bad field."""
-        _check_tenant(tenant_id)
+        tenant_id = _check_tenant(tenant_id)
         classes = {} if isinstance(max_running, Keep) else _checked_classes(max_running)
         if not isinstance(max_queued, Keep) and max_queued is not None:
             _check_count("max_queued", max_queued, minimum=0)
@@ -253,9 +256,12 @@ class Tenants:
         ]
 
 
-def _check_tenant(tenant_id: str) -> None:
-    if not tenant_id.strip() or len(tenant_id) > MAX_TENANT_LENGTH:
-        raise InvalidLimitsError("tenant", f"must be 1 to {MAX_TENANT_LENGTH} characters")
+def _check_tenant(tenant_id: str) -> str:
+    """The tenant's normalised name (app/vocabulary/names.py), or InvalidLimitsError."""
+    try:
+        return tenant_name(tenant_id)
+    except InvalidNameError as exc:
+        raise InvalidLimitsError("tenant", exc.reason) from None
 
 
 def _checked_classes(given: Mapping[str, int | None]) -> dict[str, int | None]:
@@ -283,7 +289,8 @@ def _check_count(name: str, value: object, *, minimum: int) -> None:
 def _check_rate(value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidLimitsError("submit_rate_per_second", "must be a number")
-    if not math.isfinite(value) or not 0 < value <= MAX_RATE:
+    if not math.isfinite(value) or not MIN_RATE <= value <= MAX_RATE:
         raise InvalidLimitsError(
-            "submit_rate_per_second", f"must be above 0 and at most {MAX_RATE:g}"
+            "submit_rate_per_second",
+            f"must be from {MIN_RATE:.9g} (one a day) to {MAX_RATE:g} submissions a second",
         )

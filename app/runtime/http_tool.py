@@ -1,9 +1,12 @@
 """The `http_request` tool, with a destination allow-list that a tenant cannot talk around.
 
-Hosts must match `TURNSTILE_HTTP_ALLOWED_HOSTS` (names, `*.suffix` patterns, or `*`). Every
-address the name resolves to is checked, and the request goes to that checked address (the
-name is pinned, so DNS cannot change between the check and the connection). Patterns never open
-a non-public address, so a tenant cannot reach the service's neighbours:
+Hosts must match `TURNSTILE_HTTP_ALLOWED_HOSTS` (names, `*.suffix` patterns, `*`, or literal
+addresses), each entry optionally with a port (`intranet.local:8443`, `127.0.0.1:9000`,
+`[fd00::1]:8080`, `*.example.com:443`): an entry with a port allows that port only (the URL's,
+or 80 and 443 by scheme when it names none); one without allows every port. Every address the
+name resolves to is checked, and the request goes to that checked address (the name is pinned,
+so DNS cannot change between the check and the connection). Patterns never open a non-public
+address, so a tenant cannot reach the service's neighbours:
 - internal addresses (loopback, private, shared, reserved, multicast, and IPv4 written in IPv6:
   IPv4-compatible, -mapped, -translated, NAT64, 6to4, Teredo) need the host listed by its exact
   name, or the address listed literally;
@@ -27,6 +30,7 @@ import json
 import socket
 import zlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
@@ -88,11 +92,9 @@ class HttpRequestTool:
         client: httpx.AsyncClient | None = None,
         resolve: Resolver | None = None,
     ) -> None:
-        self.allowed = [h.strip().lower() for h in allowed_hosts if h.strip()]
-        # Listed literal addresses, compared as addresses (so `[FD00:EC2::254]` is fd00:ec2::254).
-        self.literals = {
-            address for entry in self.allowed if (address := _literal(entry)) is not None
-        }
+        """`allowed_hosts`: the allow-list's entries; ValueError names one that is malformed
+        (a bad port, a broken `[IPv6]` literal), which would otherwise never match."""
+        self.allowed = [parse_allowed(h) for h in allowed_hosts if h.strip()]
         self.timeout = timeout_seconds
         self._client = client
         self._resolve = resolve or _resolve
@@ -243,26 +245,30 @@ class HttpRequestTool:
         }
 
     # --- the allow-list -----------------------------------------------------------------------
-    def _matches(self, host: str) -> bool:
-        if (literal := _literal(host)) is not None and literal in self.literals:
-            return True
-        for pattern in self.allowed:
-            if pattern == "*" or pattern == host:
-                return True
-            if pattern.startswith("*.") and host.endswith(pattern[1:]):
+    def _on_port(self, port: int) -> list[AllowedHost]:
+        return [entry for entry in self.allowed if entry.port in (None, port)]
+
+    def _matches(self, host: str, port: int) -> bool:
+        literal = _literal(host)
+        return any(entry.names(host, literal) for entry in self._on_port(port))
+
+    def _opens(self, host: str, address: IPAddress, port: int) -> bool:
+        """Whether the allow-list opens this non-public address for this host on this port."""
+        for entry in self._on_port(port):
+            if entry.address is not None:
+                if entry.address == address:
+                    return True
+            # A name listed exactly opens internal addresses (an intranet service), never
+            # link-local or metadata ones.
+            elif entry.host == host and address_reach(address) == "internal":
                 return True
         return False
 
-    def _opens(self, host: str, address: IPAddress) -> bool:
-        """Whether the allow-list opens this non-public address for this host."""
-        if address in self.literals:
-            return True
-        # A name listed exactly opens internal addresses (an intranet service), never
-        # link-local or metadata ones.
-        return address_reach(address) == "internal" and host in self.allowed
-
     async def _checked_addresses(self, host: str, port: int) -> list[str]:
-        if not self._matches(host):
+        if not self._matches(host, port):
+            literal = _literal(host)
+            if any(entry.names(host, literal) for entry in self.allowed):
+                raise PermanentToolError(f"port {port} of host {host!r} is not on the allow-list")
             raise PermanentToolError(f"host {host!r} is not on the allow-list")
         addresses = await self._resolve(host, port)
         if not addresses:
@@ -273,7 +279,7 @@ class HttpRequestTool:
             except ValueError:
                 raise PermanentToolError(f"{host!r} resolved to {text!r}, not an address") from None
             reach = address_reach(address)
-            if reach == "public" or self._opens(host, address):
+            if reach == "public" or self._opens(host, address, port):
                 continue
             if reach == "sensitive":
                 raise PermanentToolError(
@@ -294,6 +300,53 @@ async def _resolve(host: str, port: int) -> list[str]:
     except socket.gaierror as exc:
         raise TransientToolError(f"cannot resolve {host!r}: {exc}", sent=False) from exc
     return list(dict.fromkeys(str(info[4][0]) for info in infos))  # resolver order
+
+
+@dataclass(frozen=True)
+class AllowedHost:
+    """One entry of the allow-list: a name, `*.suffix`, `*`, or a literal `address`; `port`
+    None allows every port."""
+
+    host: str
+    port: int | None
+    address: IPAddress | None
+
+    def names(self, host: str, literal: IPAddress | None) -> bool:
+        """Whether this entry names `host` (whose address is `literal` when it is one)."""
+        if self.address is not None:
+            return literal == self.address
+        if self.host in ("*", host):
+            return True
+        return self.host.startswith("*.") and host.endswith(self.host[1:])
+
+
+def parse_allowed(entry: str) -> AllowedHost:
+    """An allow-list entry: `host`, `host:port`, `[IPv6]` or `[IPv6]:port` (a bare IPv6 address,
+    several colons, has no port). ValueError says what is wrong with a malformed one."""
+    text = entry.strip().lower()
+    port: str | None = None
+    if text.startswith("["):
+        inside, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ValueError(f"allow-list entry {entry!r}: write an IPv6 address as [addr]:port")
+        host, port = inside, (rest[1:] if rest else None)
+        if _literal(host) is None:
+            raise ValueError(f"allow-list entry {entry!r}: {host!r} is not an IPv6 address")
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    else:
+        host = text
+    if not host:
+        raise ValueError(f"allow-list entry {entry!r} names no host")
+    return AllowedHost(host=host, port=_allowed_port(entry, port), address=_literal(host))
+
+
+def _allowed_port(entry: str, port: str | None) -> int | None:
+    if port is None:
+        return None
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"allow-list entry {entry!r}: the port must be a number from 1 to 65535")
+    return int(port)
 
 
 def _literal(entry: str) -> IPAddress | None:

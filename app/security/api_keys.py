@@ -9,6 +9,7 @@ milliseconds on every request.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,9 +19,12 @@ from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.statements import q
+from app.vocabulary.names import principal_name, tenant_name
 
 SCOPES = ("operator", "admin")
 KEY_PREFIX = "ts_"
+# What `create_key` makes: the prefix and 32 random bytes in URL-safe base64 without padding.
+KEY_SHAPE = re.compile(re.escape(KEY_PREFIX) + r"[A-Za-z0-9_-]{43}", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -69,13 +73,17 @@ def statement(name: str) -> TextClause:
     return q(name)
 
 
+def looks_like_key(secret: str) -> bool:
+    """Whether `secret` has the shape of a key this service makes: anything else is refused
+    without a statement."""
+    return KEY_SHAPE.fullmatch(secret) is not None
+
+
 def hash_key(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
 
 
-def _check(tenant_id: str, principal: str, scopes: tuple[str, ...]) -> None:
-    if not tenant_id.strip() or not principal.strip():
-        raise ValueError("tenant and principal must not be empty")
+def _check_scopes(scopes: tuple[str, ...]) -> None:
     unknown = set(scopes) - set(SCOPES)
     if unknown:
         raise ValueError(f"unknown scope(s): {', '.join(sorted(unknown))}")
@@ -89,7 +97,10 @@ async def create_key(
     scopes: tuple[str, ...] = (),
     name: str | None = None,
 ) -> NewKey:
-    _check(tenant_id, principal, scopes)
+    """A new key for the tenant and principal, under their normalised names (app/security/
+    names.py); ValueError (InvalidNameError for a name) when the names or scopes are refused."""
+    tenant_id, principal = tenant_name(tenant_id), principal_name(principal)
+    _check_scopes(scopes)
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     async with engine.begin() as conn:
         row = (
@@ -124,7 +135,10 @@ def _info(row: object) -> KeyInfo:
 
 
 async def authenticate(engine: AsyncEngine, secret: str) -> Caller | None:
-    """The caller a key belongs to, or None for an unknown or revoked key."""
+    """The caller a key belongs to, or None for an unknown or revoked key (without a statement
+    when it does not even look like one)."""
+    if not looks_like_key(secret):
+        return None
     async with engine.connect() as conn:
         row = (
             await conn.execute(
@@ -140,6 +154,15 @@ async def authenticate(engine: AsyncEngine, secret: str) -> Caller | None:
         principal=row.principal,
         scopes=frozenset(row.scopes),
     )
+
+
+async def active_keys(engine: AsyncEngine, key_ids: set[UUID]) -> set[UUID]:
+    """Which of `key_ids` are still unrevoked (revoked and deleted ones are left out)."""
+    if not key_ids:
+        return set()
+    async with engine.connect() as conn:
+        rows = await conn.execute(statement("keys_active"), {"ids": sorted(key_ids)})
+        return {row.id for row in rows}
 
 
 async def list_keys(engine: AsyncEngine, tenant_id: str | None = None) -> list[KeyInfo]:

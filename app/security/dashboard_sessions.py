@@ -14,7 +14,7 @@ from datetime import datetime
 from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.security.api_keys import Caller, hash_key, statement
+from app.security.api_keys import Caller, hash_key, looks_like_key, statement
 
 
 def token_hash(token: str) -> bytes:
@@ -39,7 +39,10 @@ async def start_session(
     now: datetime | None = None,
 ) -> Caller | None:
     """Open a session named by `token` for the unrevoked key `key`; None for an unknown or
-    revoked key (nothing is written then)."""
+    revoked key (nothing is written then, and nothing is asked of the database for a string
+    that is not even shaped like a key)."""
+    if not looks_like_key(key):
+        return None
     async with engine.begin() as conn:
         row = (
             (

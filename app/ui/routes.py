@@ -330,13 +330,13 @@ async def run_page(run_id: str, request: Request, caller: UiCaller) -> HTMLRespo
 @router.get("/sessions/{session_id}")
 async def session_page(session_id: str, request: Request, caller: UiCaller) -> HTMLResponse:
     """A session as a conversation: its transcript (oldest first, a page at a time) beside its
-    runs (newest first), under the API's visibility rules for sessions."""
+    runs (newest first), under the API's visibility rules for sessions: the key's own tenant,
+    admin keys included (they read any run, not any conversation), and its own principal's
+    sessions unless the key has a scope."""
     parsed = parse_run_id(session_id)
     reads: Reads = state_of(request).reads
     found = (
-        await reads.session(
-            parsed, tenant_id=visible_tenant(caller), principal=visible_principal(caller)
-        )
+        await reads.session(parsed, tenant_id=caller.tenant_id, principal=visible_principal(caller))
         if parsed
         else None
     )

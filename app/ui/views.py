@@ -350,7 +350,11 @@ def parse_time(name: str, raw: str) -> datetime:
         value = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
     except ValueError:
         raise FilterError(f"{name}: {raw!r} is not a time like 2030-01-31T09:30 (UTC)") from None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    try:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:
+        # 0001-01-01T00:00+14:00 is a time before year 1 in UTC, which Python cannot hold.
+        raise FilterError(f"{name}: {raw!r} is out of range once in UTC") from None
 
 
 def parse_filters(query: Mapping[str, str]) -> RunFilters:

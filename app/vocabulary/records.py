@@ -368,6 +368,12 @@ class TranscriptEntry:
         return document
 
 
+MIN_SUBMIT_RATE = 1 / 86_400
+"""The least submission rate a limit may set: one a day. A rate stored below it (before the
+bound, e.g. 1e-300) counts as it here, so `Retry-After` stays within a day instead of a number
+of 300 digits that no header or document should carry."""
+
+
 @dataclass(frozen=True)
 class SubmitAllowance:
     """A tenant's submission rate limit and its bucket: `rate` tokens a second up to `burst`,
@@ -389,13 +395,13 @@ class SubmitAllowance:
         if self.tokens >= self.burst:
             return None
         missing = self.remaining + 1 - self.tokens
-        return max(1, math.ceil(missing / self.rate - 1e-9))
+        return max(1, math.ceil(missing / max(self.rate, MIN_SUBMIT_RATE) - 1e-9))
 
     @property
     def window_seconds(self) -> int:
         """How long an empty bucket takes to fill (at least 1 s): the policy's window, over
         which `burst` submissions are allowed."""
-        return max(1, math.ceil(self.burst / self.rate))
+        return max(1, math.ceil(self.burst / max(self.rate, MIN_SUBMIT_RATE)))
 
     @classmethod
     def of(

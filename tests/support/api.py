@@ -14,7 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.config import Settings
 from app.main import create_app
 from app.queue.core import Clock, Queue
+from app.roles import server_config
 from app.security.api_keys import create_key
+from app.store.embedded import free_port
 from app.worker.execution import Executor
 from tests.support.servers import running_server
 
@@ -53,14 +55,20 @@ async def running_api(
     workers: bool = False,
     executor: Executor | None = None,
     clock: Clock | None = None,
+    as_served: bool = False,
     **settings: object,
 ) -> AsyncIterator[Api]:
-    app = create_app(
-        Settings(database_url=database_url, run_workers=workers, **settings),  # type: ignore[arg-type]
-        executor,
-        clock=clock,
-    )
-    async with running_server(app) as base:
+    """The app under test in uvicorn; `as_served`: with `turnstile serve`'s server settings
+    (app/roles.py: the head deadline, the connection cap), not the tests' plain ones."""
+    configured = Settings(database_url=database_url, run_workers=workers, **settings)  # type: ignore[arg-type]
+    app = create_app(configured, executor, clock=clock)
+    config = None
+    if as_served:
+        served = configured.model_copy(
+            update={"host": "127.0.0.1", "port": free_port(), "log_level": "warning"}
+        )
+        config = server_config(served, app)
+    async with running_server(app, config) as base:
         api = Api(base=base, engine=engine, queue=Queue(engine, clock=clock), app=app)
         try:
             yield api

@@ -18,18 +18,21 @@ from app.store.embedded import free_port
 
 
 @asynccontextmanager
-async def running_server(app: FastAPI) -> AsyncIterator[str]:
-    """Serve `app` on a free loopback port for the duration of the block; yields its base URL."""
-    port = free_port()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        lifespan="on",
-        log_level="warning",
-        proxy_headers=False,  # as `turnstile serve`: only the app's setting trusts a proxy
-        timeout_graceful_shutdown=5,
-    )
+async def running_server(app: FastAPI, config: uvicorn.Config | None = None) -> AsyncIterator[str]:
+    """Serve `app` on a free loopback port for the duration of the block; yields its base URL.
+    `config` (on 127.0.0.1 and a port of `free_port()`) replaces the tests' own settings, e.g.
+    with `turnstile serve`'s (app/roles.py, server_config)."""
+    if config is None:
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=free_port(),
+            lifespan="on",
+            log_level="warning",
+            proxy_headers=False,  # as `turnstile serve`: only the app's setting trusts a proxy
+            timeout_graceful_shutdown=5,
+        )
+    port = config.port
     server = uvicorn.Server(config)
     # Signals belong to pytest, not to the server under test.
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]

@@ -48,6 +48,13 @@ SELECT id, tenant_id, principal, scopes FROM api_keys
 WHERE key_hash = :hash AND revoked_at IS NULL;
 
 
+-- name: keys_active
+-- Which of these keys are still unrevoked: the API's periodic check of the keys that hold
+-- event streams and long polls open (app/api/watch.py, KeyRecheck), one statement for all of
+-- them. A key deleted outright is as gone as a revoked one.
+SELECT id FROM api_keys WHERE id = ANY(CAST(:ids AS uuid[])) AND revoked_at IS NULL;
+
+
 -- name: key_list
 SELECT id, prefix, tenant_id, principal, scopes, name, created_at, revoked_at
 FROM api_keys
