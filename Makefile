@@ -18,8 +18,9 @@ $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	@touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+# The tests also use the Python client, a distribution of its own (clients/python).
+$(VENV)/.installed-test: pyproject.toml clients/python/pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]' -e clients/python
 	@touch $@ $(VENV)/.installed-run
 
 ## Start the service (API, docs page, workers) on http://127.0.0.1:8000, embedded PostgreSQL by default.

@@ -28,9 +28,9 @@ from uuid import UUID, uuid4
 import asyncpg
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
+from turnstile_client import AsyncTurnstile, Delta, Event, LiveText, Turnstile
 
 from app.api.watch import Inbox, LiveWatch
-from app.client import AsyncTurnstile, Delta, Event, LiveText, Turnstile
 from app.db.embedded import LocalCluster, free_port
 from app.db.engine import plain_url
 from app.queue.deltas import CHANNEL, MAX_PAYLOAD_BYTES, DeltaChannel, pack, unpack
