@@ -429,3 +429,20 @@ async def test_the_readme_example_runs(api: Api) -> None:
     assert lines[0].startswith("409 /problems/session-busy ")
     assert lines[1:3] == ["waiting_for_user Which account?", "succeeded transfer booked"]
     assert lines[-1].endswith(" run.succeeded 2")
+
+
+async def test_the_readme_short_example_runs(api: Api) -> None:
+    section = README.read_text(encoding="utf-8").split("\n### Which client, where\n", 1)[1]
+    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "from turnstile_client import" in example
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        example.replace("http://127.0.0.1:8000", api.base),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "TURNSTILE_KEY": await api.key()},
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == 0, err.decode()
+    assert out.decode().splitlines() == ["succeeded hello"]
