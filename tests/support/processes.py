@@ -7,7 +7,7 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -34,18 +34,24 @@ class Child:
 
 
 @asynccontextmanager
-async def turnstile(*args: str, ready: bytes, env: dict[str, str]) -> AsyncIterator[Child]:
-    """Start `turnstile ARGS`, wait for a stderr line containing `ready`, and keep reading its
-    log so a full pipe never blocks it. On the way out, a process still running gets SIGTERM
-    and must drain and exit 0; one the test killed itself is only reaped."""
+async def turnstile(
+    *args: str,
+    ready: bytes,
+    env: dict[str, str],
+    program: Sequence[str] = (sys.executable, "-m", "app.cli"),
+    cwd: str | None = None,
+) -> AsyncIterator[Child]:
+    """Start `turnstile ARGS` (`program`: another installation's `turnstile` command, say),
+    wait for a stderr line containing `ready`, and keep reading its log so a full pipe never
+    blocks it. On the way out, a process still running gets SIGTERM and must drain and exit 0;
+    one the test killed itself is only reaped. `env` adds to this process's environment."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "app.cli",
+        *program,
         *args,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, **env},
+        cwd=cwd,
     )
     child = Child(process)
     stderr = process.stderr
