@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from uuid import UUID, uuid4
@@ -378,6 +380,18 @@ async def test_the_blocking_client_streams_from_threads_and_closes(api: Api) -> 
     done, cancelled = await asyncio.to_thread(use)
     assert done == ["succeeded"] * 4
     assert cancelled == ["cancelled"]
+
+
+def test_a_blocking_client_dropped_without_close_stops_its_thread() -> None:
+    def loop_threads() -> int:
+        return sum(thread.name == "turnstile-client" for thread in threading.enumerate())
+
+    before = loop_threads()
+    client = Turnstile("http://127.0.0.1:8000", "key")
+    assert loop_threads() == before + 1
+    del client
+    gc.collect()
+    assert loop_threads() == before
 
 
 def test_retry_decisions_and_retry_after() -> None:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import functools
 import threading
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -53,6 +54,8 @@ class _LoopThread:
         if self.loop.is_closed():
             return
         self.loop.call_soon_threadsafe(self.loop.stop)
+        if threading.current_thread() is self._thread:
+            return  # collected on the loop's own thread: it stops after this callback
         self._thread.join()
         self.loop.close()
 
@@ -117,6 +120,8 @@ class Turnstile:
             base_url, api_key, timeout=timeout, retry=retry, transport=transport
         )
         self._loop = _LoopThread()
+        # A client dropped without close() still stops its thread when it is collected.
+        weakref.finalize(self, self._loop.stop)
 
     @property
     def base_url(self) -> str:
