@@ -876,6 +876,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from app.installation import problem
+
+    # Before anything imports more of `app`: files another distribution overwrote or deleted.
+    if (broken := problem()) is not None:
+        print(f"turnstile: {broken}", file=sys.stderr)
+        sys.exit(2)
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], None] = args.func

@@ -70,6 +70,8 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("app.api", ("app.worker",)),
+    # The CLI's first check, before anything of the installed `app` package is trusted.
+    ("app.installation", ("app",)),
     *[(edge, LOADERS) for edge in EDGES],
 ]
 

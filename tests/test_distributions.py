@@ -18,6 +18,7 @@ import hashlib
 import importlib.metadata
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
 import zipfile
@@ -135,12 +136,39 @@ async def run(*args: str | Path, cwd: Path, env: dict[str, str] | None = None) -
     return text
 
 
-async def wheel(source: Path, dist: Path, cwd: Path) -> None:
-    """Built without build isolation (the test extras bring setuptools): nothing downloaded."""
-    await run(
-        sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-        "--wheel-dir", dist, source, cwd=cwd,
-    )  # fmt: skip
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The four wheels: the server's (from a copy of the repository's files), the client's, a
+    user's project with its own `app`, and a plugin; built without build isolation (the test
+    extras bring setuptools), so nothing is downloaded."""
+    folder = tmp_path_factory.mktemp("wheels")
+    server = folder / "server-src"
+    server.mkdir()
+    for name in SERVER_SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(
+                ROOT / name, server / name, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        else:
+            shutil.copy2(ROOT / name, server / name)
+    client = folder / "client-src"
+    shutil.copytree(
+        ROOT / "clients" / "python",
+        client,
+        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"),
+    )
+    project = write_tree(folder / "acme-chat", PROJECT)
+    plugin = write_tree(folder / "acme-agents", PLUGIN)
+    dist = folder / "dist"
+    for source in (server, client, project, plugin):
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+             "--wheel-dir", str(dist), str(source)],
+            cwd=folder, env=clean_env(), check=True, capture_output=True, timeout=300,
+        )  # fmt: skip
+    built = {path.name.split("-")[0]: path for path in dist.glob("*.whl")}
+    assert set(built) == {"turnstile", "turnstile_client", "acme_chat", "acme_agents"}
+    return built
 
 
 async def venv(folder: Path) -> tuple[Path, Path]:
@@ -155,6 +183,14 @@ async def venv(folder: Path) -> tuple[Path, Path]:
 
 async def pip(python: Path, *args: str | Path, cwd: Path) -> str:
     return await run(sys.executable, "-m", "pip", "--python", python, *args, cwd=cwd)
+
+
+def borrow_dependencies(site: Path) -> None:
+    """The server's dependencies in an environment, borrowed from this one through a path entry
+    after its own site-packages (a plain path: the editable installs' finders in there are not
+    loaded, so `app` can only be the environment's own)."""
+    borrowed = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    (site / "zz-borrowed.pth").write_text("\n".join(borrowed) + "\n")
 
 
 def wheel_requirements(wheel: Path) -> list[str]:
@@ -212,41 +248,14 @@ def size_of(folder: Path) -> int:
 
 
 async def test_a_project_with_its_own_app_package_uses_the_client_beside_a_server_elsewhere(
-    tmp_path: Path, database_url: str, engine: AsyncEngine
+    tmp_path: Path, wheels: dict[str, Path], database_url: str, engine: AsyncEngine
 ) -> None:
-    dist = tmp_path / "dist"
-    # The server's wheel from a copy of the repository's files, the client's, the project's
-    # and the plugin's.
-    server_source = tmp_path / "server-src"
-    server_source.mkdir()
-    for name in SERVER_SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(
-                ROOT / name, server_source / name, ignore=shutil.ignore_patterns("__pycache__")
-            )
-        else:
-            shutil.copy2(ROOT / name, server_source / name)
-    client_source = tmp_path / "client-src"
-    shutil.copytree(
-        ROOT / "clients" / "python",
-        client_source,
-        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"),
-    )
-    project = write_tree(tmp_path / "acme-chat", PROJECT)
-    plugin = write_tree(tmp_path / "acme-agents", PLUGIN)
-    for source in (server_source, client_source, project, plugin):
-        await wheel(source, dist, tmp_path)
-    wheels = {path.name.split("-")[0]: path for path in dist.glob("*.whl")}
-    assert set(wheels) == {"turnstile", "turnstile_client", "acme_chat", "acme_agents"}
-
-    # A: the server as a tool, with the plugin injected; its dependencies borrowed from this
-    # environment through a path entry after its own site-packages (a plain path: the editable
-    # installs' finders in there are not loaded, so `app` can only be the wheel's).
+    dist = wheels["turnstile"].parent
+    # A: the server as a tool, with the plugin injected.
     server_python, server_site = await venv(tmp_path / "server-env")
     await pip(server_python, "install", "--quiet", "--no-deps", "--no-index",
               wheels["turnstile"], wheels["acme_agents"], cwd=tmp_path)  # fmt: skip
-    borrowed = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
-    (server_site / "zz-borrowed.pth").write_text("\n".join(borrowed) + "\n")
+    borrow_dependencies(server_site)
     before = snapshot(tmp_path / "server-env")
 
     # B: the user's project environment: httpx and what it needs, nothing else.
@@ -311,3 +320,41 @@ async def test_a_project_with_its_own_app_package_uses_the_client_beside_a_serve
                 )
                 run_doc = polled.json()
             assert run_doc["result"] == "hello, Bo"
+
+
+async def test_a_server_installed_beside_a_project_with_its_own_app_says_so(
+    tmp_path: Path, wheels: dict[str, Path]
+) -> None:
+    """What the README says not to do: the server and a project that has its own `app` in one
+    environment. pip lets the project overwrite `app/__init__.py`; the CLI names the culprit
+    in one line instead of running on a mixed package, and after the project's uninstall (which
+    deleted the file they shared) it says Turnstile's files are missing."""
+    python, site = await venv(tmp_path / "shared-env")
+    await pip(python, "install", "--quiet", "--no-deps", "--no-index", wheels["turnstile"],
+              cwd=tmp_path)  # fmt: skip
+    borrow_dependencies(site)
+    command = tmp_path / "shared-env" / "bin" / "turnstile"
+    env = {**clean_env(), "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
+
+    async def refused() -> str:
+        process = await asyncio.create_subprocess_exec(
+            str(command), "migrate", cwd=tmp_path, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(process.communicate(), 120)
+        assert process.returncode == 2, (out + err).decode()
+        (line,) = err.decode().splitlines()  # one line, no traceback
+        return line
+
+    await pip(python, "install", "--quiet", "--no-deps", "--no-index", wheels["acme_chat"],
+              cwd=tmp_path)  # fmt: skip
+    assert "OWNER" in (site / "app" / "__init__.py").read_text()  # overwritten, as pip does
+    overwritten = await refused()
+    assert overwritten.startswith("turnstile: acme-chat 1.0.0 also installed files into ")
+    assert "pipx install turnstile" in overwritten
+
+    await pip(python, "uninstall", "--yes", "acme-chat", cwd=tmp_path)
+    assert not (site / "app" / "__init__.py").exists()  # the shared file went with it
+    damaged = await refused()
+    assert damaged.startswith("turnstile: Turnstile's files are missing from this environment (")
+    assert "app/__init__.py" in damaged
