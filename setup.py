@@ -3,7 +3,7 @@
 `alembic.ini` and `alembic/` stay at the top of the repository, where the design has them and
 where `alembic` and `turnstile migrate` find them in a checkout. A built wheel also carries a
 copy under `app/migrations/`, so an installed Turnstile (`pip install .`, the container image)
-can run `turnstile migrate` from any folder (`app/db/migrate.py: migrations_root` looks there
+can run `turnstile migrate` from any folder (`app/store/migrate.py: migrations_root` looks there
 first). Editable installs read the checkout's own files and need no copy.
 """
 

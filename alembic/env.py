@@ -1,6 +1,6 @@
 """Alembic environment: async migrations under a transaction-scoped advisory lock.
 
-The URL comes from the caller (`app.db.migrate` passes it in the config's attributes) or from
+The URL comes from the caller (`app.store.migrate` passes it in the config's attributes) or from
 Turnstile's settings. All migrations of one `upgrade` run in a single transaction that first
 takes `pg_advisory_xact_lock`, so two processes starting at once cannot both migrate: the
 second waits, then finds the schema already at head. A transaction-scoped lock (not a session
@@ -16,8 +16,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from alembic import context
-from app.db.migrate import MIGRATION_LOCK_KEY, database_url_for_alembic
-from app.db.tables import metadata
+from app.store.migrate import MIGRATION_LOCK_KEY, database_url_for_alembic
+from app.store.tables import metadata
 
 config = context.config
 target_metadata = metadata
@@ -42,7 +42,7 @@ def _run_sync(connection: Connection) -> None:
 
 
 async def _run_online() -> None:
-    from app.db.engine import async_url, pgbouncer_options
+    from app.store.engine import async_url, pgbouncer_options
 
     url, connect_args = async_url(_url()), {}
     if config.attributes.get("pgbouncer"):

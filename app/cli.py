@@ -23,9 +23,9 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app.config import Settings
-from app.db.embedded import EmbeddedDatabase, EmbeddedUnavailableError
 from app.observability.logs import configure_logging
 from app.runtime.plugins import PluginError
+from app.store.embedded import EmbeddedDatabase, EmbeddedUnavailableError
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -64,8 +64,8 @@ def _migrated_settings(settings: Settings) -> Settings:
 
 def _migrated(settings: Settings) -> tuple[Settings, EmbeddedDatabase | None]:
     """`_migrated_settings`, also saying whether the database is the embedded one."""
-    from app.db.migrate import head_revision, upgrade
-    from app.db.resolve import resolve_database
+    from app.store.migrate import head_revision, upgrade
+    from app.store.resolve import resolve_database
 
     database = resolve_database(settings)
     upgrade(database.url, pgbouncer=settings.pgbouncer)
@@ -107,8 +107,8 @@ def _check_plugins(settings: Settings) -> None:
 
 
 async def _engine_for(settings: Settings) -> AsyncEngine:
-    from app.db.engine import create_engine
-    from app.db.resolve import resolve_database
+    from app.store.engine import create_engine
+    from app.store.resolve import resolve_database
 
     database = await asyncio.to_thread(resolve_database, settings)
     return create_engine(settings, database.url, pool_size=2)
@@ -263,7 +263,7 @@ def cmd_worker(args: argparse.Namespace) -> None:
 
     embedded = None
     if not settings.database_url:
-        from app.db.resolve import resolve_database
+        from app.store.resolve import resolve_database
 
         # The embedded server is started here, so that it is released (below) only after the
         # pool has drained and its engine is disposed, as `serve` does.
@@ -374,7 +374,7 @@ async def queue_stats(runbook: Runbook, args: argparse.Namespace) -> object:
     each class; a class with queued runs and no live slot anywhere is `unserved` (a fleet of
     partial layouts that leaves it out, docs/adr/0005), and said so on stderr too."""
     from app.queue.reads import coverage_of
-    from app.queue.statuses import ACTIVE
+    from app.vocabulary.statuses import ACTIVE
 
     if args.by_tenant:
         return await _tenant_depth(runbook, args)
@@ -529,8 +529,8 @@ async def runs_dismiss(runbook: Runbook, args: argparse.Namespace) -> object:
 
 
 async def schedules_create(runbook: Runbook, args: argparse.Namespace) -> object:
-    from app.queue.classes import PriorityClass
     from app.queue.schedules import NewSchedule
+    from app.vocabulary.classes import PriorityClass
 
     try:
         value = json.loads(args.input)

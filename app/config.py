@@ -17,8 +17,8 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
-    from app.queue.classes import ClassLimits
-    from app.queue.layout import SlotGroup
+    from app.vocabulary.classes import ClassLimits
+    from app.vocabulary.layout import SlotGroup
 
 
 RUN_WRITE_CONNECTIONS = 10
@@ -331,7 +331,7 @@ class Settings(BaseSettings):
     @field_validator("slots")
     @classmethod
     def _check_slots(cls, value: str) -> str:
-        from app.queue.layout import parse_slots
+        from app.vocabulary.layout import parse_slots
 
         # The syntax here; whether every class is covered depends on partial_layout, checked
         # with the other fields in _check_cross_field.
@@ -341,7 +341,7 @@ class Settings(BaseSettings):
     @field_validator("tenant_max_running")
     @classmethod
     def _check_tenant_max_running(cls, value: str | None) -> str | None:
-        from app.queue.classes import parse_class_limits
+        from app.vocabulary.classes import parse_class_limits
 
         if value is None or not value.strip():
             return None
@@ -351,7 +351,7 @@ class Settings(BaseSettings):
     @property
     def tenant_running_limits(self) -> ClassLimits:
         """TURNSTILE_TENANT_MAX_RUNNING by class band (None: no limit)."""
-        from app.queue.classes import parse_class_limits
+        from app.vocabulary.classes import parse_class_limits
 
         if self.tenant_max_running is None:
             return (None, None, None)
@@ -359,7 +359,7 @@ class Settings(BaseSettings):
 
     @property
     def slot_groups(self) -> tuple[SlotGroup, ...]:
-        from app.queue.layout import parse_slots
+        from app.vocabulary.layout import parse_slots
 
         return parse_slots(self.slots, partial=self.partial_layout)
 
@@ -383,13 +383,13 @@ class Settings(BaseSettings):
 
     @property
     def claim_pool_size(self) -> int:
-        """The claim engine's connections (app/db/engine.py, create_claim_engine): one per
+        """The claim engine's connections (app/store/engine.py, create_claim_engine): one per
         slot group, whose claim loop makes one claim at a time."""
         return len(self.slot_groups)
 
     @model_validator(mode="after")
     def _check_cross_field(self) -> Settings:
-        from app.queue.layout import SlotLayoutError
+        from app.vocabulary.layout import SlotLayoutError
 
         try:
             self.slot_groups  # noqa: B018 (validated for its error)

@@ -22,12 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.api.services import ServiceState
 from app.api.watch import LiveWatch, RunWatch, StreamLimits
 from app.config import Settings, get_settings
-from app.db.engine import create_claim_engine, create_engine
-from app.db.resolve import ResolvedDatabase, resolve_database
 from app.maintenance.maintainer import Maintainer
 from app.observability import tracing
 from app.observability.metrics import HttpMetrics, Metrics
-from app.queue.classes import PriorityClass
 from app.queue.core import Clock, Queue, QueueConfig
 from app.queue.reads import Reads
 from app.queue.schedules import Schedules
@@ -43,6 +40,9 @@ from app.runtime.webhooks import AGENT as WEBHOOK_AGENT
 from app.runtime.webhooks import TOOL as WEBHOOK_TOOL
 from app.runtime.webhooks import WebhookAgent, WebhookDeliveryTool
 from app.security.secret_box import SecretBox
+from app.store.engine import create_claim_engine, create_engine
+from app.store.resolve import ResolvedDatabase, resolve_database
+from app.vocabulary.classes import PriorityClass
 from app.worker.deltas import DeltaPublisher
 from app.worker.execution import Executor
 from app.worker.notifier import Notifier

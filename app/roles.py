@@ -19,10 +19,10 @@ from fastapi import FastAPI
 from sqlalchemy.exc import DBAPIError
 
 from app.config import Settings
-from app.db.engine import create_engine
-from app.db.migrate import head_revision
-from app.db.resolve import resolve_database, schema_revision
 from app.main import create_app, services
+from app.store.engine import create_engine
+from app.store.migrate import head_revision
+from app.store.resolve import resolve_database, schema_revision
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

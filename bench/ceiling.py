@@ -30,8 +30,8 @@ from typing import Any
 import asyncpg
 from sqlalchemy.engine import make_url
 
-from app.db.embedded import pgserver_bin_dir, start_embedded, system_bin_dir
-from app.db.engine import plain_url
+from app.store.embedded import pgserver_bin_dir, start_embedded, system_bin_dir
+from app.store.engine import plain_url
 
 ROWS = 100
 

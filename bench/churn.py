@@ -47,10 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, Databases, log, retrying, server_url, summary
 
 from app.config import Settings
-from app.db.engine import create_claim_engine, create_engine
 from app.maintenance.pruners import RunRetention
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
+from app.store.engine import create_claim_engine, create_engine
+from app.vocabulary.classes import PriorityClass
 
 ASYNC = PriorityClass.ASYNC
 TABLES = ("runs", "run_events", "run_inputs")

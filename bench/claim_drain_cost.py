@@ -11,7 +11,7 @@ between (1,000 tenants with 5 runs each).
 "before" is the BASELINE commit's `claim_one` (read with `git show`) on a database at migration
 0013, "after" this checkout's on a database at head; both filled with the same async runs
 inserted directly with their counts, as the migrations would leave them; claims on the claim
-engine (generic plans, app/db/engine.py), each its own transaction. Blocks of 25 claims
+engine (generic plans, app/store/engine.py), each its own transaction. Blocks of 25 claims
 alternate between the two, so a noisy moment on a shared machine falls on both alike.
 
     .venv/bin/python bench/claim_drain_cost.py [CLAIMS] [BASELINE] [BATCH]
@@ -36,8 +36,8 @@ from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.db.engine import create_claim_engine, create_engine
-from app.queue.sql import q
+from app.store.engine import create_claim_engine, create_engine
+from app.store.statements import q
 
 SERVER = os.environ.get("TEST_DATABASE_URL") or os.environ.get(
     "DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"

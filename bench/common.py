@@ -19,10 +19,10 @@ import asyncpg
 from sqlalchemy import TextClause
 
 from app.config import Settings
-from app.db.embedded import start_embedded
-from app.db.migrate import upgrade
-from app.db.statements import parse
 from app.queue.core import Queue
+from app.store.embedded import start_embedded
+from app.store.migrate import upgrade
+from app.store.statements import parse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the test suite's database helpers, shared rather than repeated
@@ -124,16 +124,16 @@ async def database_at(server: str, name: str, revision: str) -> str:
 
 
 def statement_at(commit: str, name: str) -> TextClause:
-    """The named statement of app/queue/runs.sql as it stood at `commit` (read with `git show`):
+    """The named statement of app/store/sql/runs.sql as it stood at `commit` (read with `git show`):
     a baseline to time beside the working tree's."""
     source = subprocess.run(
-        ["git", "show", f"{commit}:app/queue/runs.sql"],
+        ["git", "show", f"{commit}:app/store/sql/runs.sql"],
         cwd=ROOT,
         check=True,
         capture_output=True,
         text=True,
     ).stdout
-    return parse(source, f"{commit}:app/queue/runs.sql")[name].clause
+    return parse(source, f"{commit}:app/store/sql/runs.sql")[name].clause
 
 
 # --- processes --------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ counts (opt-in, about two minutes; not part of `make bench`).
 Before migration 0014 every new run added 1 to its tenant's count row and held that row's lock
 to its commit, so one tenant's submissions committed one at a time (docs/adr/0006, "Striped
 queued counts"). Two paths, each measured on two fresh databases of one server, "before"
-(migrated to 0013, with the enqueue statement of the BASELINE commit's app/queue/runs.sql,
+(migrated to 0013, with the enqueue statement of the BASELINE commit's app/store/sql/runs.sql,
 read with `git show`) and "after" (migrated to head, with this checkout's statement):
 
 * `enqueue`: the statement `Queue.enqueue` runs, through a SQLAlchemy engine of the
@@ -41,8 +41,8 @@ from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.db.engine import create_engine
-from app.queue.sql import q
+from app.store.engine import create_engine
+from app.store.statements import q
 
 SERVER = os.environ.get("TEST_DATABASE_URL") or os.environ.get(
     "DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"

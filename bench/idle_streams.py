@@ -32,12 +32,12 @@ import asyncpg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 from app.config import Settings
-from app.db.embedded import free_port
-from app.db.engine import create_engine, plain_url
-from app.db.migrate import upgrade
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.security.api_keys import create_key
+from app.store.embedded import free_port
+from app.store.engine import create_engine, plain_url
+from app.store.migrate import upgrade
+from app.vocabulary.classes import PriorityClass
 from tests.support.databases import admin_execute, new_database_name, with_database
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,10 +28,10 @@ import asyncpg
 from common import ROOT, Databases, Worker, cpu_seconds, log, wait_workers
 
 from app.config import Settings
-from app.db.embedded import free_port
-from app.db.engine import create_engine
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
+from app.store.embedded import free_port
+from app.store.engine import create_engine
+from app.vocabulary.classes import PriorityClass
 
 ASYNC = PriorityClass.ASYNC
 NOOP = {"script": [{"final": "ok"}]}

@@ -43,10 +43,10 @@ import asyncpg
 from common import ROOT, TURNSTILE, Databases, log, service_env, summary
 
 from app.config import Settings
-from app.db.engine import create_engine
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
-from app.queue.models import NewRun
+from app.store.engine import create_engine
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import NewRun
 
 BIN = Path(sys.executable).parent
 BENCH = ROOT / "bench"

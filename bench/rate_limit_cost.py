@@ -22,7 +22,7 @@ import uuid
 
 import asyncpg
 
-from app.db.migrate import upgrade
+from app.store.migrate import upgrade
 
 SERVER = os.environ.get("TEST_DATABASE_URL") or os.environ.get(
     "DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -88,11 +88,11 @@ from common import (
 )
 
 from app.config import Settings
-from app.db.embedded import free_port
-from app.db.engine import create_claim_engine, create_engine
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
-from app.queue.models import NewRun
+from app.store.embedded import free_port
+from app.store.engine import create_claim_engine, create_engine
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import NewRun
 
 INTERACTIVE, ASYNC, MAINTENANCE = PriorityClass
 

@@ -38,11 +38,11 @@ from common import (
 )
 
 from app.config import Settings
-from app.db.engine import create_engine
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.deltas import CHANNEL
-from app.queue.models import NewRun
+from app.store.engine import create_engine
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import NewRun
 
 INTERACTIVE, ASYNC, _ = PriorityClass
 STREAMS = 50

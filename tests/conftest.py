@@ -24,16 +24,16 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
-from app.db.embedded import (
+from app.queue.core import Queue, QueueConfig
+from app.store.embedded import (
     LocalCluster,
     free_port,
     pgserver_bin_dir,
     start_embedded,
     system_bin_dir,
 )
-from app.db.engine import create_claim_engine, create_engine
-from app.db.migrate import upgrade
-from app.queue.core import Queue, QueueConfig
+from app.store.engine import create_claim_engine, create_engine
+from app.store.migrate import upgrade
 from tests.support.clock import ManualClock
 from tests.support.databases import (
     admin_execute,

@@ -17,8 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import app.api.runs
 import app.api.watch
-from app.queue.classes import PriorityClass
-from app.queue.models import Lease
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import Lease
 from tests.support.api import Api, running_api
 from tests.support.clock import ManualClock
 from tests.support.waiting import eventually

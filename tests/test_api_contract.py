@@ -54,8 +54,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.main import create_app
-from app.queue.classes import PriorityClass
 from app.security.api_keys import create_key, revoke_key
+from app.vocabulary.classes import PriorityClass
 from tests.support.api import Api, running_api
 
 PROBLEM_JSON = "application/problem+json"

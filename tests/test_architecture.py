@@ -9,9 +9,8 @@
   layers that call it. Only app/observability/tracing.py imports OpenTelemetry (the optional
   `turnstile[otel]` extra), and only inside functions, so nothing of it loads while tracing is
   off.
-- Only the tables' owners load named statements: app/queue its own (app.queue.sql), app/security
-  its own (app.db.statements). api, ui, cli, worker, runtime and maintenance import no
-  statement loader: they call the owners' typed services.
+- Only the store loads named statements (app.store.statements); api, ui, cli, worker,
+  runtime and maintenance import no statement loader: they call typed services.
 
 Every `import` counts, at module level or inside a function. A failure names the module, the
 line and the import.
@@ -26,7 +25,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "app"
-LOADERS = ("app.queue.sql", "app.db.statements")
+LOADERS = ("app.store.statements",)
 EDGES = (
     "app.api",
     "app.ui",
@@ -66,7 +65,7 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
             "app.cli",
             "app.roles",
             "app.main",
-            "app.db",
+            "app.store",
         ),
     ),
     ("app.api", ("app.worker",)),
@@ -100,7 +99,7 @@ def imports_in(source: str, name: str, *, package: bool = False) -> list[tuple[i
             base = ".".join(parts[: len(parts) - node.level + 1]) if node.level else ""
             module = ".".join(part for part in (base, node.module or "") if part)
             found.append((node.lineno, module))
-            # `from app.queue import sql` imports the module app.queue.sql.
+            # `from app.queue import sql` imports the module app.store.statements.
             found.extend((node.lineno, f"{module}.{alias.name}") for alias in node.names)
     return found
 
@@ -130,14 +129,14 @@ def test_imports_follow_the_contract(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
-def test_only_the_queue_loads_the_queues_statements(path: Path) -> None:
+def test_only_the_store_and_its_callers_in_transition_load_statements(path: Path) -> None:
     importer = module_name(path)
-    if within(importer, "app.queue"):
+    if any(within(importer, owner) for owner in ("app.store", "app.queue", "app.security")):
         return
     broken = [
         f"{path.relative_to(ROOT)}:{line}: {importer} imports {imported}"
         for line, imported in imports_of(path)
-        if within(imported, "app.queue.sql")
+        if within(imported, "app.store.statements")
     ]
     assert not broken, "\n".join(broken)
 

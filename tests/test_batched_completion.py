@@ -12,10 +12,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from app.db.engine import plain_url
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
-from app.queue.models import Fenced, Lease, NewRun, ToolCall, Written
+from app.store.engine import plain_url
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import Fenced, Lease, NewRun, ToolCall, Written
 from app.worker.completions import CompletionBatcher
 from app.worker.execution import ExecutionContext, StopExecution
 from tests.support.clock import ManualClock

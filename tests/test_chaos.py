@@ -46,10 +46,10 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.db.embedded import LocalCluster, free_port
-from app.db.engine import create_engine
-from app.db.migrate import upgrade
 from app.security.api_keys import create_key
+from app.store.embedded import LocalCluster, free_port
+from app.store.engine import create_engine
+from app.store.migrate import upgrade
 from tests.support.chaos import (
     REPORTS,
     TERMINAL,

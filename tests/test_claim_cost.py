@@ -4,7 +4,7 @@ For every eligibility set a worker slot can have (each class alone, interactive+
 non-contiguous interactive+maintenance, all three), this module runs EXPLAIN (ANALYZE, BUFFERS)
 of the real `claim_one` and `claim_many` statement texts, with the bind parameters `Queue.claim`
 passes, against a queue of 1k and of 100k runs, both as planned for those parameters and as the
-generic plan the claim engine's connections keep (app/db/engine.py), and proves that:
+generic plan the claim engine's connections keep (app/store/engine.py), and proves that:
 
 - the plan never scans the table (no Seq Scan) and never sorts the queue (no Sort of more rows
   than a batch and its tenants): the fair claim (docs/adr/0006) walks the tenants with queued
@@ -36,10 +36,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.db.engine import CLAIM_PLANNER_SETTINGS, create_engine
-from app.queue.classes import PriorityClass, priorities_of
-from app.queue.core import positional
-from app.queue.sql import statements
+from app.store.database import positional
+from app.store.engine import CLAIM_PLANNER_SETTINGS, create_engine
+from app.store.statements import statements
+from app.vocabulary.classes import PriorityClass, priorities_of
 from tests.support.databases import clone_database, drop_database
 
 SMALL = 1_000
@@ -94,7 +94,7 @@ SCENARIOS = ("other", "backed-off", "none-eligible")
 STATEMENTS = ("claim_one", "claim_many")
 # How each statement is planned: for its parameters at every call (its first executions on any
 # connection, and behind PgBouncer), and as the service claims, on the claim engine's
-# connections with one generic plan kept per connection (app/db/engine.py).
+# connections with one generic plan kept per connection (app/store/engine.py).
 PLANNINGS = ("per call", "claim engine")
 
 HANDFUL_SQL = """

@@ -1,6 +1,6 @@
 """The plans the claim engine keeps stay right when the queue grows under them.
 
-Claims run on connections that keep one generic plan per claim statement (app/db/engine.py,
+Claims run on connections that keep one generic plan per claim statement (app/store/engine.py,
 `create_claim_engine`; docs/adr/0006 decision 7). Such a plan is made at the connection's
 first claim, with the table as it is then, and kept until the connection is replaced or the
 table's statistics change. A service starts on an empty queue, so its first plans are made on
@@ -20,8 +20,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from app.db.engine import CLAIM_PLANNER_SETTINGS, plain_url
-from app.queue.core import positional
+from app.store.database import positional
+from app.store.engine import CLAIM_PLANNER_SETTINGS, plain_url
 
 QUEUED = 50_000
 

@@ -12,10 +12,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.maintenance.queue_metrics import QueueMetrics
 from app.observability.metrics import Metrics
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
-from app.queue.models import NewRun
 from app.queue.reads import Reads
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import NewRun
 from tests.support.api import running_api
 from tests.support.processes import run_cli, turnstile
 from tests.support.waiting import eventually

@@ -9,9 +9,9 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
-from app.queue.models import NewRun
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import NewRun
 from tests.support.processes import run_cli
 
 

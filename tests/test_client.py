@@ -41,7 +41,7 @@ from turnstile_client import (
 )
 from turnstile_client.retry import retry_after_of, retryable_answer
 
-from app.db.embedded import free_port
+from app.store.embedded import free_port
 from tests.support.api import Api, running_api
 from tests.support.proxy import BreakingProxy, breaking_proxy, http_response
 

@@ -18,12 +18,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.maintenance.pruners import RunRetention, SessionRetention
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
-from app.queue.models import NewRun
 from app.queue.reads import Reads
 from app.queue.submit import RunSpec, Submissions, Submitter
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, SimulatedCrash, default_registry
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import NewRun
 from tests.support.api import Api, running_api
 from tests.support.clock import ManualClock
 from tests.support.processes import turnstile

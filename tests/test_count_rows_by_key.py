@@ -15,7 +15,7 @@ This module fills the table with the rows of many tenants, analyses it, and asks
 for the plan of every statement that touches the table, both the plan made for the bind
 parameters (a custom plan, what a statement gets on its first executions), the generic plan
 a prepared statement may keep, and the claims' plans under the claim engine's settings
-(app/db/engine.py, CLAIM_PLANNER_SETTINGS: generic plans, planned once per connection and kept).
+(app/store/engine.py, CLAIM_PLANNER_SETTINGS: generic plans, planned once per connection and kept).
 No plan may read tenant_class_counts, or its stripes (tenant_queued_stripes, migration 0014:
 8 rows per count row, read by the claims, the quotas and count_moves), but through an index.
 The exceptions are `tenant_depth`, the operators' read of the busiest tenants, which ranks
@@ -33,8 +33,8 @@ import asyncpg
 import pytest
 from sqlalchemy.dialects.postgresql.asyncpg import dialect
 
-from app.db.engine import CLAIM_PLANNER_SETTINGS, plain_url
-from app.queue.sql import statements
+from app.store.engine import CLAIM_PLANNER_SETTINGS, plain_url
+from app.store.statements import statements
 
 TENANTS = 1_000
 

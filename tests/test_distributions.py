@@ -29,8 +29,8 @@ import pytest
 from packaging.requirements import Requirement
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.embedded import free_port
 from app.security.api_keys import create_key
+from app.store.embedded import free_port
 from tests.support.processes import turnstile
 
 pytestmark = pytest.mark.slow

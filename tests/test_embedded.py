@@ -18,15 +18,15 @@ import asyncpg
 import httpx
 import pytest
 
-from app.db.embedded import (
+from app.store.embedded import (
     LocalCluster,
     free_port,
     pgserver_bin_dir,
     start_embedded,
     system_bin_dir,
 )
-from app.db.engine import plain_url
-from app.db.migrate import head_revision, upgrade
+from app.store.engine import plain_url
+from app.store.migrate import head_revision, upgrade
 from tests.support.waiting import eventually
 
 

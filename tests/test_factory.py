@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app.queue.core import Queue
-from app.queue.statuses import RunStatus
+from app.vocabulary.statuses import RunStatus
 from tests.support.clock import ManualClock
 from tests.support.factory import RunFactory
 from tests.support.invariants import check_all_runs

@@ -14,11 +14,11 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue, QueueConfig
 from app.queue.errors import QueueQuotaError
-from app.queue.models import ClaimedRun, NewRun
 from app.queue.schedules import NewSchedule, Schedules
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import ClaimedRun, NewRun
 from tests.support.api import running_api
 from tests.support.clock import ManualClock
 from tests.support.invariants import check_all_runs

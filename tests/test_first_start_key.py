@@ -13,8 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.cli import first_start_key
 from app.config import Settings
-from app.db.embedded import EmbeddedDatabase, free_port
 from app.security.api_keys import KEY_PREFIX, authenticate
+from app.store.embedded import EmbeddedDatabase, free_port
 from tests.support.processes import turnstile
 
 

@@ -13,10 +13,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.db.embedded import LocalCluster
-from app.db.engine import async_url, plain_url
-from app.db.migrate import upgrade
 from app.main import create_app
+from app.store.embedded import LocalCluster
+from app.store.engine import async_url, plain_url
+from app.store.migrate import upgrade
 from tests.support.processes import run_cli
 from tests.support.servers import running_server
 
@@ -53,7 +53,7 @@ async def test_timeouts_apply_to_every_transaction(engine: AsyncEngine) -> None:
 
 
 async def test_statement_timeout_stops_a_stuck_query(database_url: str) -> None:
-    from app.db.engine import create_engine
+    from app.store.engine import create_engine
 
     engine = create_engine(Settings(statement_timeout_ms=200, lock_timeout_ms=100), database_url)
     try:

@@ -25,10 +25,10 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from app.queue.core import Queue
-from app.queue.models import NewRun
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
 from app.runtime.http_tool import MAX_RESPONSE_BYTES, HttpRequestTool, Resolver, address_reach
 from app.runtime.tools import PermanentToolError, ToolContext
+from app.vocabulary.records import NewRun
 from tests.support.runtime import current, execute_once
 from tests.support.servers import running_server
 

@@ -31,11 +31,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from turnstile_client import AsyncTurnstile, Delta, Event, LiveText, Turnstile
 
 from app.api.watch import Inbox, LiveWatch
-from app.db.embedded import LocalCluster, free_port
-from app.db.engine import plain_url
 from app.queue.deltas import CHANNEL, MAX_PAYLOAD_BYTES, DeltaChannel, pack, unpack
 from app.queue.deltas import Delta as WireDelta
 from app.security.api_keys import create_key
+from app.store.embedded import LocalCluster, free_port
+from app.store.engine import plain_url
 from app.worker.deltas import DeltaPublisher
 from tests.support.api import running_api
 from tests.support.processes import turnstile

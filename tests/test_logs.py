@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.queue.core import Queue
-from app.queue.models import NewRun
+from app.vocabulary.records import NewRun
 from tests.support.processes import turnstile
 from tests.support.waiting import eventually
 

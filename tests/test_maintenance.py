@@ -9,9 +9,9 @@ from typing import Any
 from sqlalchemy import text
 
 from app.maintenance.pruners import IdempotencyPruner, RunRetention
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
-from app.queue.models import NewRun
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import NewRun
 from tests.support.clock import ManualClock
 
 

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.embedded import free_port
+from app.store.embedded import free_port
 from tests.support.processes import Child, turnstile
 from tests.support.waiting import eventually
 

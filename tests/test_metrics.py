@@ -15,12 +15,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.db.embedded import free_port
 from app.main import create_app
 from app.observability.metrics import HTTP_METHODS, Metrics
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue, QueueConfig
-from app.queue.models import NewRun
+from app.store.embedded import free_port
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import NewRun
 from tests.support.api import running_api
 from tests.support.clock import ManualClock
 from tests.support.processes import turnstile

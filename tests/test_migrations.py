@@ -15,9 +15,9 @@ from alembic.migration import MigrationContext
 from sqlalchemy import CheckConstraint, Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.engine import plain_url
-from app.db.migrate import downgrade, head_revision, upgrade
-from app.db.tables import metadata
+from app.store.engine import plain_url
+from app.store.migrate import downgrade, head_revision, upgrade
+from app.store.tables import metadata
 
 
 async def _tables(url: str) -> set[str]:
@@ -52,7 +52,7 @@ async def test_upgrade_downgrade_upgrade(empty_database: str) -> None:
 
 async def test_concurrent_upgrades_serialise_on_the_advisory_lock(empty_database: str) -> None:
     # Separate processes, as in production: Alembic's context is process-global.
-    code = "import sys; from app.db.migrate import upgrade; upgrade(sys.argv[1])"
+    code = "import sys; from app.store.migrate import upgrade; upgrade(sys.argv[1])"
     processes = [
         await asyncio.create_subprocess_exec(
             sys.executable,

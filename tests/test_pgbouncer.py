@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.engine import plain_url
-from app.db.migrate import upgrade
+from app.store.engine import plain_url
+from app.store.migrate import upgrade
 from tests.support.api import running_api
 from tests.support.invariants import check_all_runs
 from tests.support.pgbouncer import pgbouncer_in_front_of
@@ -76,7 +76,7 @@ async def test_timeouts_apply_to_every_transaction_through_pgbouncer(
     from sqlalchemy import text
 
     from app.config import Settings
-    from app.db.engine import create_engine
+    from app.store.engine import create_engine
 
     async with pgbouncer_in_front_of(server_url) as port:
         through = plain_url(make_url(database_url).set(host="127.0.0.1", port=port))

@@ -14,10 +14,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.db.embedded import LocalCluster, free_port
-from app.db.engine import create_engine
-from app.db.migrate import upgrade
 from app.security.api_keys import create_key
+from app.store.embedded import LocalCluster, free_port
+from app.store.engine import create_engine
+from app.store.migrate import upgrade
 from tests.support.invariants import check_all_runs
 from tests.support.processes import turnstile
 from tests.support.waiting import eventually

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from app.maintenance.sweeper import Sweeper
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.errors import RunFinishedError, RunNotFoundError, RunNotWaitingError
-from app.queue.models import Fenced, Lease, NewRun, Run, SweepReport, ToolCall, Written
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import Fenced, Lease, NewRun, Run, SweepReport, ToolCall, Written
 from tests.support.clock import ManualClock
 from tests.support.invariants import check_all_runs
 

@@ -23,12 +23,12 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.engine import plain_url
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
-from app.queue.models import Fenced, Lease, NewRun, SweepReport, ToolCall, Written
-from app.queue.sql import statements
 from app.queue.submit import RunSpec, Submissions, Submitter
+from app.store.engine import plain_url
+from app.store.statements import statements
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import Fenced, Lease, NewRun, SweepReport, ToolCall, Written
 from app.worker.completions import MAX_BATCH
 from tests.support.clock import ManualClock
 from tests.support.invariants import check_all_runs

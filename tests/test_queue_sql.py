@@ -1,4 +1,4 @@
-"""Static checks of the queue's statements (app/queue/*.sql): the fence is in every worker
+"""Static checks of the queue's statements (app/store/sql/*.sql): the fence is in every worker
 write, NOTIFY appears at most once per statement and only on the transitions that need it, and
 only the four requeue paths can set a run back to `queued`."""
 
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from app.queue.sql import parse, statements
+from app.store.statements import parse, statements
 
 WORKER_WRITES = {
     "heartbeat_many",
@@ -37,7 +37,7 @@ NOTIFYING = {
     "sweep_expired",
     "deliver_input",
     "cancel",
-    # A schedule's next tick is an enqueue (app/queue/schedules.sql).
+    # A schedule's next tick is an enqueue (app/store/sql/schedules.sql).
     "create_ticks",
     # Live output, on its own channel and connection, bounded by docs/adr/0007 (deltas.sql).
     "publish_deltas",

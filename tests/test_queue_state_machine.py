@@ -30,11 +30,11 @@ from hypothesis.stateful import (
 from sqlalchemy import text
 
 from app.config import Settings
-from app.db.engine import create_engine
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue, QueueConfig
 from app.queue.errors import RunFinishedError, RunNotWaitingError
-from app.queue.models import Fenced, Lease, NewRun, Run, ToolCall, Written
+from app.store.engine import create_engine
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import Fenced, Lease, NewRun, Run, ToolCall, Written
 from tests.support.clock import ManualClock
 from tests.support.invariants import check_log, read_log
 

@@ -26,9 +26,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.maintenance.sweeper import Sweeper
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue, QueueConfig
-from app.queue.models import Fenced, Lease, NewRun, ToolCall, WriteOutcome, Written
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import Fenced, Lease, NewRun, ToolCall, WriteOutcome, Written
 from tests.support.invariants import check_log, read_log
 
 ROUNDS = int(os.environ.get("TURNSTILE_RACE_ROUNDS", "200"))

@@ -17,8 +17,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.embedded import free_port
 from app.security.api_keys import create_key
+from app.store.embedded import free_port
 from tests.support.api import Api, running_api
 from tests.support.clock import ManualClock
 from tests.support.processes import turnstile

@@ -23,11 +23,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.db.engine import create_engine
 from app.queue.core import Queue, QueueConfig
-from app.queue.models import Fenced, Lease, NewRun, ToolCall, WriteOutcome, Written
-from app.queue.outcomes import OutcomeUnknown
-from app.queue.sql import statements
+from app.store.engine import create_engine
+from app.store.outcomes import OutcomeUnknown
+from app.store.statements import statements
+from app.vocabulary.records import Fenced, Lease, NewRun, ToolCall, WriteOutcome, Written
 from app.worker.completions import CompletionBatcher
 from app.worker.execution import ExecutionContext
 from tests.support.invariants import check_all_runs

@@ -15,9 +15,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
-from app.queue.models import NewRun
 from app.runtime.executor import (
     RuntimeExecutor,
     RuntimeLimits,
@@ -26,6 +24,8 @@ from app.runtime.executor import (
 )
 from app.runtime.http_tool import HttpRequestTool
 from app.runtime.tools import PermanentToolError, ToolContext
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import NewRun
 from tests.support.api import running_api
 from tests.support.clock import ManualClock
 from tests.support.invariants import check_all_runs
@@ -376,7 +376,7 @@ async def test_an_unsafe_call_that_never_left_is_planned_again_not_taken_as_done
     """Retries of a call refused before sending ran out: the journal closes it as not sent
     (neither done nor uncertain), and the next attempt makes the call for real. It used to be
     recorded as failed, and the run then succeeded with a tool that never ran."""
-    from app.db.embedded import free_port
+    from app.store.embedded import free_port
 
     port = free_port()  # nothing listens there yet: every attempt is refused before sending
     run = await queue.enqueue(

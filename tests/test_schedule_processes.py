@@ -23,12 +23,12 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.embedded import free_port
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.cron import CronSchedule
 from app.queue.schedules import NewSchedule, Schedules
 from app.security.api_keys import create_key
+from app.store.embedded import free_port
+from app.vocabulary.classes import PriorityClass
 from tests.support.invariants import check_all_runs
 from tests.support.processes import turnstile
 from tests.support.waiting import eventually

@@ -17,10 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.maintenance.scheduler import Scheduler
 from app.observability.metrics import Metrics
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
 from app.queue.errors import InvalidScheduleError, ScheduleNotFoundError
 from app.queue.schedules import NewSchedule, Schedule, Schedules
+from app.vocabulary.classes import PriorityClass
 from tests.support.clock import ManualClock
 from tests.support.invariants import check_all_runs
 

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.config import Settings
-from app.queue.classes import parse_class_limits
+from app.vocabulary.classes import parse_class_limits
 from tests.support.processes import run_cli
 
 

@@ -6,9 +6,9 @@ import pytest
 from pydantic import ValidationError
 
 from app.config import Settings
-from app.queue.classes import PriorityClass
-from app.queue.layout import SlotLayoutError, parse_slots
 from app.runtime.outbound import ClientShards
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.layout import SlotLayoutError, parse_slots
 
 INTERACTIVE, ASYNC, MAINTENANCE = PriorityClass
 
@@ -66,7 +66,7 @@ def test_pool_size_follows_the_statements_in_flight_not_the_slots() -> None:
     assert big.pool_size == 10 + 3 + 2
     assert big.claim_pool_size == 3
     assert Settings(db_pool_size=7).pool_size == 7
-    # Behind PgBouncer claims share the pool (nothing is prepared there: app/db/engine.py).
+    # Behind PgBouncer claims share the pool (nothing is prepared there: app/store/engine.py).
     bounced = Settings(
         slots="interactive:4,async:4,maintenance:1",
         pgbouncer=True,

@@ -22,10 +22,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.maintenance.work_flags import WorkFlagClearer
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
-from app.queue.models import NewRun
-from app.queue.sql import q
+from app.store.statements import q
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import NewRun
 from tests.support.invariants import check_all_runs
 from tests.support.waiting import eventually
 

@@ -23,11 +23,11 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.db.engine import create_engine
-from app.db.migrate import upgrade
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
-from app.queue.models import NewRun
+from app.store.engine import create_engine
+from app.store.migrate import upgrade
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import NewRun
 from tests.support.api import running_api
 
 EDGES = [

@@ -31,12 +31,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.embedded import free_port
 from app.observability import tracing
 from app.observability.tracing import parse_traceparent, wanted
 from app.queue.core import Queue
-from app.queue.models import NewRun
 from app.security.api_keys import create_key
+from app.store.embedded import free_port
+from app.vocabulary.records import NewRun
 from app.worker.execution import ExecutionContext
 from tests.support.api import running_api
 from tests.support.processes import turnstile

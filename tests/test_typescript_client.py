@@ -27,8 +27,8 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.embedded import free_port
 from app.security.api_keys import create_key
+from app.store.embedded import free_port
 from tests.support.browser import chromium
 from tests.support.processes import turnstile
 from tests.support.servers import running_server

@@ -14,11 +14,11 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.queue.classes import PriorityClass
-from app.queue.models import Event, NewRun
 from app.security.api_keys import authenticate, revoke_key
 from app.ui import views
 from app.ui.session import COOKIE, csrf_token
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import Event, NewRun
 from tests.support.api import Api, running_api
 from tests.support.waiting import eventually
 

@@ -20,12 +20,12 @@ from playwright.async_api import Page, expect
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue, QueueConfig
-from app.queue.models import NewRun
 from app.queue.reads import Reads
 from app.queue.submit import RunSpec, Submissions, Submitter
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import NewRun
 from tests.support.api import Api, running_api
 from tests.support.browser import chromium
 from tests.support.clock import ManualClock

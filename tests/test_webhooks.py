@@ -17,14 +17,14 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.embedded import free_port
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
-from app.queue.models import Fenced, NewRun
 from app.queue.webhooks import Webhooks
 from app.runtime.http_tool import HttpRequestTool
 from app.runtime.webhooks import register_endpoint
 from app.security.secret_box import SecretBox
+from app.store.embedded import free_port
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import Fenced, NewRun
 from tests.support.api import Api, running_api
 from tests.support.processes import run_cli, turnstile
 from tests.support.waiting import eventually

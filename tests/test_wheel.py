@@ -14,8 +14,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from app.db.engine import plain_url
-from app.db.migrate import head_revision
+from app.store.engine import plain_url
+from app.store.migrate import head_revision
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = (
@@ -85,7 +85,7 @@ async def test_an_installed_wheel_migrates_from_an_empty_folder(
     empty = tmp_path / "elsewhere"
     empty.mkdir()
     where = await run(
-        python, "-c", "from app.db.migrate import migrations_root; print(migrations_root())",
+        python, "-c", "from app.store.migrate import migrations_root; print(migrations_root())",
         cwd=empty, env=env,
     )  # fmt: skip
     assert Path(where.strip()).is_relative_to(venv), where  # the wheel's copy, not the checkout

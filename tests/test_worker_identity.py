@@ -15,9 +15,9 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue, QueueConfig
-from app.queue.models import NewRun
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import NewRun
 from app.worker.pool import new_worker_id
 from tests.support.api import Api, running_api
 from tests.support.clock import ManualClock

@@ -16,12 +16,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.db.engine import create_engine
 from app.main import create_app
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue, QueueConfig
-from app.queue.layout import parse_slots
-from app.queue.models import NewRun, Run
+from app.store.engine import create_engine
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.layout import parse_slots
+from app.vocabulary.records import NewRun, Run
 from app.worker.execution import ExecutionContext, Executor
 from app.worker.notifier import Notifier
 from app.worker.pool import WorkerPool

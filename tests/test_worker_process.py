@@ -13,10 +13,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.embedded import LocalCluster, free_port
-from app.db.migrate import upgrade
 from app.queue.core import Queue
-from app.queue.models import NewRun, Run
+from app.store.embedded import LocalCluster, free_port
+from app.store.migrate import upgrade
+from app.vocabulary.records import NewRun, Run
 from tests.support.processes import Child, run_cli, turnstile
 from tests.support.waiting import eventually
 

@@ -2,7 +2,7 @@
 run is a delivery of which transition to which endpoint).
 
 A delivery is an ordinary async-class run of the built-in `webhook` agent, inserted by the same
-statement as the transition it reports (app/queue/runs.sql), so it inherits the queue's
+statement as the transition it reports (app/store/sql/runs.sql), so it inherits the queue's
 durability, retries, fencing and dead letter. `webhook_deliveries` links it to its endpoint:
 deleting an endpoint cancels its pending deliveries through `ix_webhook_deliveries_endpoint_id`.
 

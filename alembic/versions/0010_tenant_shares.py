@@ -10,7 +10,7 @@ of it reads.
   runs of that class, kept exact by the statements that change them (claims, completions,
   failures, waits, releases, the sweep, cancellation, enqueues), so a claim reads a tenant's
   share from one row instead of counting the running set. `band` is priority / 10 (0
-  interactive, 1 async, 2 maintenance: app/queue/classes.py). `last_claimed_at` orders ties
+  interactive, 1 async, 2 maintenance: app/vocabulary/classes.py). `last_claimed_at` orders ties
   between tenants with as many running runs (least recently served first).
 
 The counts of a database that already holds runs are filled in here from its queued and

@@ -13,8 +13,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.api.auth import bearer, current_caller
 from app.api.problems import ApiProblem, responses
 from app.api.services import state_of
-from app.db.migrate import head_revision
-from app.db.resolve import schema_revision
+from app.store.migrate import head_revision
+from app.store.resolve import schema_revision
 
 router = APIRouter(tags=["health"])
 

@@ -17,7 +17,7 @@ submission, refusals included; not requests refused before it, such as 401 or 42
 
 from __future__ import annotations
 
-from app.queue.models import SubmitAllowance
+from app.vocabulary.records import SubmitAllowance
 
 DRAFT = "draft-ietf-httpapi-ratelimit-headers-11"
 POLICY = "submit"

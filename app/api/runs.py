@@ -40,9 +40,9 @@ from app.api.watch import (
 from app.observability import tracing
 from app.queue.core import Queue
 from app.queue.errors import RunNotFoundError
-from app.queue.models import Run
-from app.queue.statuses import TERMINAL, RunStatus
 from app.security.api_keys import Caller
+from app.vocabulary.records import Run
+from app.vocabulary.statuses import TERMINAL, RunStatus
 
 router = APIRouter(tags=["runs"])
 

@@ -20,9 +20,9 @@ from pydantic import (
     StrictInt,
 )
 
-from app.queue.classes import PriorityClass
 from app.queue.pages import RunsPage, TranscriptPage
-from app.queue.statuses import RunStatus
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.statuses import RunStatus
 
 
 def storable_json(value: JsonValue) -> JsonValue:

@@ -29,11 +29,11 @@ from app.api.schemas import (
 from app.api.services import state_of
 from app.api.streams import HeldStream, session_stream
 from app.observability import tracing
-from app.queue.classes import PriorityClass
 from app.queue.errors import SessionNotFoundError
 from app.queue.reads import Reads, SessionView
 from app.queue.submit import IdempotencyKey, RunSpec, Submitted, request_hash
 from app.security.api_keys import Caller
+from app.vocabulary.classes import PriorityClass
 
 router = APIRouter(tags=["sessions"])
 

@@ -48,9 +48,9 @@ from app.api.watch import (
     recheck_seconds,
 )
 from app.queue.deltas import Delta
-from app.queue.models import Event
-from app.queue.statuses import TERMINAL
 from app.security.api_keys import Caller
+from app.vocabulary.records import Event
+from app.vocabulary.statuses import TERMINAL
 
 KEEPALIVE_SECONDS = 15.0  # proxies close connections that stay silent much longer
 STREAM_PAGE = 500

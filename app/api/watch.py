@@ -34,7 +34,7 @@ from uuid import UUID
 
 from app.api.problems import ApiProblem
 from app.queue.deltas import Delta
-from app.queue.models import RUN_ID_PREFIX
+from app.vocabulary.records import RUN_ID_PREFIX
 
 STREAM_RECHECK_SECONDS = 0.5  # a running run's events reach its streams within this
 POLL_RECHECK_SECONDS = 1.0  # a long poll's unnotified status changes (claims) within this
@@ -60,7 +60,7 @@ def recheck_seconds(status: str, scheduled_for: datetime | None, *, active_secon
 
 
 class RunWatch:
-    """Waiters keyed by the id prefix notifications name runs by (app/queue/runs.sql), so a
+    """Waiters keyed by the id prefix notifications name runs by (app/store/sql/runs.sql), so a
     notification wakes the waiters of the runs it names in time proportional to those names,
     not to every open stream."""
 

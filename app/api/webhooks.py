@@ -3,7 +3,7 @@ re-enable one that failed deliveries disabled, delete.
 Operator scope; an endpoint belongs to its creator's tenant and receives that tenant's run
 transitions only; another tenant's is not found. The URL passes the `http_request` tool's
 allow-list and address checks here (422 when refused) and again at every delivery. Delivery
-itself is the queue's and the runtime's (app/queue/runs.sql, app/runtime/webhooks.py)."""
+itself is the queue's and the runtime's (app/store/sql/runs.sql, app/runtime/webhooks.py)."""
 
 from __future__ import annotations
 

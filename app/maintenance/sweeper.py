@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from app.maintenance.service import MaintenanceService
 from app.queue.core import Queue
-from app.queue.models import SweepReport
+from app.vocabulary.records import SweepReport
 
 log = logging.getLogger("turnstile.sweeper")
 

@@ -19,7 +19,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.queue.classes import PriorityClass
+from app.vocabulary.classes import PriorityClass
 
 TRANSITIONS = (
     "enqueued",

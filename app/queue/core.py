@@ -3,7 +3,7 @@
 Every method runs its statement in a transaction of its own, or on the connection it is given
 (so the submit path can enqueue or deliver inside the transaction that locked the session).
 Fenced methods return `Written | Fenced`, heartbeats return a bool; neither raises on a lost
-lease. A lost connection is sent again only where that is provably safe (app/queue/outcomes.py):
+lease. A lost connection is sent again only where that is provably safe (app/store/outcomes.py):
 any statement nothing of which committed, and a fenced write of unknown outcome through a
 replay that recognises its own earlier commit. Time is the database's unless a `clock` (tests)
 or an explicit `now` says otherwise.
@@ -11,32 +11,28 @@ or an explicit `now` says otherwise.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cache
 from typing import Any, Protocol
 from uuid import UUID
 
-import asyncpg
 from sqlalchemy import RowMapping
-from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
-from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.queue.classes import PriorityClass, priorities_of
 from app.queue.errors import (
     QueueQuotaError,
     RunFinishedError,
     RunNotFoundError,
     RunNotWaitingError,
 )
-from app.queue.models import (
+from app.store.database import Clock, Database, database_clock, dump_json, failed_with
+from app.store.outcomes import OutcomeUnknown
+from app.store.statements import q, statements
+from app.vocabulary.classes import PriorityClass, priorities_of
+from app.vocabulary.records import (
     JSON,
     UNKNOWN_OUTCOME,
     CancelOutcome,
@@ -57,63 +53,14 @@ from app.queue.models import (
     WriteOutcome,
     Written,
 )
-from app.queue.outcomes import (
-    NotCommitted,
-    OutcomeUnknown,
-    closed_before_send,
-    driver_error,
-    lost_connection,
-)
-from app.queue.sql import q, statements
 
-Clock = Callable[[], datetime | None]
+__all__ = ["Clock", "Queue", "QueueConfig", "database_clock", "dump_json", "failed_with"]
 
 log = logging.getLogger("turnstile.queue")
-
-DEADLOCK_RETRIES = 3
-"""How often a multi-row fenced statement is retried after PostgreSQL chose it as a deadlock
-victim. Its transaction rolled back whole, so a retry cannot write twice; the id-ordered lock
-step makes deadlocks between our own batches impossible, and this covers any other session."""
-
-
-@cache
-def positional(name: str) -> tuple[str, tuple[str, ...]]:
-    """A named statement as the driver takes it: `$n` placeholders, and the parameter names
-    in their order (compiled once, by SQLAlchemy's own asyncpg dialect)."""
-    compiled = statements()[name].clause.compile(dialect=asyncpg_dialect())  # type: ignore[no-untyped-call]
-    return compiled.string, tuple(compiled.positiontup or ())
-
 
 PASSED_OVER_RETRIES = 3
 """How many times a fair claim that claimed nothing, having passed over runs of a tenant that a
 concurrent claim had just brought to its limit, is asked again at once (docs/adr/0006)."""
-
-_REFUSALS = ("TS404", "TS409", "TS429")
-"""SQLSTATEs our own functions raise for a refusal (migration 0007; TS429, a tenant's queued
-quota (migration 0011) or its submission rate limit (migration 0012): the message names which)."""
-
-REPLAY_ATTEMPTS = 5
-"""How often a fenced write of unknown outcome is replayed before its error is raised: each
-replay is exact, so the only limit is how long a worker should wait for its database."""
-
-REPLAY_PAUSE_SECONDS = 0.05
-"""The pause before the second replay, doubled before each next (0.05 s to 0.4 s: about a
-fast restart of the database in all)."""
-
-
-def _lost(exc: BaseException) -> bool:
-    """The connection was lost (or could not be had), as opposed to a refusal by the server."""
-    if isinstance(exc, NotCommitted | OutcomeUnknown):
-        return True
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return True
-    return isinstance(exc, OSError) or lost_connection(driver_error(exc))
-
-
-def failed_with(exc: DBAPIError, sqlstate: str, message: str) -> bool:
-    """Whether PostgreSQL refused the statement with `sqlstate` (the driver's code, or its
-    message where a driver does not pass the code on)."""
-    return getattr(exc.orig, "sqlstate", None) == sqlstate or message in str(exc.orig)
 
 
 class Observer(Protocol):
@@ -130,15 +77,6 @@ class _Unobserved:
 
     def claimed(self, priority: int, waited_seconds: float) -> None:
         pass
-
-
-def database_clock() -> datetime | None:
-    """No override: statements use the database's now()."""
-    return None
-
-
-def dump_json(value: JSON) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -185,12 +123,16 @@ class Queue:
         observer: Observer | None = None,
         claim_engine: AsyncEngine | None = None,
     ) -> None:
-        self.engine = engine
-        # Claims run here when given: connections that keep one generic plan per claim
-        # statement (app/db/engine.py, create_claim_engine); everything else on `engine`.
-        self.claim_engine = claim_engine
         self.config = config or QueueConfig()
-        self.clock: Clock = clock or database_clock
+        self.db = Database(
+            engine,
+            clock=clock,
+            direct_calls=self.config.direct_calls,
+            claim_engine=claim_engine,
+        )
+        self.engine = engine
+        self.claim_engine = claim_engine
+        self.clock: Clock = self.db.clock
         self.observer: Observer = observer or _Unobserved()
 
     # --- plumbing -----------------------------------------------------------------------------
@@ -213,256 +155,11 @@ class Queue:
     async def _quota_refusal(self, tenant_id: str) -> QueueQuotaError:
         """The refusal of a submission that found its tenant at its queued quota, with the
         quota and the queued total as they are now (read only on this rare path)."""
-        rows = await self._rows(
+        rows = await self.db.rows(
             "tenant_quota", {"tenant_id": tenant_id, "max_queued": self.config.tenant_max_queued}
         )
         row = rows[0]
         return QueueQuotaError(tenant_id, row["max_queued"], int(row["queued"]))
-
-    async def _rows(
-        self,
-        name: str,
-        params: dict[str, Any],
-        conn: AsyncConnection | None = None,
-        *,
-        engine: AsyncEngine | None = None,
-    ) -> list[RowMapping]:
-        """The named statement's rows: on `conn` (the caller's transaction), or in a
-        transaction of its own, sent once more on a fresh connection when the first connection
-        was lost before anything of it committed (`NotCommitted`; app/queue/outcomes.py). A
-        loss after it may have committed is raised as `OutcomeUnknown`."""
-        params.setdefault("now", self.clock())
-        if conn is not None:
-            result = await conn.execute(q(name), params)
-            return list(result.mappings().all())
-        for attempt in range(2):
-            try:
-                return await self._own_rows(name, params, engine or self.engine)
-            except NotCommitted:
-                if attempt == 1:
-                    raise
-        raise AssertionError("unreachable: the second attempt returns or raises")
-
-    async def _own_rows(
-        self, name: str, params: dict[str, Any], engine: AsyncEngine
-    ) -> list[RowMapping]:
-        if self.config.direct_calls:
-            # A statement that is its own transaction: one round trip on the driver's
-            # connection (its implicit transaction), no BEGIN and COMMIT around it.
-            sql, names = positional(name)
-            return await self._direct(sql, [params[n] for n in names], engine)
-        return await self._transaction(name, params, engine)
-
-    async def _transaction(
-        self, name: str, params: dict[str, Any], engine: AsyncEngine
-    ) -> list[RowMapping]:
-        """The statement in BEGIN ... COMMIT through SQLAlchemy (behind PgBouncer). A lost
-        connection before the COMMIT was sent rolled it back (`NotCommitted`); during the
-        COMMIT, its outcome is unknown."""
-        stage = "connect"
-        try:
-            async with engine.connect() as conn:
-                stage = "execute"
-                async with conn.begin():
-                    result = await conn.execute(q(name), params)
-                    rows = list(result.mappings().all())
-                    stage = "commit"
-                return rows
-        except (DBAPIError, OSError) as exc:
-            error = driver_error(exc)
-            lost = lost_connection(error) or (
-                isinstance(exc, DBAPIError) and exc.connection_invalidated
-            )
-            if stage == "connect" or (lost and stage == "execute"):
-                raise NotCommitted(name, None, exc, connection_invalidated=True) from exc
-            if lost:
-                unknown = NotCommitted if closed_before_send(error) else OutcomeUnknown
-                raise unknown(name, None, exc, connection_invalidated=True) from exc
-            raise
-
-    async def call(
-        self,
-        name: str,
-        args: Sequence[Any],
-        *,
-        retry_on_disconnect: bool,
-        refusals: Callable[[str, dict[str, Any]], Exception],
-    ) -> Mapping[str, Any]:
-        """One round trip: the named statement (positional `$n` parameters, one row back) on
-        the driver's own connection, where asyncpg prepares it once per connection and runs it
-        in its implicit transaction: no BEGIN and COMMIT round trips, no SQLAlchemy compilation.
-        A refusal raised by the statement (SQLSTATE TS404/TS409/TS429, the problem's name as the
-        message, its fields as JSON in the detail) becomes `refusals(name, fields)`. A lost
-        connection is dropped from the pool; the statement is sent once more on a fresh
-        connection when nothing of it committed (`NotCommitted`), and, with
-        `retry_on_disconnect` (it recognises its own earlier commit), also when it may have
-        (`OutcomeUnknown`); otherwise the OperationalError is raised."""
-        sql = statements()[name].sql
-        for attempt in range(2):
-            try:
-                if self.config.direct_calls:
-                    return await self._call_direct(sql, args)
-                async with self.engine.begin() as conn:
-                    result = await conn.exec_driver_sql(sql, tuple(args))
-                    return dict(result.mappings().one())
-            except NotCommitted:
-                if attempt == 1:
-                    raise
-            except OperationalError:
-                if not retry_on_disconnect or attempt == 1:
-                    raise
-            except DBAPIError as exc:
-                # Directly, the driver's error is the wrapper's `orig`; through SQLAlchemy's
-                # dialect, the cause of its own adapted error.
-                cause = exc.orig if isinstance(exc.orig, asyncpg.PostgresError) else None
-                cause = cause or (exc.orig.__cause__ if exc.orig is not None else None)
-                if isinstance(cause, asyncpg.PostgresError) and cause.sqlstate in _REFUSALS:
-                    raise refusals(cause.message, json.loads(cause.detail or "{}")) from None
-                if retry_on_disconnect and attempt == 0 and exc.connection_invalidated:
-                    continue
-                raise
-        raise AssertionError("unreachable: the second attempt returns or raises")
-
-    async def _call_direct(self, sql: str, args: Sequence[Any]) -> Mapping[str, Any]:
-        rows = await self._direct(sql, args)
-        if len(rows) != 1:
-            raise AssertionError(f"{sql[:40]!r} returned {len(rows)} rows, not one")
-        found: Mapping[str, Any] = rows[0]
-        return found
-
-    async def _direct(
-        self, sql: str, args: Sequence[Any], engine: AsyncEngine | None = None
-    ) -> list[Any]:
-        """The statement on the driver's own connection, prepared once per connection (the
-        driver's statement cache), its errors raised as SQLAlchemy's would be: callers and the
-        API's handlers see one kind of error whichever path ran. A lost connection is told
-        apart by what it proves (app/queue/outcomes.py): `NotCommitted` when no connection
-        could be had or the driver found it closed before sending, `OutcomeUnknown` once the
-        statement was sent (its implicit transaction commits at the protocol's Sync, before
-        the answer that was lost)."""
-        had_connection = False
-        try:
-            async with (engine or self.engine).connect() as conn:
-                had_connection = True
-                raw = await conn.get_raw_connection()
-                driver: asyncpg.Connection = raw.driver_connection
-                try:
-                    rows: list[Any] = await driver.fetch(sql, *args)
-                    return rows
-                except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
-                    if isinstance(exc, asyncpg.InterfaceError) and not closed_before_send(exc):
-                        # The driver's state is not to be trusted (an operation left running).
-                        await conn.invalidate()
-                        raise OperationalError(sql, None, exc, connection_invalidated=True) from exc
-                    if not lost_connection(exc):
-                        raise DBAPIError(sql, None, exc) from exc
-                    await conn.invalidate()
-                    unknown = NotCommitted if closed_before_send(exc) else OutcomeUnknown
-                    raise unknown(sql, None, exc, connection_invalidated=True) from exc
-        except Exception as exc:
-            # Raised before a connection was had (refused, the server starting or stopping,
-            # checkout failed): nothing was sent. A pool timeout is not sent again: every
-            # connection is busy, and a second try would only wait as long again.
-            if had_connection or isinstance(exc, PoolTimeout):
-                raise
-            raise NotCommitted(sql, None, exc, connection_invalidated=True) from exc
-
-    async def _replay(self, name: str, params: dict[str, Any]) -> list[RowMapping]:
-        """The fenced write `name` once more, after its first sending's outcome was unknown
-        (runs.sql, "Replays"): in one transaction, the run row locked, then the write's
-        recognising read, whose row is the earlier commit's result; else the write itself.
-        A replay is exact whatever became of the ones before it, so one lost in turn is
-        replayed again, a few times, a little later each (a database restarting)."""
-        for attempt in range(REPLAY_ATTEMPTS):
-            try:
-                async with self.engine.begin() as tx:
-                    await tx.execute(q("lock_for_replay"), params)
-                    found = await tx.execute(q(f"recognise_{name}"), params)
-                    rows = list(found.mappings().all())
-                    recognised = bool(rows)
-                    if not recognised:
-                        rows = list((await tx.execute(q(name), params)).mappings().all())
-                # Rare (a connection lost mid-write) and worth knowing: what the replay found.
-                log.warning(
-                    "fenced write of unknown outcome replayed",
-                    extra={
-                        "write": name,
-                        "run_id": str(params["run_id"]),
-                        "epoch": params["epoch"],
-                        "earlier_commit_found": recognised,
-                        "replays": attempt + 1,
-                    },
-                )
-                return rows
-            except (DBAPIError, OSError) as exc:
-                if not _lost(exc) or attempt == REPLAY_ATTEMPTS - 1:
-                    raise
-            await asyncio.sleep(REPLAY_PAUSE_SECONDS * 2**attempt)
-        raise AssertionError("unreachable: the last attempt returns or raises")
-
-    async def _replay_completions(self, params: dict[str, Any]) -> list[Mapping[Any, Any]]:
-        """complete_many's replay: as `_replay`, for each (run, epoch) of the batch; the runs
-        found completed by the earlier sending and those completed now, in one result row."""
-        for attempt in range(REPLAY_ATTEMPTS):
-            try:
-                async with self.engine.begin() as tx:
-                    await tx.execute(q("lock_many_for_replay"), params)
-                    found = (await tx.execute(q("recognise_complete_many"), params)).mappings()
-                    earlier = dict(found.one())
-                    done = set(zip(earlier["ids"], earlier["epochs"], strict=True))
-                    left = [
-                        i
-                        for i, key in enumerate(
-                            zip(params["run_ids"], params["epochs"], strict=True)
-                        )
-                        if key not in done
-                    ]
-                    if not left:
-                        log.warning(
-                            "completion batch of unknown outcome replayed",
-                            extra={"runs": len(done), "earlier_commits_found": len(done)},
-                        )
-                        return [earlier]
-                    rest = {
-                        **params,
-                        **{
-                            k: [params[k][i] for i in left]
-                            for k in ("run_ids", "epochs", "results")
-                        },
-                    }
-                    now = dict((await tx.execute(q("complete_many"), rest)).mappings().one())
-                    merged = {
-                        k: [*earlier[k], *now[k]] for k in ("ids", "epochs", "seqs", "priorities")
-                    }
-                log.warning(
-                    "completion batch of unknown outcome replayed",
-                    extra={"runs": len(params["run_ids"]), "earlier_commits_found": len(done)},
-                )
-                return [merged]
-            except (DBAPIError, OSError) as exc:
-                if not _lost(exc) or attempt == REPLAY_ATTEMPTS - 1:
-                    raise
-            await asyncio.sleep(REPLAY_PAUSE_SECONDS * 2**attempt)
-        raise AssertionError("unreachable: the last attempt returns or raises")
-
-    async def _batch_rows(self, name: str, params: dict[str, Any]) -> Sequence[Mapping[Any, Any]]:
-        """A multi-row fenced statement in a transaction of its own, retried when it was a
-        deadlock victim (nothing of it committed). One whose outcome is unknown is sent again:
-        heartbeat_many as it is (setting a deadline again changes nothing), complete_many
-        through its replay."""
-        for attempt in range(DEADLOCK_RETRIES + 1):
-            try:
-                return await self._rows(name, dict(params))
-            except OutcomeUnknown:
-                if name == "complete_many":
-                    return await self._replay_completions(dict(params, now=self.clock()))
-                if name != "heartbeat_many" or attempt == DEADLOCK_RETRIES:
-                    raise
-            except DBAPIError as exc:
-                deadlock = failed_with(exc, "40P01", "deadlock detected")
-                if not deadlock or attempt == DEADLOCK_RETRIES:
-                    raise
-        raise AssertionError("unreachable")
 
     async def _fenced(
         self,
@@ -477,11 +174,11 @@ class Queue:
         after it was sent is replayed, recognising its own earlier commit (`_replay`)."""
         params = {"run_id": lease.run_id, "epoch": lease.epoch, **params}
         try:
-            rows = await self._rows(name, params, conn)
+            rows = await self.db.rows(name, params, conn)
         except OutcomeUnknown:
             if f"recognise_{name}" not in statements():
                 raise  # a write that cannot recognise itself is not sent again
-            rows = await self._replay(name, params)
+            rows = await self.db.replay(name, params)
         if not rows:
             return Fenced(lease)
         row = rows[0]
@@ -498,7 +195,7 @@ class Queue:
         """A new queued run. For back-end services in the deployment and the core's own
         callers: not rate limited (the submission rate limit is the API's, in
         `turnstile_submit`)."""
-        rows = await self._rows(
+        rows = await self.db.rows(
             "enqueue",
             {
                 "id": run_id or uuid.uuid4(),
@@ -536,7 +233,7 @@ class Queue:
         ids = [uuid.uuid4() for _ in runs]
         if not ids:
             return []
-        rows = await self._rows(
+        rows = await self.db.rows(
             "enqueue_many",
             {
                 "ids": ids,
@@ -577,12 +274,12 @@ class Queue:
         }
         engine = self.claim_engine
         if not self.config.fair_claim:
-            rows = await self._rows("claim_fifo", {**params, "limit": limit}, engine=engine)
+            rows = await self.db.rows("claim_fifo", {**params, "limit": limit}, engine=engine)
         else:
             name = "claim_one" if limit == 1 else "claim_many"
             fair = {**params, **self._limits(), "limit": limit}
             for _ in range(PASSED_OVER_RETRIES + 1):
-                found = await self._rows(name, dict(fair), engine=engine)
+                found = await self.db.rows(name, dict(fair), engine=engine)
                 rows = [row for row in found if row["id"] is not None]
                 # Nothing claimed, but runs were passed over because a concurrent claim took
                 # their tenant's last room under its limit: other tenants' runs may be waiting
@@ -620,7 +317,7 @@ class Queue:
     async def next_due(self, classes: Sequence[PriorityClass]) -> float | None:
         """Seconds until the earliest queued run of `classes` that is not eligible yet becomes
         eligible (scheduled, a schedule's tick, backed off); None when there is none."""
-        rows = await self._rows("next_due", {"priorities": priorities_of(classes)})
+        rows = await self.db.rows("next_due", {"priorities": priorities_of(classes)})
         if not rows or rows[0]["seconds"] is None:
             return None
         return max(float(rows[0]["seconds"]), 0.0)
@@ -639,7 +336,7 @@ class Queue:
         (`Lease.key`): a stale execution of a run must not be renewed by its fresh one's."""
         if not leases:
             return set()
-        rows = await self._batch_rows(
+        rows = await self.db.batch_rows(
             "heartbeat_many",
             {
                 "run_ids": [lease.run_id for lease in leases],
@@ -730,7 +427,7 @@ class Queue:
         did not match (nothing was written for it)."""
         if not completions:
             return []
-        rows = await self._batch_rows(
+        rows = await self.db.batch_rows(
             "complete_many",
             {
                 "run_ids": [lease.run_id for lease, _ in completions],
@@ -787,7 +484,7 @@ class Queue:
 
     async def record_fenced(self, lease: Lease, *, during: str) -> int | None:
         """Write `run.fenced` with the stale epoch: the one write exempt from the fence."""
-        rows = await self._rows(
+        rows = await self.db.rows(
             "record_fenced",
             {"run_id": lease.run_id, "epoch": lease.epoch, "owner": lease.owner, "during": during},
         )
@@ -850,7 +547,7 @@ class Queue:
     ) -> Run:
         """Store the user's answer as the run's next input and requeue the same run (joining
         the answer's trace, when it names one)."""
-        rows = await self._rows(
+        rows = await self.db.rows(
             "deliver_input",
             {
                 "run_id": run_id,
@@ -880,7 +577,7 @@ class Queue:
         """Cancel from any non-terminal status; a no-op on a cancelled run; refused on a
         succeeded or failed one (RunFinishedError). `tenant_id` and `principal` limit which
         runs the caller may cancel (None: any); another's run is not found."""
-        rows = await self._rows(
+        rows = await self.db.rows(
             "cancel",
             {
                 "run_id": run_id,
@@ -914,13 +611,13 @@ class Queue:
         conn: AsyncConnection | None = None,
     ) -> Run | None:
         """The run, if `tenant_id` and `principal` (None: any) may see it."""
-        rows = await self._rows(
+        rows = await self.db.rows(
             "get_run", {"run_id": run_id, "tenant_id": tenant_id, "principal": principal}, conn
         )
         return Run.from_row(rows[0]) if rows else None
 
     async def events(self, run_id: UUID, *, after: int = 0, limit: int = 1000) -> list[Event]:
-        rows = await self._rows("run_events", {"run_id": run_id, "after": after, "limit": limit})
+        rows = await self.db.rows("run_events", {"run_id": run_id, "after": after, "limit": limit})
         return [Event(**dict(row)) for row in rows]
 
     async def watch_events(
@@ -934,7 +631,7 @@ class Queue:
     ) -> tuple[RunProgress | None, list[Event]]:
         """One round trip for an event stream: where the run stands and the events after
         `after`; (None, []) when the run is gone or not visible to `tenant_id`/`principal`."""
-        rows = await self._rows(
+        rows = await self.db.rows(
             "watch_events",
             {
                 "run_id": run_id,
@@ -960,7 +657,7 @@ class Queue:
         """One round trip for a session stream: the session's first run numbered `from_run_no`
         or later, where it stands, and its events after `after` (after 0 when it is a later
         run); (None, []) when the session has no such run yet."""
-        rows = await self._rows(
+        rows = await self.db.rows(
             "watch_session_events",
             {"session_id": session_id, "from_run_no": from_run_no, "after": after, "limit": limit},
         )
@@ -978,7 +675,7 @@ class Queue:
         return progress, _watched_events(rows)
 
     async def latest_checkpoint(self, run_id: UUID) -> Checkpoint | None:
-        rows = await self._rows("latest_checkpoint", {"run_id": run_id})
+        rows = await self.db.rows("latest_checkpoint", {"run_id": run_id})
         return Checkpoint(**dict(rows[0])) if rows else None
 
     async def resume_state(self, run: Run) -> ResumeState:
@@ -991,7 +688,7 @@ class Queue:
         one statement."""
         if run.last_event_seq == 2 and run.inputs_count == 1:
             return ResumeState(checkpoint=None, inputs=[run.input], journal=[])
-        rows = await self._rows("resume_state", {"run_id": run.id})
+        rows = await self.db.rows("resume_state", {"run_id": run.id})
         row = rows[0]
         return ResumeState(
             checkpoint=Checkpoint(**row["checkpoint"]) if row["checkpoint"] else None,
@@ -1007,7 +704,7 @@ class Queue:
         that window is terminal before the reader's run was created, so it no longer changes)."""
         if through_run_no < from_run_no:
             return []
-        rows = await self._rows(
+        rows = await self.db.rows(
             "session_transcript",
             {
                 "session_id": session_id,
@@ -1022,11 +719,11 @@ class Queue:
         return [TranscriptEntry.from_row(row) for row in rows]
 
     async def journal(self, run_id: UUID) -> list[JournalEntry]:
-        rows = await self._rows("tool_journal", {"run_id": run_id})
+        rows = await self.db.rows("tool_journal", {"run_id": run_id})
         return [JournalEntry(**dict(row)) for row in rows]
 
     async def inputs(self, run_id: UUID) -> list[JSON]:
-        rows = await self._rows("run_inputs", {"run_id": run_id})
+        rows = await self.db.rows("run_inputs", {"run_id": run_id})
         return [row["input"] for row in rows]
 
 

@@ -24,8 +24,8 @@ from uuid import UUID
 
 import asyncpg
 
-from app.db.engine import plain_url
-from app.queue.core import positional
+from app.store.database import positional
+from app.store.engine import plain_url
 
 CHANNEL = "turnstile_deltas"
 MAX_PAYLOAD_BYTES = 4_000

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from uuid import UUID
 
 if TYPE_CHECKING:
-    from app.queue.models import SubmitAllowance
+    from app.vocabulary.records import SubmitAllowance
 
 
 class TurnstileError(Exception):

@@ -9,7 +9,7 @@ worker pool and app/maintenance call these; the statements are in workers.sql.""
 from __future__ import annotations
 
 from app.queue.core import Queue
-from app.queue.sql import q
+from app.store.statements import q
 
 
 class WorkerRegistry:

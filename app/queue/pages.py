@@ -15,7 +15,7 @@ from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.queue.errors import InvalidCursorError
-from app.queue.models import Run, TranscriptEntry
+from app.vocabulary.records import Run, TranscriptEntry
 
 # The keyset statements name their "before" parameter after the column they are ordered by.
 BEFORE_PARAMETER = {

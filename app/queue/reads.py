@@ -15,12 +15,12 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
-from app.queue.models import JSON, Run
 from app.queue.pages import RunsPage, TranscriptPage, fetch_runs_page, fetch_transcript_page
-from app.queue.sql import q
 from app.queue.tenants import TenantDepth, Tenants
+from app.store.statements import q
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import JSON, Run
 
 BUSIEST_TENANTS = 10
 """How many tenants the dashboard's overview lists one by one."""

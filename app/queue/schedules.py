@@ -43,14 +43,14 @@ from uuid import UUID
 from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue, dump_json
 from app.queue.cron import CronSchedule, InvalidCronError
 from app.queue.errors import InvalidScheduleError, ScheduleNotFoundError
-from app.queue.models import JSON, Run
 from app.queue.pages import RunsPage, decode_cursor, encode_cursor, fetch_runs_page
-from app.queue.sql import q
 from app.queue.submit import IdempotencyKey, Submissions, Submitter
+from app.store.statements import q
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import JSON, Run
 
 log = logging.getLogger("turnstile.schedules")
 

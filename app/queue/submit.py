@@ -34,7 +34,6 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue, dump_json, failed_with
 from app.queue.errors import (
     AnswerConflictError,
@@ -49,9 +48,10 @@ from app.queue.errors import (
     SessionNotFoundError,
     TurnstileError,
 )
-from app.queue.models import JSON, NewRun, Run, SubmitAllowance
-from app.queue.sql import q
 from app.queue.webhooks import WEBHOOK_AGENT
+from app.store.statements import q
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import JSON, NewRun, Run, SubmitAllowance
 
 ACCEPTED = 202
 
@@ -303,7 +303,7 @@ class Submissions:
         # A keyed submission may be sent again after its connection died mid-call: the key
         # makes a second call a replay of whatever the first committed.
         try:
-            row = await self.queue.call(
+            row = await self.queue.db.call(
                 "submit", args, retry_on_disconnect=idempotency is not None, refusals=_refusal
             )
         except RateLimitedError:

@@ -7,7 +7,7 @@ metrics (no HTTP here).
   the two, and None there means no limit.
 - `Tenants.set_limits` validates and upserts the overrides in one statement; a change applies
   from the next claim or submission on, in every process.
-- A tenant's token bucket (`app.queue.models.SubmitAllowance`) is taken in the submission's
+- A tenant's token bucket (`app.vocabulary.records.SubmitAllowance`) is taken in the submission's
   own statement (`turnstile_submit`, migration 0012); `Submissions` reports it.
 - `Tenants.depth`: running and queued runs per tenant and class from `tenant_class_totals`, one
   tenant or the busiest N with the rest summed, so nothing here counts runs or grows with the
@@ -24,11 +24,11 @@ from typing import Any, TypeVar
 
 from sqlalchemy import RowMapping
 
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue, dump_json
 from app.queue.errors import InvalidLimitsError
-from app.queue.models import JSON
-from app.queue.sql import q
+from app.store.statements import q
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import JSON
 
 MAX_INT = 2**31 - 1
 """The columns are PostgreSQL integers."""

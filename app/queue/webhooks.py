@@ -24,7 +24,7 @@ from uuid import UUID
 
 from app.queue.core import Queue
 from app.queue.errors import TurnstileError
-from app.queue.sql import q
+from app.store.statements import q
 
 log = logging.getLogger("turnstile.webhooks")
 

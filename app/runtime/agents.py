@@ -25,8 +25,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from app.queue.models import JSON
 from app.runtime.state import RunState
+from app.vocabulary.records import JSON
 
 
 @dataclass(frozen=True)

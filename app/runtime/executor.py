@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.observability import tracing
-from app.queue.models import JSON, UNKNOWN_OUTCOME, JournalEntry, ToolCall
 from app.runtime.agents import Agent, AgentError, Ask, CallTool, Finish
 from app.runtime.live import LiveOutput
 from app.runtime.state import RunState, ToolRecord
@@ -34,6 +33,7 @@ from app.runtime.tools import (
     TransientToolError,
     derive_idempotency_key,
 )
+from app.vocabulary.records import JSON, UNKNOWN_OUTCOME, JournalEntry, ToolCall
 from app.worker.execution import ExecutionContext, StopExecution
 
 log = logging.getLogger("turnstile.runtime")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from app.queue.models import JSON
+from app.vocabulary.records import JSON
 
 UNKNOWN_RESULT = (
     "The outcome of this tool call is unknown: it started but its result was never recorded "

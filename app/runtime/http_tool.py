@@ -32,13 +32,13 @@ from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 import httpx
 
-from app.queue.models import JSON
 from app.runtime.tools import (
     IdempotencyClass,
     PermanentToolError,
     ToolContext,
     TransientToolError,
 )
+from app.vocabulary.records import JSON
 
 SAFE_METHODS = {"GET", "HEAD", "PUT", "DELETE"}
 METHODS = SAFE_METHODS | {"POST", "PATCH"}

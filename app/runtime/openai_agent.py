@@ -37,13 +37,13 @@ from typing import Any
 import httpx
 
 from app.observability import tracing
-from app.queue.models import JSON
 from app.runtime.agents import AgentError, Ask, CallTool, Decision, Finish
 from app.runtime.history import UNKNOWN_RESULT, chat_messages, trim_history
 from app.runtime.live import LiveOutput
 from app.runtime.outbound import ClientShards
 from app.runtime.state import RunState
 from app.runtime.tools import Tool
+from app.vocabulary.records import JSON
 
 log = logging.getLogger("turnstile.openai")
 ASK_USER = "ask_user"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from app.queue.models import JSON
+from app.vocabulary.records import JSON
 
 if TYPE_CHECKING:
     from app.runtime.live import LiveOutput

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Protocol
 
-from app.queue.models import JSON
+from app.vocabulary.records import JSON
 
 IdempotencyClass = Literal["safe", "keyed", "unsafe"]
 

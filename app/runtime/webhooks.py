@@ -1,7 +1,7 @@
 """Webhook deliveries, runtime side: the built-in `webhook` agent and its one tool, which POSTs
 a delivery run's body to its endpoint, signed per the Standard Webhooks specification.
 
-A delivery is an async-class run that a transition inserted (app/queue/runs.sql's
+A delivery is an async-class run that a transition inserted (app/store/sql/runs.sql's
 `webhook_deliveries` fragment); its input is the JSON body to send. The agent calls
 `webhook_deliver` once, then finishes with the receiver's status. The tool:
 - reads the endpoint as it is now (`WebhookTargets.target`): a deleted or disabled endpoint is a
@@ -34,7 +34,6 @@ from collections.abc import Callable
 from typing import ClassVar, Protocol
 from uuid import UUID
 
-from app.queue.models import JSON
 from app.queue.webhooks import WEBHOOK_AGENT, DeliveryTarget, Disabled, Endpoint, Webhooks
 from app.runtime.agents import AgentError, CallTool, Decision, Finish
 from app.runtime.http_tool import HttpRequestTool
@@ -47,6 +46,7 @@ from app.runtime.tools import (
     TransientToolError,
 )
 from app.security.secret_box import SecretBox, SecretKeyMissingError, new_signing_secret
+from app.vocabulary.records import JSON
 
 log = logging.getLogger("turnstile.webhooks")
 

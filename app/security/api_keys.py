@@ -17,7 +17,7 @@ from uuid import UUID
 from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.statements import load_statements
+from app.store.statements import q
 
 SCOPES = ("operator", "admin")
 KEY_PREFIX = "ts_"
@@ -65,8 +65,8 @@ class NewKey:
 
 
 def statement(name: str) -> TextClause:
-    """A named statement of the security package's own file (app/security/queries.sql)."""
-    return load_statements("app.security", ("queries.sql",))[name].clause
+    """A named statement of app/store/sql/credentials.sql."""
+    return q(name)
 
 
 def hash_key(secret: str) -> bytes:

@@ -3,7 +3,7 @@ script refreshes), the runs list, a run's page, a session's page (its conversati
 runs), and the dead letter with its actions.
 
 Thin like the API's handlers: reads are the queue's read models (`Reads`, app/queue/reads.py;
-the dashboard's own statements are app/queue/dashboard.sql), actions are the queue core's
+the dashboard's own statements are app/store/sql/dashboard.sql), actions are the queue core's
 `Submissions.resubmit` and `.dismiss` that the API's runbook routes call, so they record the
 same `operator.*` events. Scoping is the API's: `visible_tenant` and `visible_principal` for
 reads (keys without a scope see their own principal's runs, admin keys the whole queue), the

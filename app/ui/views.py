@@ -12,11 +12,11 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from app.queue import statuses
-from app.queue.classes import BAND_WIDTH, PriorityClass
-from app.queue.models import Event, TranscriptEntry
 from app.queue.reads import ClassDepth
 from app.queue.tenants import TenantDepth
+from app.vocabulary import statuses
+from app.vocabulary.classes import BAND_WIDTH, PriorityClass
+from app.vocabulary.records import Event, TranscriptEntry
 
 CLASSES = [klass.value for klass in PriorityClass]
 STATUSES = tuple(status.value for status in statuses.ALL)

@@ -6,9 +6,10 @@ slot group that finish while a completion is being committed wait for it, then g
 the next `complete_many` statement: one transaction, one WAL flush, one NOTIFY for all of them.
 A run that finishes alone is committed at once; nothing waits on a timer.
 
-Every run in a batch is still fenced on its own lease (see `complete_many` in app/queue/runs.sql):
-the statement writes only the runs whose fence matches and its caller gets `Fenced` for the
-others. A caller cancelled before its batch is sent is left out of it and writes nothing.
+Every run in a batch is still fenced on its own lease (see `complete_many` in
+app/store/sql/runs.sql): the statement writes only the runs whose fence matches and its
+caller gets `Fenced` for the others. A caller cancelled before its batch is sent is left out
+of it and writes nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 
 from app.queue.core import Queue
-from app.queue.models import JSON, Lease, WriteOutcome
+from app.vocabulary.records import JSON, Lease, WriteOutcome
 
 _Pending = tuple[Lease, JSON, "asyncio.Future[WriteOutcome]"]
 

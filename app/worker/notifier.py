@@ -5,7 +5,7 @@ back to the pool and stops listening, and PgBouncer in transaction mode cannot h
 When the connection drops it is re-established with backoff, and every subscriber is woken
 once, since notifications sent while nobody listened are lost; polling stays the fallback.
 
-Payloads are JSON written by the queue's statements (app/queue/runs.sql), bounded whatever
+Payloads are JSON written by the queue's statements (app/store/sql/runs.sql), bounded whatever
 the number of rows: `{"work": [priority, ...]}` when runs became claimable,
 `{"runs": ["<run id prefix>", ...]}` (the first 8 characters of at most 500 ids) when runs
 changed status, `{"sessions": ["<session id prefix>"]}` when a session got a new run (its
@@ -29,9 +29,9 @@ from typing import Any
 
 import asyncpg
 
-from app.db.engine import plain_url
 from app.queue.deltas import CHANNEL as DELTA_CHANNEL
 from app.queue.deltas import Delta, unpack
+from app.store.engine import plain_url
 
 log = logging.getLogger("turnstile.notifier")
 

@@ -39,12 +39,12 @@ from uuid import UUID
 
 from app.observability import tracing
 from app.observability.logs import run_context
-from app.queue.classes import priorities_of
 from app.queue.core import Queue
 from app.queue.housekeeping import WorkerRegistry
-from app.queue.layout import SlotGroup
-from app.queue.models import ClaimedRun
 from app.queue.schedules import Schedules
+from app.vocabulary.classes import priorities_of
+from app.vocabulary.layout import SlotGroup
+from app.vocabulary.records import ClaimedRun
 from app.worker.completions import CompletionBatcher
 from app.worker.execution import DeltaSink, ExecutionContext, Executor, StopExecution
 from app.worker.notifier import Notifier

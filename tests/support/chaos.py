@@ -25,7 +25,7 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.embedded import free_port
+from app.store.embedded import free_port
 from tests.support.processes import Child, turnstile
 from tests.support.waiting import eventually
 

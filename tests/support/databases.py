@@ -14,7 +14,7 @@ import uuid
 import asyncpg
 from sqlalchemy.engine import make_url
 
-from app.db.engine import plain_url
+from app.store.engine import plain_url
 
 
 def server_url() -> str:

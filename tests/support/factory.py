@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
-from app.queue.models import JSON, Lease, NewRun, Run, Written
-from app.queue.statuses import RunStatus
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import JSON, Lease, NewRun, Run, Written
+from app.vocabulary.statuses import RunStatus
 from tests.support.clock import ManualClock
 
 OWNER = "factory-worker"

@@ -20,8 +20,8 @@ import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
 
-from app.db.embedded import free_port
-from app.db.engine import plain_url
+from app.store.embedded import free_port
+from app.store.engine import plain_url
 from tests.support.system_tools import require_tool
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from uuid import UUID
 
-from app.queue.classes import PriorityClass
 from app.queue.core import Queue
-from app.queue.models import Run
 from app.runtime.executor import RuntimeExecutor, SimulatedCrash
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import Run
 from app.worker.execution import DeltaSink, ExecutionContext, StopExecution
 from tests.support.clock import ManualClock
 

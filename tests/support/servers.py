@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import FastAPI
 
-from app.db.embedded import free_port
+from app.store.embedded import free_port
 
 
 @asynccontextmanager

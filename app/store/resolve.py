@@ -8,7 +8,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.db.embedded import EmbeddedDatabase, start_embedded
+from app.store.embedded import EmbeddedDatabase, start_embedded
 
 
 @dataclass

@@ -42,6 +42,14 @@ def alembic_config(url: str | None = None, *, pgbouncer: bool = False) -> Config
     return config
 
 
+def frozen(revision: str, function: str) -> str:
+    """The text of `function` as migration `revision` installed it: alembic/frozen/ holds one
+    file per (revision, function), written once and never changed, so a migration replays
+    exactly what it first ran whatever the store's current text (app/store/functions/)."""
+    path = migrations_root() / "alembic" / "frozen" / f"{revision}-{function}.sql"
+    return path.read_text(encoding="utf-8")
+
+
 def upgrade(url: str, revision: str = "head", *, pgbouncer: bool = False) -> None:
     command.upgrade(alembic_config(url, pgbouncer=pgbouncer), revision)
 
@@ -61,7 +69,7 @@ def head_revision() -> str:
 def database_url_for_alembic() -> str:
     """The URL plain `alembic` commands use: DATABASE_URL, or the embedded server."""
     from app.config import get_settings
-    from app.db.embedded import start_embedded
+    from app.store.embedded import start_embedded
 
     settings = get_settings()
     if settings.database_url:

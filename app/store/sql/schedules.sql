@@ -7,7 +7,7 @@
 -- resume, delete) first takes the schedule row (`lock_schedules`, `lock_schedule`) in a
 -- statement of its own: under READ COMMITTED the statements after it see every tick committed
 -- by the holder it waited for, which one statement that locked and read at once would not.
--- {{now}} is the injectable clock, as everywhere (app/db/statements.py).
+-- {{now}} is the injectable clock, as everywhere (app/store/statements.py).
 
 
 -- name: create_schedule

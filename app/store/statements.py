@@ -1,14 +1,14 @@
-"""Named SQL statements, the format every table owner keeps its SQL in.
+"""Named SQL statements: the format every statement of the store is kept in, and their loader.
 
-A statement starts at a `-- name: x` line and runs to the next one; a `-- fenced` line among
-its leading comments marks it as a worker write under a lease. `{{now}}` expands to the
-injectable clock, `coalesce(CAST(:now AS timestamptz), now())`. A `-- fragment: x` block (up to
-the next `-- name:` or `-- fragment:` line) is text shared by several statements of its
-package's files, expanded wherever `{{x}}` appears (app/queue/runs.sql's webhook deliveries and
-tenant counts). An owning package
-loads its own files (`load_statements`), parsed once; names must be unique across them. Only
-the owners (app/queue, app/security) load statements: the edges call their typed services
-(tests/test_architecture.py enforces it).
+The statements live in `app/store/sql/`, one file per concern (runs.sql: the transitions of
+runs; reads.sql; submission.sql; workers.sql; dashboard.sql; schedules.sql; webhooks.sql;
+tenants.sql; deltas.sql; credentials.sql: API keys and dashboard sessions). A statement starts
+at a `-- name: x` line and runs to the next one; a `-- fenced` line among its leading comments
+marks it as a worker write under a lease. `{{now}}` expands to the injectable clock,
+`coalesce(CAST(:now AS timestamptz), now())`. A `-- fragment: x` block (up to the next
+`-- name:` or `-- fragment:` line) is text shared by several statements, expanded wherever
+`{{x}}` appears. Names are unique across the files (the loader refuses a duplicate). Only
+app/store executes them (tests/test_architecture.py enforces it).
 """
 
 from __future__ import annotations
@@ -69,23 +69,47 @@ def parse(
     return statements
 
 
+FILES = (
+    "runs.sql",
+    "reads.sql",
+    "submission.sql",
+    "workers.sql",
+    "dashboard.sql",
+    "schedules.sql",
+    "webhooks.sql",
+    "tenants.sql",
+    "deltas.sql",
+    "credentials.sql",
+)
+
+
 @cache
-def load_statements(package: str, files: tuple[str, ...]) -> dict[str, Statement]:
-    """The named statements of `package`'s `files`, parsed once; a name defined in two files
-    is refused."""
+def load_statements(files: tuple[str, ...] = FILES) -> dict[str, Statement]:
+    """The named statements of `files` (in app/store/sql/), parsed once; a name defined in two
+    files is refused."""
     merged: dict[str, Statement] = {}
+    folder = resources.files("app.store").joinpath("sql")
     sources = {
-        filename: resources.files(package).joinpath(filename).read_text(encoding="utf-8")
-        for filename in files
+        filename: folder.joinpath(filename).read_text(encoding="utf-8") for filename in files
     }
     shared: dict[str, str] = {}
     for source in sources.values():
         shared.update(fragments_of(source))
     for filename, source in sources.items():
-        for name, statement in parse(source, f"{package}/{filename}", shared).items():
+        for name, statement in parse(source, f"app/store/sql/{filename}", shared).items():
             if name in merged:
                 raise ValueError(
                     f"statement {name!r} is defined in {merged[name].source} and {statement.source}"
                 )
             merged[name] = statement
     return merged
+
+
+def statements() -> dict[str, Statement]:
+    """Every named statement of the store."""
+    return load_statements()
+
+
+def q(name: str) -> TextClause:
+    """The named statement, ready to execute."""
+    return statements()[name].clause

@@ -1,6 +1,6 @@
 -- Reads of runs: a run, its checkpoint, inputs, journal and events (the worker's resume and the
 -- API's), and the runbook's reads (depth, stuck runs, the dead letter). None of them writes.
--- {{now}} is the injectable clock, as everywhere (app/db/statements.py).
+-- {{now}} is the injectable clock, as everywhere (app/store/statements.py).
 
 
 -- name: get_run

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from app.queue.classes import PriorityClass
+from app.vocabulary.classes import PriorityClass
 
 
 class SlotLayoutError(ValueError):

@@ -1,7 +1,7 @@
 """Table definitions: the schema Turnstile's migrations create, as SQLAlchemy Core tables.
 
 These definitions are the reference the migration test compares against (no drift allowed).
-Queue statements do not go through them: the queue's SQL lives in `app/queue/*.sql`.
+Queue statements do not go through them: the queue's SQL lives in `app/store/sql/*.sql`.
 Partial-index predicates and CHECK constraints are spelled here exactly as in the migration,
 because autogenerate compares neither; the migration tests read them back from the catalog.
 """
@@ -30,7 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
-from app.queue import statuses
+from app.vocabulary import statuses
 
 metadata = MetaData(
     naming_convention={
@@ -394,7 +394,7 @@ webhook_endpoints = Table(
     _ts("deleted_at"),
     _ts("created_at", nullable=False, default_now=True),
     _ts("updated_at", nullable=False, default_now=True),
-    # The transitions' probe (app/queue/runs.sql): a tenant's live endpoints only.
+    # The transitions' probe (app/store/sql/runs.sql): a tenant's live endpoints only.
     Index(
         "ix_webhook_endpoints_tenant_id",
         "tenant_id",

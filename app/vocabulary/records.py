@@ -16,7 +16,7 @@ from uuid import UUID
 
 from sqlalchemy import RowMapping
 
-from app.queue.classes import PriorityClass
+from app.vocabulary.classes import PriorityClass
 
 JSON = Any
 
@@ -242,7 +242,7 @@ class Event:
 
 @dataclass(frozen=True)
 class SessionProgress:
-    """Where a session stream's current run stands (app/queue/reads.sql: watch_session_events)."""
+    """Where a session stream's current run stands (reads.sql: watch_session_events)."""
 
     run_id: UUID
     run_no: int
