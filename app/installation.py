@@ -24,11 +24,13 @@ def _in_app(file: metadata.PackagePath) -> bool:
 
 def problem() -> str | None:
     """What is wrong with this environment's Turnstile, or None (also when it runs from a
-    checkout, not installed, or installed editable: then `app` is the checkout's)."""
+    checkout, not installed or installed editable: then `app` is the checkout's)."""
     try:
         own = metadata.distribution("turnstile")
     except metadata.PackageNotFoundError:
         return None
+    if own.read_text("RECORD") is None:
+        return None  # not installed by pip from a wheel: a checkout's own egg-info, say
     # RECORD read as text: parsing every distribution's file list would cost a tenth of a second.
     others = sorted(
         {

@@ -29,6 +29,7 @@ import pytest
 from packaging.requirements import Requirement
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.installation import problem
 from app.security.api_keys import create_key
 from app.store.embedded import free_port
 from tests.support.processes import turnstile
@@ -358,3 +359,18 @@ async def test_a_server_installed_beside_a_project_with_its_own_app_says_so(
     damaged = await refused()
     assert damaged.startswith("turnstile: Turnstile's files are missing from this environment (")
     assert "app/__init__.py" in damaged
+
+
+def test_a_checkout_is_not_an_installation_to_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build in a checkout (`pip wheel .`, `python -m build`) leaves `turnstile.egg-info`
+    there, listing the sources as they were: first on the path of `python -m app.cli`, it is
+    not an installation whose files can go missing (the suite's processes failed on one)."""
+    egg = tmp_path / "turnstile.egg-info"
+    egg.mkdir()
+    (egg / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: turnstile\nVersion: 0.1.0\n")
+    (egg / "SOURCES.txt").write_text("app/__init__.py\napp/moved_away.py\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert importlib.metadata.distribution("turnstile").read_text("SOURCES.txt")
+    assert problem() is None
