@@ -28,6 +28,7 @@ from turnstile_client import (
     ConnectionLostError,
     Event,
     NotFoundError,
+    RateLimitedError,
     ResponseTimeoutError,
     RetryPolicy,
     RunFinishedError,
@@ -246,6 +247,21 @@ async def test_too_many_streams_is_retried_then_raised(
             # The place given back, long polls work again.
             with pytest.raises(WaitTimeoutError):
                 await turnstile.wait(later, timeout=0.2)
+
+
+async def test_over_the_rate_limit_is_a_rate_limited_error(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with (
+        running_api(database_url, engine, submit_rate_per_second=0.001, submit_burst=1) as api,
+        AsyncTurnstile(api.base, await api.key(), retry=RetryPolicy(attempts=1)) as turnstile,
+    ):
+        await turnstile.submit_run({"n": 1}, scheduled_for="2030-01-01T09:00:00Z")
+        with pytest.raises(RateLimitedError) as limited:
+            await turnstile.submit_run({"n": 2})
+    assert limited.value.status == 429
+    assert limited.value.retry_after is not None
+    assert limited.value.retry_after > 0
 
 
 async def test_the_blocking_client(api: Api) -> None:

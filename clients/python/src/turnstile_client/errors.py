@@ -162,6 +162,13 @@ class QueueQuotaError(ProblemError):
     slug = "queue-quota"
 
 
+class RateLimitedError(ProblemError):
+    """429 `rate-limited`: over the tenant's submission rate; nothing was written. Retried
+    (honouring `Retry-After`), then raised; `retry_after` says when a token is back."""
+
+    slug = "rate-limited"
+
+
 class ServiceUnavailableError(ProblemError):
     """503 `database-busy` or `database-unavailable`: nothing was written; retried."""
 
@@ -180,6 +187,7 @@ _BY_SLUG: dict[str, type[ProblemError]] = {
         IdempotencyKeyInFlightError,
         TooManyStreamsError,
         QueueQuotaError,
+        RateLimitedError,
     )
     if cls.slug is not None
 } | {
