@@ -142,6 +142,8 @@ function guarded(signal: AbortSignal | undefined, timeoutMs: number | null) {
     signal: controller.signal,
     abort: () => controller.abort(),
     timedOut: () => timedOut,
+    /** The timeout no longer applies (a stream's answer came: its idle timer takes over). */
+    answered: () => clearTimeout(timer),
     done: () => {
       clearTimeout(timer);
       signal?.removeEventListener("abort", forward);
@@ -500,7 +502,8 @@ export class Turnstile {
   ): AsyncGenerator<EventSourceMessage, void, undefined> {
     let failures = 0;
     while (true) {
-      const guard = guarded(signal, null);
+      // Until the answer's headers come, the client's timeout; then the idle timer.
+      const guard = guarded(signal, this.timeoutMs);
       let idle = false;
       let end: End;
       try {
@@ -515,6 +518,7 @@ export class Turnstile {
           credentials: "omit",
           cache: "no-store",
         });
+        guard.answered();
         if (!response.ok) {
           const text = await response.text();
           this.#observe("GET", path, response);
@@ -547,7 +551,7 @@ export class Turnstile {
         }
         failures += 1;
         if (failures >= this.retry.attempts) {
-          throw transportError(error, idle, this.baseUrl, failures, null);
+          throw transportError(error, idle || guard.timedOut(), this.baseUrl, failures, null);
         }
         await sleep(delayMs(this.retry, failures, null), signal);
         continue;

@@ -326,6 +326,12 @@ test("a silent server is a ResponseTimeoutError", { skip }, async () => {
       assert.equal(error.attempts, 2);
       return true;
     });
+    // A stream whose answer never starts gives up the same way.
+    await assert.rejects(turnstile.events("00000000-0000-4000-8000-000000000000").next(), (error) => {
+      assert.ok(error instanceof ResponseTimeoutError);
+      assert.equal(error.attempts, 2);
+      return true;
+    });
   } finally {
     for (const socket of sockets) {
       socket.destroy();
