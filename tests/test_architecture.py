@@ -5,6 +5,7 @@
 - The runtime imports no api; the api imports no worker.
 - The Python client (clients/python, the `turnstile-client` distribution) imports nothing of the
   server's `app` package.
+- app/installation.py (the CLI's first check of the installed package) imports nothing of `app`.
 - Observability (metrics, logs, traces) is a leaf every layer may call: it imports none of the
   layers that call it. Only app/observability/tracing.py imports OpenTelemetry (the optional
   `turnstile[otel]` extra), and only inside functions, so nothing of it loads while tracing is
