@@ -7,7 +7,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test check lint typecheck pytest bench bench-quick bench-churn clean
+.PHONY: run test check lint typecheck pytest openapi-types bench bench-quick bench-churn clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "make: Python 3.11 or newer is required (python3 --version)"; exit 2; }
@@ -18,8 +18,9 @@ $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	@touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+# The tests also use the Python client, a distribution of its own (clients/python).
+$(VENV)/.installed-test: pyproject.toml clients/python/pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]' -e clients/python
 	@touch $@ $(VENV)/.installed-run
 
 ## Start the service (API, docs page, workers) on http://127.0.0.1:8000, embedded PostgreSQL by default.
@@ -40,6 +41,12 @@ typecheck: $(VENV)/.installed-test
 
 pytest: $(VENV)/.installed-test
 	$(BIN)/pytest
+
+## The TypeScript client's API types (clients/typescript/src/openapi.ts), generated again from
+## the server's OpenAPI document after a change to the API (needs node and npm).
+openapi-types: $(VENV)/.installed-test
+	cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error
+	$(BIN)/python clients/typescript/scripts/generate_types.py
 
 $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
@@ -65,3 +72,4 @@ bench-churn: $(VENV)/.installed-bench
 
 clean:
 	rm -rf $(VENV) .turnstile .pytest_cache .mypy_cache .ruff_cache
+	rm -rf clients/typescript/node_modules clients/typescript/dist

@@ -888,6 +888,13 @@ def _normalise_names(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from app.installation import problem
+
+    # Before anything imports more of `app`: files another distribution overwrote or deleted.
+    if (broken := problem()) is not None:
+        print(f"turnstile: {broken}", file=sys.stderr)
+        sys.exit(2)
+
     from app.vocabulary.names import InvalidNameError
 
     parser = build_parser()

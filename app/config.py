@@ -11,6 +11,7 @@ import math
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -27,6 +28,47 @@ MIN_SUBMIT_RATE = 1 / 86_400
 MAX_SUBMIT_RATE = 1_000_000.0
 """As app/queue/tenants.py's MIN_RATE and MAX_RATE: the same bounds for the default and the
 overrides (one a day at least)."""
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def parse_origins(value: str) -> tuple[str, ...]:
+    """Origins as browsers write them in `Origin` (lower case, no default port, no path), from
+    a comma-separated list; a ValueError naming the first one that is not an origin."""
+    origins: list[str] = []
+    for part in (p.strip() for p in value.split(",")):
+        if not part:
+            continue
+        if part == "*":
+            origins.append(part)
+            continue
+        url = urlsplit(part)
+        try:
+            port = url.port
+        except ValueError:
+            port = -1
+        if (
+            url.scheme.lower() not in _DEFAULT_PORTS
+            or not url.hostname
+            or url.username is not None
+            or url.path not in ("", "/")
+            or url.query
+            or url.fragment
+            or port == -1
+        ):
+            raise ValueError(
+                f"{part!r} is not an origin: write scheme://host[:port], such as "
+                "https://chat.example.com or http://127.0.0.1:5173 (TURNSTILE_CORS_ORIGINS)"
+            )
+        scheme, host = url.scheme.lower(), url.hostname.lower()
+        if ":" in host:
+            host = f"[{host}]"  # an IPv6 address, as an origin writes it
+        shown = "" if port is None or port == _DEFAULT_PORTS[scheme] else f":{port}"
+        origins.append(f"{scheme}://{host}{shown}")
+    if "*" in origins and len(origins) > 1:
+        raise ValueError("'*' allows every origin: give it alone (TURNSTILE_CORS_ORIGINS)")
+    return tuple(dict.fromkeys(origins))
 
 
 class Settings(BaseSettings):
@@ -248,6 +290,12 @@ class Settings(BaseSettings):
         "long polls open are still unrevoked (one statement for all of them); a revoked key's "
         "streams end with a stream.ended event, its long polls with 401.",
     )
+    cors_origins: str = Field(
+        default="",
+        description="Origins whose web pages may call the API from a browser (CORS): "
+        "'scheme://host[:port]', comma-separated, or '*' for any. Unset: none, and no CORS "
+        "header is sent. Browsers send no cookies along: the API takes bearer keys only.",
+    )
     trust_forwarded_headers: bool = Field(
         default=False,
         description="Behind a TLS-terminating proxy you control: honour its X-Forwarded-Proto "
@@ -326,6 +374,16 @@ class Settings(BaseSettings):
                 "unset it for one second's worth of the rate)"
             )
         return value
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _check_cors_origins(cls, value: str) -> str:
+        return ",".join(parse_origins(value))
+
+    @property
+    def cors_origin_list(self) -> tuple[str, ...]:
+        """TURNSTILE_CORS_ORIGINS as the origins a browser sends (empty: CORS off)."""
+        return tuple(origin for origin in self.cors_origins.split(",") if origin)
 
     @field_validator("slots")
     @classmethod

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -358,6 +359,20 @@ def create_app(
     )
     if settings.trust_forwarded_headers:
         app.add_middleware(ForwardedProto)
+    if settings.cors_origin_list:
+        # Outside the body limit and the error handlers, so a browser can read every answer
+        # (a 413 or a problem+json 4xx included); inside the metrics, which count preflights.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origin_list),
+            allow_methods=CORS_METHODS,
+            allow_headers=CORS_REQUEST_HEADERS,
+            expose_headers=CORS_EXPOSED_HEADERS,
+            # Bearer keys only: the dashboard's cookie must never ride along on another
+            # origin's request, so no Access-Control-Allow-Credentials.
+            allow_credentials=False,
+            max_age=600,
+        )
     app.add_middleware(HttpMetrics, metrics=metrics)
     app.include_router(health.router)
     app.include_router(sessions.router)
@@ -372,6 +387,29 @@ def create_app(
     ui.install(app)
     return app
 
+
+# CORS (TURNSTILE_CORS_ORIGINS): what a page on an allowed origin may send and read. Request
+# headers beyond the CORS-safelisted ones: the key, submissions' idempotency, a stream's resume
+# point, a conditional read, trace context. Response headers its script may read: where a new
+# run is, whether an answer was replayed, the rate limit, when to retry, a run's version.
+CORS_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE"]
+CORS_REQUEST_HEADERS = [
+    "Authorization",
+    "Content-Type",
+    "Idempotency-Key",
+    "Last-Event-ID",
+    "If-None-Match",
+    "traceparent",
+    "tracestate",
+]
+CORS_EXPOSED_HEADERS = [
+    "Location",
+    "Idempotent-Replayed",
+    "RateLimit",
+    "RateLimit-Policy",
+    "Retry-After",
+    "ETag",
+]
 
 API_DESCRIPTION = """
 Chat clients post a user's turn to a session (`POST /sessions/{id}/turns`, with an

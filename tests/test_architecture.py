@@ -3,7 +3,9 @@
 - The queue core (app/queue) imports none of the edges or the layers above it: api, ui,
   runtime, worker, maintenance, cli, nor the settings (the app factory builds its services).
 - The runtime imports no api; the api imports no worker.
-- The client (app/client) imports no other package of the server.
+- The Python client (clients/python, the `turnstile-client` distribution) imports nothing of the
+  server's `app` package.
+- app/installation.py (the CLI's first check of the installed package) imports nothing of `app`.
 - Observability (metrics, logs, traces) is a leaf every layer may call: it imports none of the
   layers that call it. Only app/observability/tracing.py imports OpenTelemetry (the optional
   `turnstile[otel]` extra), and only inside functions, so nothing of it loads while tracing is
@@ -53,26 +55,6 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("app.runtime", ("app.api",)),
-    # The client is for programs that only call the API: nothing of the server, so importing it
-    # costs httpx and httpx-sse alone (tests/test_client.py checks the modules it loads).
-    (
-        "app.client",
-        (
-            "app.api",
-            "app.ui",
-            "app.cli",
-            "app.roles",
-            "app.worker",
-            "app.runtime",
-            "app.maintenance",
-            "app.queue",
-            "app.store",
-            "app.security",
-            "app.observability",
-            "app.main",
-            "app.config",
-        ),
-    ),
     (
         "app.observability",
         (
@@ -88,6 +70,8 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("app.api", ("app.worker",)),
+    # The CLI's first check, before anything of the installed `app` package is trusted.
+    ("app.installation", ("app",)),
     *[(edge, LOADERS) for edge in EDGES],
 ]
 
@@ -126,6 +110,8 @@ def within(name: str, package: str) -> bool:
 
 
 MODULES = sorted(APP.rglob("*.py"))
+CLIENT = ROOT / "clients" / "python"
+CLIENT_MODULES = sorted(CLIENT.rglob("*.py"))
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
@@ -154,6 +140,24 @@ def test_only_the_store_and_its_callers_in_transition_load_statements(path: Path
         if within(imported, "app.store.statements")
     ]
     assert not broken, "\n".join(broken)
+
+
+@pytest.mark.parametrize("path", CLIENT_MODULES, ids=lambda p: str(p.relative_to(CLIENT)))
+def test_the_python_client_imports_nothing_of_the_server(path: Path) -> None:
+    """The client is a distribution of its own for programs that only call the API: nothing of
+    `app`, so it costs httpx and httpx-sse alone (tests/test_client.py checks the modules it
+    loads) and a program with its own `app` package can use it."""
+    source = path.read_text(encoding="utf-8")
+    broken = [
+        f"{path.relative_to(ROOT)}:{line}: imports {imported}"
+        for line, imported in imports_in(source, "turnstile_client.module")
+        if within(imported, "app")
+    ]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_contract_sees_the_python_client() -> None:
+    assert {p.name for p in CLIENT_MODULES} >= {"__init__.py", "aio.py", "blocking.py"}
 
 
 def test_relative_imports_are_resolved() -> None:

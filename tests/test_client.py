@@ -1,15 +1,19 @@
-"""The Python client (app/client) against the live service: a real uvicorn server on loopback
-with its worker pool, reached through a proxy that breaks connections where a test says so.
-Submitting, waiting on the long poll, answering a question, events resumed after a cut,
-problem+json as exceptions, a lost answer retried with the same Idempotency-Key, the blocking
-client, and an import that stays light."""
+"""The Python client (clients/python, `turnstile_client`) against the live service: a real
+uvicorn server on loopback with its worker pool, reached through a proxy that breaks connections
+where a test says so. Submitting, waiting on the long poll, answering a question, events resumed
+after a cut, problem+json as exceptions, a lost answer retried with the same Idempotency-Key,
+the client's own errors for a server that is down, silent or cut off, the blocking client, and
+an import that stays light."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import gc
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from uuid import UUID, uuid4
@@ -18,21 +22,27 @@ import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
-
-from app.client import (
+from turnstile_client import (
     AnswerConflictError,
     AsyncTurnstile,
+    ConnectionLostError,
     Event,
     NotFoundError,
+    RateLimitedError,
+    ResponseTimeoutError,
     RetryPolicy,
     RunFinishedError,
     ServiceUnavailableError,
     SessionBusyError,
     TooManyStreamsError,
+    TransportError,
     Turnstile,
+    UnreachableError,
     WaitTimeoutError,
 )
-from app.client.retry import retry_after_of, retryable_answer
+from turnstile_client.retry import retry_after_of, retryable_answer
+
+from app.store.embedded import free_port
 from tests.support.api import Api, running_api
 from tests.support.proxy import BreakingProxy, breaking_proxy, http_response
 
@@ -239,6 +249,21 @@ async def test_too_many_streams_is_retried_then_raised(
                 await turnstile.wait(later, timeout=0.2)
 
 
+async def test_over_the_rate_limit_is_a_rate_limited_error(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with (
+        running_api(database_url, engine, submit_rate_per_second=0.001, submit_burst=1) as api,
+        AsyncTurnstile(api.base, await api.key(), retry=RetryPolicy(attempts=1)) as turnstile,
+    ):
+        await turnstile.submit_run({"n": 1}, scheduled_for="2030-01-01T09:00:00Z")
+        with pytest.raises(RateLimitedError) as limited:
+            await turnstile.submit_run({"n": 2})
+    assert limited.value.status == 429
+    assert limited.value.retry_after is not None
+    assert limited.value.retry_after > 0
+
+
 async def test_the_blocking_client(api: Api) -> None:
     key = await api.key()
 
@@ -262,6 +287,129 @@ async def test_the_blocking_client(api: Api) -> None:
     assert "run.input_delivered" in types
 
 
+async def test_a_server_that_is_down_is_the_clients_own_error() -> None:
+    base = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    policy = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.02)
+    async with AsyncTurnstile(base, "key", retry=policy) as turnstile:
+        with pytest.raises(UnreachableError) as down:
+            await turnstile.submit_run({"text": "hello"}, idempotency_key="job-1")
+    error = down.value
+    assert isinstance(error, TransportError)
+    assert isinstance(error, ConnectionError)  # `except ConnectionError` catches it too
+    assert isinstance(error.__cause__, httpx.ConnectError)
+    assert (error.base_url, error.attempts, error.idempotency_key) == (base, 3, "job-1")
+    assert str(error).startswith(f"cannot reach the Turnstile API at {base}: ")
+    assert str(error).endswith(" (after 3 attempts)")
+
+    # Streams give up the same way, and so does the blocking client.
+    async with AsyncTurnstile(base, "key", retry=policy) as turnstile:
+        with pytest.raises(UnreachableError):
+            await anext(turnstile.events(uuid4()))
+
+    def blocking() -> None:
+        with Turnstile(base, "key", retry=RetryPolicy(attempts=1)) as turnstile:
+            turnstile.get_run(uuid4())
+
+    with pytest.raises(UnreachableError) as once:
+        await asyncio.to_thread(blocking)
+    assert once.value.attempts == 1
+    assert " (after" not in str(once.value)
+
+
+async def test_a_silent_server_is_a_response_timeout() -> None:
+    handlers: list[asyncio.Task[None]] = []
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # until the client gives up and closes
+        writer.close()
+        await writer.wait_closed()
+
+    def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handlers.append(asyncio.create_task(never_answer(reader, writer)))
+
+    server = await asyncio.start_server(accepted, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    policy = RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.02)
+    async with server:
+        async with AsyncTurnstile(
+            f"http://127.0.0.1:{port}", "key", timeout=0.2, retry=policy
+        ) as turnstile:
+            with pytest.raises(ResponseTimeoutError) as silent:
+                await turnstile.create_session()
+        await asyncio.gather(*handlers)  # each connection closed by the client
+    assert isinstance(silent.value, TimeoutError)
+    assert isinstance(silent.value.__cause__, httpx.ReadTimeout)
+    assert silent.value.attempts == 2
+    assert len(handlers) == 2  # one connection per try
+
+
+async def test_a_connection_lost_on_every_try_names_the_key_to_send_again(
+    api: Api, proxy: BreakingProxy
+) -> None:
+    async with AsyncTurnstile(proxy.base, await api.key(), retry=FAST_RETRIES) as turnstile:
+        session = await turnstile.create_session()
+        # Each try reaches the server and is committed (the first) or replayed; no answer
+        # ever comes back.
+        proxy.drop_responses = FAST_RETRIES.attempts
+        with pytest.raises(ConnectionLostError) as lost:
+            await turnstile.submit_turn(session, {"text": "hello"})
+        key = lost.value.idempotency_key
+        assert key is not None
+        assert key.startswith("turnstile-client-")
+        assert lost.value.attempts == FAST_RETRIES.attempts
+        assert proxy.sent_headers("Idempotency-Key") == [key] * FAST_RETRIES.attempts
+        (only,) = await runs_of_session(api.engine, session.id)
+        # Sent again later with that key, it is the same run, not a second one.
+        again = await turnstile.submit_turn(session, {"text": "hello"}, idempotency_key=key)
+        assert again.id == only
+        assert await runs_of_session(api.engine, session.id) == [only]
+
+
+def test_a_base_url_that_is_not_http_is_refused_at_once() -> None:
+    for bad in ("127.0.0.1:8000", "ftp://example.com", "http://"):
+        with pytest.raises(ValueError, match="base_url must be an http"):
+            AsyncTurnstile(bad, "key")
+    assert AsyncTurnstile("http://127.0.0.1:8000/", "key").base_url == "http://127.0.0.1:8000"
+
+
+async def test_the_blocking_client_streams_from_threads_and_closes(api: Api) -> None:
+    key = await api.key()
+
+    def use() -> tuple[list[str], list[str]]:
+        with Turnstile(api.base, key) as turnstile:
+            later = turnstile.submit_run({"n": 1}, scheduled_for="2030-01-01T09:00:00Z")
+            # Leaving a stream early closes it (its place is given back: the key may hold it).
+            first = next(iter(turnstile.events(later)))
+            assert first.type == "run.created"
+            # One client, calls from several threads at once.
+            with concurrent.futures.ThreadPoolExecutor(4) as threads:
+                runs = list(
+                    threads.map(lambda n: turnstile.submit_run({"script": [{"final": n}]}), "abcd")
+                )
+            done = [turnstile.wait(run, timeout=30).status for run in runs]
+            cancelled = turnstile.cancel(later).status
+        with pytest.raises(RuntimeError, match="closed"):
+            turnstile.get_run(later)
+        turnstile.close()  # a second close is a no-op
+        return done, [cancelled]
+
+    done, cancelled = await asyncio.to_thread(use)
+    assert done == ["succeeded"] * 4
+    assert cancelled == ["cancelled"]
+
+
+def test_a_blocking_client_dropped_without_close_stops_its_thread() -> None:
+    def loop_threads() -> int:
+        return sum(thread.name == "turnstile-client" for thread in threading.enumerate())
+
+    before = loop_threads()
+    client = Turnstile("http://127.0.0.1:8000", "key")
+    assert loop_threads() == before + 1
+    del client
+    gc.collect()
+    assert loop_threads() == before
+
+
 def test_retry_decisions_and_retry_after() -> None:
     def answer(status: int, body: object = None, **headers: str) -> httpx.Response:
         return httpx.Response(status, json=body, headers=headers)
@@ -280,9 +428,11 @@ def test_retry_decisions_and_retry_after() -> None:
 
 
 def test_the_client_imports_nothing_of_the_server() -> None:
-    heavy = ("fastapi", "starlette", "sqlalchemy", "asyncpg", "uvicorn", "pydantic", "alembic")
+    heavy = (
+        "app", "fastapi", "starlette", "sqlalchemy", "asyncpg", "uvicorn", "pydantic", "alembic",
+    )  # fmt: skip
     code = (
-        "import sys, app.client; "
+        "import sys, turnstile_client; "
         f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))"
     )
     out = subprocess.run(
@@ -309,3 +459,20 @@ async def test_the_readme_example_runs(api: Api) -> None:
     assert lines[0].startswith("409 /problems/session-busy ")
     assert lines[1:3] == ["waiting_for_user Which account?", "succeeded transfer booked"]
     assert lines[-1].endswith(" run.succeeded 2")
+
+
+async def test_the_readme_short_example_runs(api: Api) -> None:
+    section = README.read_text(encoding="utf-8").split("\n### Which client, where\n", 1)[1]
+    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "from turnstile_client import" in example
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        example.replace("http://127.0.0.1:8000", api.base),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "TURNSTILE_KEY": await api.key()},
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == 0, err.decode()
+    assert out.decode().splitlines() == ["succeeded hello"]

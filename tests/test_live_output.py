@@ -27,9 +27,9 @@ from uuid import UUID, uuid4
 import asyncpg
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
+from turnstile_client import AsyncTurnstile, Delta, Event, LiveText, Turnstile
 
 from app.api.watch import Inbox, LiveWatch
-from app.client import AsyncTurnstile, Delta, Event, LiveText, Turnstile
 from app.queue.deltas import CHANNEL, MAX_PAYLOAD_BYTES, DeltaChannel, pack, unpack
 from app.queue.deltas import Delta as WireDelta
 from app.security.api_keys import create_key

@@ -23,9 +23,9 @@ import httpx
 import pytest
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
+from turnstile_client import AsyncTurnstile, UnauthorizedError
 
 from app.api.watch import KeyRecheck, StreamLimits
-from app.client import AsyncTurnstile, UnauthorizedError
 from app.config import Settings
 from app.security.api_keys import authenticate, revoke_key
 from tests.support.api import Api, running_api

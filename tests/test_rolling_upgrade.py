@@ -145,7 +145,7 @@ async def _enqueue(release: Path, url: str, tenant: str, *, schedule: bool = Fal
 
 
 async def _migrate(release: Path, url: str) -> None:
-    code, _, err = await run_cli("migrate", env={"DATABASE_URL": url}, release=release)
+    code, _, err = await run_cli("migrate", env={"DATABASE_URL": url}, cwd=str(release))
     assert code == 0, err
 
 
@@ -159,7 +159,7 @@ def _worker(release: Path, url: str) -> AbstractAsyncContextManager[Child]:
             "TURNSTILE_SLOTS": "interactive:1,async:8,maintenance:1",
             "TURNSTILE_SWEEP_INTERVAL_SECONDS": "1",
         },
-        release=release,
+        cwd=str(release),
     )
 
 

@@ -7,18 +7,15 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 
-async def run_cli(
-    *args: str, env: dict[str, str], release: Path | None = None
-) -> tuple[int, str, str]:
-    """Run `turnstile ARGS` to completion: (exit status, stdout, stderr). With `release`, the
-    code of that checkout runs (another release's, from a git worktree): `python -m` puts
-    its working folder first on the path."""
+async def run_cli(*args: str, env: dict[str, str], cwd: str | None = None) -> tuple[int, str, str]:
+    """Run `turnstile ARGS` to completion: (exit status, stdout, stderr). Run in another
+    checkout (`cwd`: another release's, from a git worktree), that checkout's code runs:
+    `python -m` puts its working folder first on the path."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -27,7 +24,7 @@ async def run_cli(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, **env},
-        cwd=release,
+        cwd=cwd,
     )
     out, err = await process.communicate()
     return int(process.returncode or 0), out.decode(), err.decode()
@@ -41,21 +38,23 @@ class Child:
 
 @asynccontextmanager
 async def turnstile(
-    *args: str, ready: bytes, env: dict[str, str], release: Path | None = None
+    *args: str,
+    ready: bytes,
+    env: dict[str, str],
+    program: Sequence[str] = (sys.executable, "-m", "app.cli"),
+    cwd: str | None = None,
 ) -> AsyncIterator[Child]:
-    """Start `turnstile ARGS` (the code of `release`, a checkout, when given), wait for a
-    stderr line containing `ready`, and keep reading its log so a full pipe never blocks it.
-    On the way out, a process still running gets SIGTERM and must drain and exit 0; one the
-    test killed itself is only reaped."""
+    """Start `turnstile ARGS` (`program`: another installation's `turnstile` command, say),
+    wait for a stderr line containing `ready`, and keep reading its log so a full pipe never
+    blocks it. On the way out, a process still running gets SIGTERM and must drain and exit 0;
+    one the test killed itself is only reaped. `env` adds to this process's environment."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "app.cli",
+        *program,
         *args,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, **env},
-        cwd=release,
+        cwd=cwd,
     )
     child = Child(process)
     stderr = process.stderr

@@ -1,8 +1,9 @@
-"""The Python client of the Turnstile API: `AsyncTurnstile` (asyncio) and `Turnstile`
-(blocking), on httpx.
+"""The Python client of the Turnstile API (the `turnstile-client` distribution): `AsyncTurnstile`
+(asyncio) and `Turnstile` (blocking, the same methods), on httpx.
 
-It imports nothing of the server (no FastAPI, SQLAlchemy or asyncpg; tests/test_architecture.py
-holds the rule), so a program that only calls the API pays for httpx and httpx-sse alone.
+It shares nothing with the server (no FastAPI, SQLAlchemy or asyncpg, and no `app` package:
+tests/test_architecture.py holds the rule), so a program that only calls the API installs and
+loads httpx and httpx-sse alone, and its own `app` package collides with nothing.
 
     async with AsyncTurnstile("http://127.0.0.1:8000", api_key) as turnstile:
         session = await turnstile.create_session()
@@ -10,10 +11,12 @@ holds the rule), so a program that only calls the API pays for httpx and httpx-s
         run = await turnstile.wait(run, timeout=60)
 """
 
-from app.client.aio import AsyncTurnstile
-from app.client.errors import (
+from turnstile_client.aio import AsyncTurnstile
+from turnstile_client.blocking import Turnstile
+from turnstile_client.errors import (
     AnswerConflictError,
     ClientError,
+    ConnectionLostError,
     ForbiddenError,
     IdempotencyKeyInFlightError,
     IdempotencyKeyReusedError,
@@ -21,15 +24,19 @@ from app.client.errors import (
     NotFoundError,
     ProblemError,
     QueueQuotaError,
+    RateLimitedError,
+    ResponseTimeoutError,
     RunFinishedError,
     ServiceUnavailableError,
     SessionBusyError,
     StreamEndedError,
     TooManyStreamsError,
+    TransportError,
     UnauthorizedError,
+    UnreachableError,
     WaitTimeoutError,
 )
-from app.client.models import (
+from turnstile_client.models import (
     SETTLED_STATUSES,
     TERMINAL_STATUSES,
     Delta,
@@ -41,8 +48,7 @@ from app.client.models import (
     Session,
     SessionState,
 )
-from app.client.retry import RetryPolicy
-from app.client.sync import Turnstile
+from turnstile_client.retry import RetryPolicy
 
 __all__ = [
     "SETTLED_STATUSES",
@@ -50,6 +56,7 @@ __all__ = [
     "AnswerConflictError",
     "AsyncTurnstile",
     "ClientError",
+    "ConnectionLostError",
     "Delta",
     "Event",
     "ForbiddenError",
@@ -61,6 +68,8 @@ __all__ = [
     "PriorityClass",
     "ProblemError",
     "QueueQuotaError",
+    "RateLimitedError",
+    "ResponseTimeoutError",
     "RetryPolicy",
     "Run",
     "RunFinishedError",
@@ -71,7 +80,9 @@ __all__ = [
     "SessionState",
     "StreamEndedError",
     "TooManyStreamsError",
+    "TransportError",
     "Turnstile",
     "UnauthorizedError",
+    "UnreachableError",
     "WaitTimeoutError",
 ]

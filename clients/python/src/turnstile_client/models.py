@@ -1,6 +1,6 @@
 """What the client returns: runs, sessions and events as typed, immutable values decoded from
-the API's JSON documents (the server's own models are in app/api/schemas.py; this package does
-not import them, so the client stays light)."""
+the API's JSON documents (its OpenAPI document, `/openapi.json`, describes them; this package
+shares no code with the server, so the client stays light)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""`AsyncTurnstile`: the asyncio client of the Turnstile API, on httpx.
+"""`AsyncTurnstile`: the asyncio client of the Turnstile API, on httpx; the one implementation
+of the client (the blocking `Turnstile`, blocking.py, runs these same methods).
 
 Submissions carry an `Idempotency-Key` (one is made when the caller gives none) and are
-retried with that same key (app/client/retry.py), so a turn whose answer was lost is replayed,
-never run twice. `wait` follows a run with the API's long poll; `events` follows its log over
+retried with that same key (retry.py), so a turn whose answer was lost is replayed, never run
+twice. `wait` follows a run with the API's long poll; `events` follows its log over
 Server-Sent Events (httpx-sse) and, when the connection drops, reconnects with
 `Last-Event-ID`, so no event is missed or repeated.
 """
@@ -18,10 +19,16 @@ from typing import Any
 import httpx
 from httpx_sse import aconnect_sse
 
-from app.client import calls
-from app.client.calls import RunRef, SessionRef
-from app.client.errors import StreamEndedError, WaitTimeoutError, problem_from
-from app.client.models import (
+from turnstile_client import calls
+from turnstile_client.calls import RunRef, SessionRef
+from turnstile_client.errors import (
+    StreamEndedError,
+    TransportError,
+    WaitTimeoutError,
+    problem_from,
+    transport_error,
+)
+from turnstile_client.models import (
     JSON,
     SETTLED_STATUSES,
     Delta,
@@ -30,7 +37,7 @@ from app.client.models import (
     Run,
     Session,
 )
-from app.client.retry import (
+from turnstile_client.retry import (
     RETRIED_TRANSPORT_ERRORS,
     RetryPolicy,
     retry_after_of,
@@ -53,8 +60,9 @@ class AsyncTurnstile:
     ) -> None:
         self.retry = retry or RetryPolicy()
         self.timeout = timeout
+        self.base_url = calls.checked_base_url(base_url)
         self._http = httpx.AsyncClient(
-            base_url=base_url,
+            base_url=self.base_url,
             headers=calls.default_headers(api_key),
             timeout=timeout,
             transport=transport,
@@ -188,10 +196,10 @@ class AsyncTurnstile:
                         yield event
                         if event.terminal:
                             return
-            except RETRIED_TRANSPORT_ERRORS:
+            except RETRIED_TRANSPORT_ERRORS as exc:
                 failures += 1
                 if failures >= self.retry.attempts:
-                    raise
+                    raise self._transport_error(exc, failures) from exc
                 await asyncio.sleep(self.retry.delay(failures, None))
                 continue
             # The stream ended cleanly before the terminal event: the API process is stopping
@@ -244,10 +252,10 @@ class AsyncTurnstile:
                             last = item.position
                         failures = 0
                         yield item
-            except RETRIED_TRANSPORT_ERRORS:
+            except RETRIED_TRANSPORT_ERRORS as exc:
                 failures += 1
                 if failures >= self.retry.attempts:
-                    raise
+                    raise self._transport_error(exc, failures) from exc
                 await asyncio.sleep(self.retry.delay(failures, None))
                 continue
             # The stream ended cleanly: the API process is stopping. Reconnect (maybe to
@@ -274,9 +282,10 @@ class AsyncTurnstile:
                     headers=call.headers,
                     timeout=self.timeout if call.timeout is None else call.timeout,
                 )
-            except RETRIED_TRANSPORT_ERRORS:
+            except RETRIED_TRANSPORT_ERRORS as exc:
                 if not call.retry or attempt >= self.retry.attempts:
-                    raise
+                    key = call.headers.get("Idempotency-Key")
+                    raise self._transport_error(exc, attempt, key) from exc
                 await asyncio.sleep(self.retry.delay(attempt, None))
                 continue
             if response.is_success:
@@ -286,3 +295,8 @@ class AsyncTurnstile:
                 await asyncio.sleep(self.retry.delay(attempt, retry_after))
                 continue
             raise problem_from(response, retry_after=retry_after)
+
+    def _transport_error(
+        self, exc: httpx.TransportError, attempts: int, key: str | None = None
+    ) -> TransportError:
+        return transport_error(exc, base_url=self.base_url, attempts=attempts, idempotency_key=key)

@@ -1,5 +1,4 @@
-"""When the client tries a request again, and how long it waits first: shared by the async and
-the sync client so both retry the same way.
+"""When the client tries a request again, and how long it waits first.
 
 Retried: transport errors (refused or reset connections, timeouts, and the keep-alive race in
 which a server closes an idle connection just as the client sends on it, seen as
@@ -7,7 +6,8 @@ which a server closes an idle connection just as the client sends on it, seen as
 `idempotency-key-in-flight`. A submission is retried with the same `Idempotency-Key`, so a
 request that did reach the server is replayed, never run twice. The wait doubles from
 `base_delay` up to `max_delay`, with jitter, or is the answer's `Retry-After` when it gives one
-(capped at `max_retry_after`); after `attempts` tries the last error is raised.
+(capped at `max_retry_after`); after `attempts` tries the last error is raised (a transport
+error as the client's own `TransportError`, errors.py).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from email.utils import parsedate_to_datetime
 
 import httpx
 
-from app.client.errors import slug_of
+from turnstile_client.errors import slug_of
 
-RETRIED_TRANSPORT_ERRORS: tuple[type[Exception], ...] = (
+RETRIED_TRANSPORT_ERRORS: tuple[type[httpx.TransportError], ...] = (
     httpx.NetworkError,  # ConnectError, ReadError, WriteError, CloseError
     httpx.TimeoutException,
     httpx.RemoteProtocolError,  # "server disconnected without sending a response"

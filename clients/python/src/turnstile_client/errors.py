@@ -1,6 +1,9 @@
 """The client's exceptions: every problem+json answer (RFC 9457) becomes a `ProblemError`
 carrying its fields, or the subclass named after its `type`, so callers catch what they can
-handle (`SessionBusyError` and its `active_run_id`) and let the rest rise."""
+handle (`SessionBusyError` and its `active_run_id`) and let the rest rise. A request that got no
+answer at all, once its retries ran out, is a `TransportError`: `UnreachableError` (no
+connection could be made), `ConnectionLostError` or `ResponseTimeoutError`; httpx's own error
+is its `__cause__`."""
 
 from __future__ import annotations
 
@@ -11,7 +14,57 @@ import httpx
 
 
 class ClientError(Exception):
-    """The root of the client's own exceptions (transport errors stay httpx's)."""
+    """The root of the client's own exceptions."""
+
+
+class TransportError(ClientError):
+    """No answer came from the API, after `attempts` tries. `idempotency_key` is the key a
+    submission was sent with: send it again later with that key and it is replayed if it did
+    reach the server, never run twice."""
+
+    def __init__(
+        self, message: str, *, base_url: str, attempts: int, idempotency_key: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.base_url = base_url
+        self.attempts = attempts
+        self.idempotency_key = idempotency_key
+
+
+class UnreachableError(TransportError, ConnectionError):
+    """No connection could be made (refused, unknown host, no route, connect timeout): the
+    server is down, or the base URL is wrong. Nothing reached the server."""
+
+
+class ConnectionLostError(TransportError, ConnectionError):
+    """The connection broke before the answer came: the request may or may not have been
+    processed (a submission is safe to send again with its `idempotency_key`)."""
+
+
+class ResponseTimeoutError(TransportError, TimeoutError):
+    """The server did not answer within the client's timeout."""
+
+
+def transport_error(
+    exc: httpx.TransportError, *, base_url: str, attempts: int, idempotency_key: str | None
+) -> TransportError:
+    """The client's error for httpx's `exc`, the last of `attempts` tries (raise it `from
+    exc`)."""
+    reason = str(exc) or type(exc).__name__
+    tries = f" (after {attempts} attempts)" if attempts > 1 else ""
+    kind: type[TransportError]
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        kind, message = UnreachableError, f"cannot reach the Turnstile API at {base_url}"
+    elif isinstance(exc, httpx.TimeoutException):
+        kind, message = ResponseTimeoutError, f"the Turnstile API at {base_url} did not answer"
+    else:
+        kind, message = ConnectionLostError, f"the connection to {base_url} broke"
+    return kind(
+        f"{message}: {reason}{tries}",
+        base_url=base_url,
+        attempts=attempts,
+        idempotency_key=idempotency_key,
+    )
 
 
 class ProblemError(ClientError):
@@ -109,6 +162,13 @@ class QueueQuotaError(ProblemError):
     slug = "queue-quota"
 
 
+class RateLimitedError(ProblemError):
+    """429 `rate-limited`: over the tenant's submission rate; nothing was written. Retried
+    (honouring `Retry-After`), then raised; `retry_after` says when a token is back."""
+
+    slug = "rate-limited"
+
+
 class ServiceUnavailableError(ProblemError):
     """503 `database-busy` or `database-unavailable`: nothing was written; retried."""
 
@@ -127,6 +187,7 @@ _BY_SLUG: dict[str, type[ProblemError]] = {
         IdempotencyKeyInFlightError,
         TooManyStreamsError,
         QueueQuotaError,
+        RateLimitedError,
     )
     if cls.slug is not None
 } | {

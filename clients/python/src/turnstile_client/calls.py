@@ -1,6 +1,5 @@
-"""The API's routes as request descriptions (`Call`), and what both clients share around them:
-naming runs and sessions, the long poll's timing, and the event stream's resume rules. The
-async and the sync client differ only in how they send a `Call`."""
+"""The API's routes as request descriptions (`Call`), and what the client needs around them:
+naming runs and sessions, the long poll's timing, and the event stream's resume rules."""
 
 from __future__ import annotations
 
@@ -11,7 +10,9 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from app.client.models import JSON, Delta, Event, Run, Session
+import httpx
+
+from turnstile_client.models import JSON, Delta, Event, Run, Session
 
 USER_AGENT = "turnstile-client"
 
@@ -19,6 +20,15 @@ USER_AGENT = "turnstile-client"
 def default_headers(api_key: str) -> dict[str, str]:
     """The headers every request of either client carries."""
     return {"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT}
+
+
+def checked_base_url(base_url: str) -> str:
+    """The API's address, without a trailing slash; a ValueError for one that is not http(s)
+    with a host (a typo should fail here, not as a connection error after retries)."""
+    url = httpx.URL(base_url)
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"base_url must be an http:// or https:// URL with a host: {base_url!r}")
+    return str(url).rstrip("/")
 
 
 MAX_WAIT_SECONDS = 60.0  # the API's cap on one long poll (app/api/runs.py)
