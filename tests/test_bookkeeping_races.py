@@ -60,6 +60,7 @@ async def claim_on(conn: AsyncConnection, queue: Queue, name: str, limit: int = 
         "limit": limit,
         "max_running": [None, None, None],
         "now": queue.clock(),
+        "claim": None,
     }
     rows = await conn.execute(q(name), params)
     return [row["id"] for row in rows.mappings().all() if row["id"] is not None]

@@ -296,6 +296,7 @@ async def populate(engine: AsyncEngine, layout: str, size: int) -> None:
                 "max_running": NO_LIMITS,
                 "limit": 1,
                 "now": None,
+                "claim": None,
             },
         )
         await transaction.rollback()
@@ -316,6 +317,7 @@ async def measure(
         "max_running": NO_LIMITS,
         "limit": 1 if statement == "claim_one" else BATCH,
         "now": None,
+        "claim": None,
     }
     async with engine.connect() as conn:
         try:

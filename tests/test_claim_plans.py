@@ -45,6 +45,7 @@ ARGUMENTS: dict[str, Any] = {
     "lease_seconds": 30.0,
     "now": None,
     "max_running": [None, None, None],
+    "claim": None,
 }
 
 

@@ -125,6 +125,7 @@ async def _claim_cost(engine: AsyncEngine, queue: Queue, limit: int) -> ClaimCos
         "limit": limit,
         "max_running": [None, None, None],
         "now": queue.clock(),
+        "claim": None,
     }
     async with engine.connect() as conn:
         try:

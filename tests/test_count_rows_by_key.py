@@ -90,6 +90,7 @@ LITERALS: dict[str, str] = {
     "tenant_id": "'tenant-42'",
     "traceparent": "NULL",
     "unknown": "false",
+    "claim": "NULL",
     "outcomes": "ARRAY['succeeded', 'retry']",
     "values": "ARRAY['{}'::jsonb, '{}'::jsonb]",
     "steps": "ARRAY[NULL::integer, NULL]",
@@ -219,6 +220,7 @@ async def test_every_function_finds_its_count_rows_by_key(many_tenants: str, mod
                     "lease_seconds": 30.0,
                     "limit": 8,
                     "max_running": [None, None, None],
+                    "claim": None,
                 },
                 conn,
             )

@@ -89,6 +89,7 @@ async def claim_on(conn: AsyncConnection, queue: Queue, limit: int = 1) -> list[
             "limit": limit,
             "max_running": [None, None, None],
             "now": queue.clock(),
+            "claim": None,
         },
     )
     return [row["id"] for row in rows.mappings().all() if row["id"] is not None]

@@ -342,18 +342,39 @@ async def test_a_statement_on_a_connection_closed_before_it_was_sent_is_sent_aga
     ]
 
 
-async def test_a_statement_that_does_not_recognise_itself_is_not_replayed(
+async def test_a_claim_whose_answer_was_lost_is_recognised(
     direct: Queue, proxied: AsyncEngine, proxy: PgProxy
 ) -> None:
-    """A claim whose answer was lost is not sent again (a second claim would take another
-    run): the error is raised, and the run claimed meanwhile waits for its lease to expire."""
+    """A claim whose answer was lost committed: its runs are found by the claim's own id (its
+    run.claimed events carry it) and handed to the caller, once, instead of waiting for their
+    leases to expire and losing an attempt (issue 40, item 10). It is not sent again: a second
+    claim would take other runs."""
+    first = await direct.enqueue(new_run())
+    second = await direct.enqueue(new_run())
+    queue = Queue(proxied)
+    await _warm(queue, first.id)
+    proxy.lose_answer("FROM turnstile_claim(")
+    claimed = await queue.claim("w", [first.priority_class], limit=2)
+    assert sorted(c.run.id for c in claimed) == sorted([first.id, second.id])
+    assert proxy.cuts == 1
+    for item in claimed:
+        assert item.run.attempts == 1
+        assert await direct.heartbeat(item.lease)
+        assert await _types(direct, item.run.id) == ["run.created", "run.claimed"]
+
+
+async def test_a_claim_whose_answer_was_lost_before_it_ran_claims_nothing(
+    direct: Queue, proxied: AsyncEngine, proxy: PgProxy
+) -> None:
+    """Recognised as nothing (the request never reached the server, or rolled back), the lost
+    claim returns no run, and the next claim takes the run."""
     run = await direct.enqueue(new_run())
     queue = Queue(proxied)
     await _warm(queue, run.id)
-    proxy.lose_answer("FROM turnstile_claim(")
-    with pytest.raises(OutcomeUnknown):
-        await queue.claim("w", [run.priority_class])
-    assert await _types(direct, run.id) == ["run.created", "run.claimed"]
+    proxy.lose_request("FROM turnstile_claim(")
+    assert await queue.claim("w", [run.priority_class]) == []
+    taken = await direct.claim("w", [run.priority_class])
+    assert [c.run.id for c in taken] == [run.id]
 
 
 @pytest.mark.parametrize("at_commit", [False, True])

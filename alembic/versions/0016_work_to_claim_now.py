@@ -16,6 +16,8 @@ in one place each (issue 32; docs/adr/0009 and 0010).
   (`turnstile_create_runs`), to deliver an answer (`turnstile_deliver_input`) and to take an
   idempotency key (`turnstile_claim_key`); `turnstile_submit` uses them.
 
+* `ix_runs_waiting` (new): the runs waiting for their users, which the depth reads count
+  instead of scanning every active run.
 * `schema_compatibility` (new, one row): the oldest release whose code still works on the
   schema. A process whose code is older than the schema runs when its release is at least
   that (readiness and worker start ask; docs/deployment.md); every later migration sets it.
@@ -65,7 +67,9 @@ SIGNATURES = {
     "turnstile_mark_work": "(text, smallint, timestamptz, timestamptz)",
     "turnstile_settle_work": "(text, smallint, timestamptz)",
     "turnstile_claim_heads": "(text, smallint[], boolean, timestamptz, integer, uuid[])",
-    "turnstile_claim": "(text, smallint[], double precision, integer, integer[], timestamptz)",
+    "turnstile_claim": (
+        "(text, smallint[], double precision, integer, integer[], timestamptz, uuid)"
+    ),
     "turnstile_create_runs": (
         "(timestamptz, uuid[], text[], text[], uuid[], smallint[], text[], jsonb[], "
         "integer[], timestamptz[], uuid[], timestamptz[], uuid[], text[], jsonb[], boolean, "
@@ -95,6 +99,11 @@ def upgrade() -> None:
     op.execute(
         "CREATE INDEX ix_tenant_class_counts_due ON tenant_class_counts (band, due_at) "
         "WHERE NOT has_work AND due_at IS NOT NULL"
+    )
+    # The depth reads count waiting runs through it, not by a scan of the active runs.
+    op.execute(
+        "CREATE INDEX ix_runs_waiting ON runs (tenant_id, priority) "
+        "WHERE status = 'waiting_for_user'"
     )
     op.create_table(
         "schema_compatibility",
@@ -143,5 +152,6 @@ def downgrade() -> None:
         """
     )
     op.drop_table("schema_compatibility")
+    op.drop_index("ix_runs_waiting", table_name="runs")
     op.drop_index("ix_tenant_class_counts_due", table_name="tenant_class_counts")
     op.drop_column("tenant_class_counts", "due_at")

@@ -294,7 +294,7 @@ class Queue:
         else:
             fair = {**params, **self._limits(), "limit": limit}
             for _ in range(PASSED_OVER_RETRIES + 1):
-                found = await self.db.rows("claim", dict(fair), engine=engine)
+                found = await self._claim_once(dict(fair, claim=uuid.uuid4()), engine)
                 rows = [row for row in found if row["id"] is not None]
                 # Nothing claimed, but runs were passed over because a concurrent claim took
                 # their tenant's last room under its limit: other tenants' runs may be waiting
@@ -316,6 +316,22 @@ class Queue:
                 waited = item.run.lease_expires_at - lease_for - item.run.eligible_at
                 self.observer.claimed(item.run.priority, waited.total_seconds())
         return sorted(claimed, key=lambda c: (c.run.priority, c.run.eligible_at))
+
+    async def _claim_once(
+        self, params: dict[str, Any], engine: AsyncEngine | None
+    ) -> list[RowMapping]:
+        """One fair claim. When its answer was lost after it may have committed, it is not sent
+        again (it would take other runs): the runs its id took are read back instead
+        (`recognise_claim`), so they start now rather than wait for their leases to lapse."""
+        try:
+            return await self.db.rows("claim", params, engine=engine)
+        except OutcomeUnknown:
+            found = await self.db.recognise("recognise_claim", params)
+            log.warning(
+                "claim of unknown outcome recognised",
+                extra={"claim": str(params["claim"]), "runs": len(found)},
+            )
+            return found
 
     async def _fail_undecodable(self, lease: Lease, exc: UndecodableRun) -> None:
         """A claimed run the code cannot read fails at once (it would fail on every attempt);

@@ -17,7 +17,7 @@ from uuid import UUID
 
 from app.queue.core import Queue
 from app.queue.pages import RunsPage, TranscriptPage, fetch_runs_page, fetch_transcript_page
-from app.queue.tenants import TenantDepth, Tenants
+from app.queue.tenants import MAX_COUNTED, TenantDepth, Tenants
 from app.store.statements import q
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import JSON, Run
@@ -108,7 +108,11 @@ class Reads:
         """Every class, with zeros where nothing is queued, running or waiting."""
         async with self.queue.engine.connect() as conn:
             rows = (
-                (await conn.execute(q("queue_depth"), self._params(tenant_id=tenant_id)))
+                (
+                    await conn.execute(
+                        q("queue_depth"), self._params(tenant_id=tenant_id, max_counted=MAX_COUNTED)
+                    )
+                )
                 .mappings()
                 .all()
             )
@@ -259,7 +263,7 @@ class Reads:
     async def overview(
         self, *, tenant_id: str | None, window_minutes: int, stale_seconds: float
     ) -> Overview:
-        scoped = self._params(tenant_id=tenant_id)
+        scoped = self._params(tenant_id=tenant_id, max_counted=MAX_COUNTED)
         async with self.queue.engine.connect() as conn:
             depth = (await conn.execute(q("queue_depth"), scoped)).mappings().all()
             throughput = (

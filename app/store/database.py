@@ -310,6 +310,18 @@ class Database:
             await asyncio.sleep(REPLAY_PAUSE_SECONDS * 2**attempt)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
+    async def recognise(self, name: str, params: dict[str, Any]) -> list[RowMapping]:
+        """A recognising read (`recognise_*`) after a statement of unknown outcome, tried a few
+        times, a little later each (the database may be restarting)."""
+        for attempt in range(REPLAY_ATTEMPTS):
+            try:
+                return await self.rows(name, dict(params))
+            except (DBAPIError, OSError) as exc:
+                if not _lost(exc) or attempt == REPLAY_ATTEMPTS - 1:
+                    raise
+            await asyncio.sleep(REPLAY_PAUSE_SECONDS * 2**attempt)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
     async def replay_ends(self, params: dict[str, Any]) -> list[Mapping[Any, Any]]:
         """end_holds' replay: as `replay`, for each (run, epoch, outcome) of the batch; the
         ends found written by the earlier sending and those written now, in one result row.

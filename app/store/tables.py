@@ -179,6 +179,13 @@ runs = Table(
         "lease_expires_at",
         postgresql_where=text("status = 'running'"),
     ),
+    # The runs waiting for their users, counted by the depth reads (migration 0016).
+    Index(
+        "ix_runs_waiting",
+        "tenant_id",
+        "priority",
+        postgresql_where=text("status = 'waiting_for_user'"),
+    ),
     Index("ix_runs_session_id_created_at", "session_id", "created_at"),
     # One number per run of a session: the backstop for the session lock enqueue runs under,
     # and the transcript's and the next number's index.

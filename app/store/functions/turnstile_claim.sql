@@ -4,7 +4,8 @@ CREATE OR REPLACE FUNCTION turnstile_claim(
     p_lease_seconds double precision,
     p_limit integer,                  -- at most this many runs
     p_max_running integer[],          -- process default limits by band (NULL: none)
-    p_now timestamptz                 -- NULL: now()
+    p_now timestamptz,                -- NULL: now()
+    p_claim uuid                      -- this claim's id, in its run.claimed events (its replay)
 )
 RETURNS TABLE (run runs, passed_over integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -169,7 +170,8 @@ BEGIN
             INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
             SELECT c.id, c.last_event_seq, 'run.claimed', c.lease_epoch,
                    jsonb_build_object('attempt', c.attempts, 'owner', c.lease_owner,
-                                      'lease_expires_at', c.lease_expires_at),
+                                      'lease_expires_at', c.lease_expires_at,
+                                      'claim', p_claim),
                    v_now
             FROM claimed c
         ),

@@ -110,15 +110,40 @@ ORDER BY e.seq;
 -- Runbook reads: queue depth, stuck runs, the dead letter.
 
 -- name: queue_depth
-SELECT priority / 10 AS class_index, status, count(*) AS runs,
-       extract(epoch FROM {{now}} - min(coalesce(scheduled_for, created_at))
-           FILTER (WHERE status = 'queued'
-                   AND coalesce(scheduled_for, created_at) <= {{now}})) AS oldest_eligible_age
-FROM runs
-WHERE status IN ('queued', 'running', 'waiting_for_user')
-  AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id)
-GROUP BY 1, 2
-ORDER BY 1, 2;
+-- Runs per class and status, without a scan of the active runs (the queue-metrics service
+-- reads it at every interval): running from the count rows (exact); queued and waiting runs
+-- counted through their partial indexes (ix_runs_claim, ix_runs_tenant_claim, ix_runs_waiting),
+-- at most :max_counted of each (past that, floors); the oldest eligible age from the head of
+-- each priority of the class, one probe each.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+band AS (SELECT CAST(b AS smallint) AS b FROM generate_series(0, 2) AS b)
+SELECT band.b AS class_index, 'queued' AS status,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM runs q
+            WHERE q.status = 'queued' AND q.priority BETWEEN band.b * 10 AND band.b * 10 + 9
+              AND (CAST(:tenant_id AS text) IS NULL OR q.tenant_id = :tenant_id)
+            LIMIT :max_counted) AS counted) AS runs,
+       (SELECT extract(epoch FROM clock.now - min(h.at))
+        FROM generate_series(band.b * 10, band.b * 10 + 9) AS p(priority)
+        CROSS JOIN LATERAL (
+            SELECT coalesce(q.scheduled_for, q.created_at) AS at FROM runs q
+            WHERE q.status = 'queued' AND q.priority = p.priority
+              AND coalesce(q.scheduled_for, q.created_at) <= clock.now
+              AND (CAST(:tenant_id AS text) IS NULL OR q.tenant_id = :tenant_id)
+            ORDER BY coalesce(q.scheduled_for, q.created_at)
+            LIMIT 1) AS h) AS oldest_eligible_age
+FROM band, clock
+UNION ALL
+SELECT c.band, 'running', sum(c.running), NULL FROM tenant_class_counts c
+WHERE CAST(:tenant_id AS text) IS NULL OR c.tenant_id = :tenant_id
+GROUP BY c.band
+UNION ALL
+SELECT w.priority / 10, 'waiting_for_user', count(*), NULL FROM (
+    SELECT q.priority FROM runs q
+    WHERE q.status = 'waiting_for_user'
+      AND (CAST(:tenant_id AS text) IS NULL OR q.tenant_id = :tenant_id)
+    LIMIT :max_counted) AS w
+GROUP BY 1;
 
 
 -- name: notification_queue_usage

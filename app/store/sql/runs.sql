@@ -228,7 +228,7 @@ FROM run;
 SELECT (c.run).*, c.passed_over
 FROM turnstile_claim(:owner, CAST(:priorities AS smallint[]),
                      CAST(:lease_seconds AS double precision), CAST(:limit AS integer),
-                     CAST(:max_running AS integer[]), {{now}}) AS c;
+                     CAST(:max_running AS integer[]), {{now}}, CAST(:claim AS uuid)) AS c;
 
 
 -- name: claim_fifo
@@ -848,6 +848,18 @@ WHERE e.run_id = :run_id
   AND e.seq = (SELECT max(l.seq) FROM run_events l
                WHERE l.run_id = :run_id AND l.epoch = :epoch)
   AND e.type = 'run.checkpoint' AND c.step = :step AND c.state = CAST(:state AS jsonb);
+
+
+-- name: recognise_claim
+-- The runs a claim of unknown outcome took (its answer was lost after it committed): still
+-- running under the epoch of the run.claimed event that names the claim's id. A claim is not
+-- sent again (a second one would take other runs); what this finds is the first one's result.
+-- The owner's running runs first (a worker's few), then each one's claim event by key.
+SELECT r.*, 0 AS passed_over FROM runs r
+WHERE r.status = 'running' AND r.lease_owner = :owner
+  AND EXISTS (SELECT 1 FROM run_events e
+              WHERE e.run_id = r.id AND e.epoch = r.lease_epoch AND e.type = 'run.claimed'
+                AND e.data ->> 'claim' = CAST(CAST(:claim AS uuid) AS text));
 
 
 -- name: recognise_end_holds
