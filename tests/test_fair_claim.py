@@ -129,28 +129,31 @@ async def test_changing_a_limit_applies_to_the_next_claim(queue: Queue, clock: M
     assert await counts(queue.engine, "alice", 1) == (4, 1)
 
 
-async def test_webhook_deliveries_are_not_held_back_by_a_limit(
-    queue: Queue, clock: ManualClock
-) -> None:
+async def test_webhook_deliveries_are_held_to_the_limit(queue: Queue, clock: ManualClock) -> None:
+    """Deliveries count against their tenant's running limit like its other runs (issue 40,
+    item 2: four endpoints trickling one byte a second held every async slot for 41.9 s)."""
     await set_limits(queue.engine, "alice", max_running={"async": 1})
-    await backlog(queue, "alice", 3)
     await queue.enqueue_many(
         tenant_id="alice",
         principal="p",
         runs=[("webhook", {"webhook_id": "x"}, ASYNC.base, None)] * 2,
     )
+    await backlog(queue, "alice", 3)
     taken = [c.run.agent for c in await queue.claim("w", [ASYNC], limit=5)]
-    assert sorted(taken) == ["scripted", "webhook", "webhook"]
+    assert taken == ["webhook"]
     assert [c.run.agent for c in await queue.claim("w", [ASYNC], limit=1)] == []
 
 
-async def test_schedule_ticks_are_neither_refused_nor_held_back(
+async def test_schedule_ticks_are_not_refused_but_held_to_the_limit(
     engine: AsyncEngine, clock: ManualClock
 ) -> None:
+    """A schedule's tick is exempt from the queued quota, never from the concurrency limit
+    (issue 40, item 2: four every-second schedules of a tenant limited to one running run
+    kept every async slot of the pool busy)."""
     queue = Queue(engine, QueueConfig(tenant_max_queued=2), clock=clock)
     await set_limits(engine, "alice", max_running={"async": 1})
     await backlog(queue, "alice", 2)  # at its quota
-    assert len(await queue.claim("w", [ASYNC], limit=2)) == 1  # at its limit
+    (held,) = await queue.claim("w", [ASYNC], limit=2)  # at its limit
     # A schedule's tick is created over the quota ...
     schedule = await Schedules(queue).create(
         NewSchedule(
@@ -164,10 +167,16 @@ async def test_schedule_ticks_are_neither_refused_nor_held_back(
         )
     )
     clock.advance(61)
-    # ... and claimed over the limit; the tenant's own run stays queued.
-    taken = await queue.claim("w", [ASYNC], limit=2)
-    assert [c.run.schedule_id for c in taken] == [schedule.id]
-    assert await counts(engine, "alice", 1) == (2, 1)
+    # ... but waits for the tenant's room like its other runs.
+    assert await queue.claim("w", [ASYNC], limit=2) == []
+    assert await counts(engine, "alice", 1) == (1, 2)
+    # It takes its turn with the tenant's other runs, by eligibility.
+    await queue.complete(held.lease, {})
+    (older,) = await queue.claim("w", [ASYNC], limit=2)
+    assert older.run.schedule_id is None
+    await queue.complete(older.lease, {})
+    (tick,) = await queue.claim("w", [ASYNC], limit=2)
+    assert tick.run.schedule_id == schedule.id
     await check_all_runs(engine)
 
 

@@ -66,7 +66,7 @@ REPLACED = ("turnstile_add_queued", "turnstile_clear_work", "turnstile_submit")
 SIGNATURES = {
     "turnstile_mark_work": "(text, smallint, timestamptz, timestamptz)",
     "turnstile_settle_work": "(text, smallint, timestamptz)",
-    "turnstile_claim_heads": "(text, smallint[], boolean, timestamptz, integer, uuid[])",
+    "turnstile_claim_heads": "(text, smallint[], timestamptz, integer, uuid[])",
     "turnstile_claim": (
         "(text, smallint[], double precision, integer, integer[], timestamptz, uuid)"
     ),

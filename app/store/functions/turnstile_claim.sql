@@ -14,7 +14,8 @@ LANGUAGE plpgsql VOLATILE AS $fn$
 -- the class, then least recently served), only the pairs with work to claim now (marked, or
 -- come due), round robin: every tenant's first run, then every tenant's next, ... Within
 -- a tenant, its highest priority, then longest eligible run. A tenant at its concurrency
--- limit for the class is passed over, but for its webhook deliveries and schedule ticks.
+-- limit for the class is passed over, its webhook deliveries and schedule ticks with its other
+-- runs: they are exempt from the queued quota, not from the limit.
 -- Runs are taken FOR UPDATE SKIP LOCKED, so contending claimers step over each other.
 --
 -- The walk reads the count rows' snapshot; the limits are then held exactly against the rows
@@ -30,23 +31,18 @@ DECLARE
     v_band smallint;
     v_priorities smallint[];
     t record;
-    v_full boolean;
     v_take integer;
-    -- The runs taken, in order, with their tenant, band, limit and whether they are exempt.
+    -- The runs taken, in order, with their tenant, band and limit.
     v_ids uuid[] := '{}';
     v_tenants text[] := '{}';
     v_bands smallint[] := '{}';
     v_caps integer[] := '{}';
-    v_exempt boolean[] := '{}';
     -- The tenants of the round being walked, and of the next.
     v_round text[];
     v_round_caps integer[];
-    v_round_full boolean[];
     v_next text[];
     v_next_caps integer[];
-    v_next_full boolean[];
     v_got uuid[];
-    v_got_exempt boolean[];
     -- Pairs to offer to turnstile_settle_work at the end.
     v_idle_tenants text[] := '{}';
     v_idle_bands smallint[] := '{}';
@@ -59,7 +55,7 @@ BEGIN
         v_priorities := ARRAY(SELECT p FROM unnest(p_priorities) AS p WHERE p / 10 = v_band
                               ORDER BY p);
         -- Round 1: the fair order, one run from each tenant that has one to claim now.
-        v_round := '{}'; v_round_caps := '{}'; v_round_full := '{}';
+        v_round := '{}'; v_round_caps := '{}';
         FOR t IN
             SELECT c.tenant_id, c.running,
                    coalesce((SELECT CAST(l.max_running
@@ -79,50 +75,43 @@ BEGIN
             ) AS c
             ORDER BY c.running, c.last_claimed_at NULLS FIRST, c.tenant_id
         LOOP
-            v_full := t.cap IS NOT NULL AND t.running >= t.cap;
-            SELECT array_agg(h.id), array_agg(h.exempt) INTO v_got, v_got_exempt
-            FROM turnstile_claim_heads(t.tenant_id, v_priorities, v_full, v_now, 1, v_ids) AS h;
-            IF v_got IS NULL THEN
-                IF NOT v_full THEN
-                    v_idle_tenants := v_idle_tenants || t.tenant_id;
-                    v_idle_bands := v_idle_bands || v_band;
-                END IF;
+            CONTINUE WHEN t.cap IS NOT NULL AND t.running >= t.cap;  -- at its limit
+            v_got := ARRAY(SELECT h FROM turnstile_claim_heads(t.tenant_id, v_priorities,
+                                                               v_now, 1, v_ids) AS h);
+            IF cardinality(v_got) = 0 THEN
+                v_idle_tenants := v_idle_tenants || t.tenant_id;
+                v_idle_bands := v_idle_bands || v_band;
                 CONTINUE;
             END IF;
             v_ids := v_ids || v_got[1];
             v_tenants := v_tenants || t.tenant_id;
             v_bands := v_bands || v_band;
             v_caps := v_caps || t.cap;
-            v_exempt := v_exempt || v_got_exempt[1];
             v_round := v_round || t.tenant_id;
             v_round_caps := v_round_caps || t.cap;
-            v_round_full := v_round_full || v_full;
             EXIT WHEN cardinality(v_ids) >= p_limit;
         END LOOP;
         -- Further rounds: the tenants that had a run, in the same order, a share each of
         -- what is left (one statement per tenant and round, whatever the share).
         WHILE cardinality(v_ids) < p_limit AND cardinality(v_round) > 0 LOOP
             v_take := ceil((p_limit - cardinality(v_ids))::numeric / cardinality(v_round));
-            v_next := '{}'; v_next_caps := '{}'; v_next_full := '{}';
+            v_next := '{}'; v_next_caps := '{}';
             FOR i IN 1 .. cardinality(v_round) LOOP
                 EXIT WHEN cardinality(v_ids) >= p_limit;
-                SELECT array_agg(h.id), array_agg(h.exempt) INTO v_got, v_got_exempt
-                FROM turnstile_claim_heads(v_round[i], v_priorities, v_round_full[i], v_now,
-                                           least(v_take, p_limit - cardinality(v_ids)),
-                                           v_ids) AS h;
-                CONTINUE WHEN v_got IS NULL;
+                v_got := ARRAY(SELECT h FROM turnstile_claim_heads(
+                                   v_round[i], v_priorities, v_now,
+                                   least(v_take, p_limit - cardinality(v_ids)), v_ids) AS h);
+                CONTINUE WHEN cardinality(v_got) = 0;
                 v_ids := v_ids || v_got;
                 v_tenants := v_tenants || array_fill(v_round[i], ARRAY[cardinality(v_got)]);
                 v_bands := v_bands || array_fill(v_band, ARRAY[cardinality(v_got)]);
                 v_caps := v_caps || array_fill(v_round_caps[i], ARRAY[cardinality(v_got)]);
-                v_exempt := v_exempt || v_got_exempt;
                 IF cardinality(v_got) = v_take THEN  -- it may have more
                     v_next := v_next || v_round[i];
                     v_next_caps := v_next_caps || v_round_caps[i];
-                    v_next_full := v_next_full || v_round_full[i];
                 END IF;
             END LOOP;
-            v_round := v_next; v_round_caps := v_next_caps; v_round_full := v_next_full;
+            v_round := v_next; v_round_caps := v_next_caps;
         END LOOP;
     END LOOP;
 
@@ -130,8 +119,8 @@ BEGIN
         -- The limits, exactly: the count rows locked in key order (after the runs), each
         -- tenant's taken runs ranked against the room its row shows now.
         WITH taken AS (
-            SELECT * FROM unnest(v_ids, v_tenants, v_bands, v_caps, v_exempt)
-                WITH ORDINALITY AS k(id, tenant_id, band, cap, exempt, ord)
+            SELECT * FROM unnest(v_ids, v_tenants, v_bands, v_caps)
+                WITH ORDINALITY AS k(id, tenant_id, band, cap, ord)
         ),
         counts AS MATERIALIZED (
             SELECT c.tenant_id, c.band, c.running FROM tenant_class_counts c
@@ -141,13 +130,13 @@ BEGIN
             FOR UPDATE
         ),
         ranked AS (
-            SELECT taken.*, row_number() OVER (PARTITION BY tenant_id, band, exempt
+            SELECT taken.*, row_number() OVER (PARTITION BY tenant_id, band
                                                ORDER BY ord) AS rank
             FROM taken
         )
         SELECT ARRAY(SELECT r.id FROM ranked r
                      JOIN counts c ON c.tenant_id = r.tenant_id AND c.band = r.band
-                     WHERE r.exempt OR r.cap IS NULL OR c.running + r.rank <= r.cap)
+                     WHERE r.cap IS NULL OR c.running + r.rank <= r.cap)
         INTO v_allowed;
         v_passed := cardinality(v_ids) - cardinality(v_allowed);
 

@@ -1,47 +1,30 @@
 CREATE OR REPLACE FUNCTION turnstile_claim_heads(
     p_tenant text,
     p_priorities smallint[],   -- one band's priorities, highest first
-    p_full boolean,            -- the tenant is at its concurrency limit for the band
     p_now timestamptz,
     p_take integer,
     p_held uuid[]              -- runs this claim holds already (its own locks do not skip them)
 )
-RETURNS TABLE (id uuid, exempt boolean)
+RETURNS SETOF uuid
 LANGUAGE plpgsql VOLATILE AS $fn$
 -- Up to p_take of a tenant's runs to claim now, for turnstile_claim: its highest priority
 -- first, then the longest eligible, each priority one bounded range of ix_runs_tenant_claim
--- (no walk over backed-off or scheduled runs), locked FOR UPDATE SKIP LOCKED. A tenant at its
--- limit offers only its webhook deliveries and schedule ticks, which limits exempt
--- (ix_runs_tenant_exempt).
+-- (no walk over backed-off or scheduled runs), locked FOR UPDATE SKIP LOCKED. Webhook
+-- deliveries and schedule ticks are runs like the others here: they count against the
+-- tenant's concurrency limit (the caller does not ask for a tenant at its limit). PL/pgSQL
+-- for its kept plan (a SQL function's would be made again at every call).
 BEGIN
-    IF p_full THEN
-        RETURN QUERY
-        SELECT h.id, true FROM unnest(p_priorities) AS p(priority)
-        CROSS JOIN LATERAL (
-            SELECT q.id FROM runs q
-            WHERE q.tenant_id = p_tenant AND q.status = 'queued'
-              AND (q.agent = 'webhook' OR q.schedule_id IS NOT NULL)
-              AND q.priority = p.priority
-              AND coalesce(q.scheduled_for, q.created_at) <= p_now
-              AND q.id <> ALL(p_held)
-            ORDER BY coalesce(q.scheduled_for, q.created_at)
-            LIMIT p_take
-            FOR UPDATE SKIP LOCKED) AS h
-        LIMIT p_take;
-    ELSE
-        RETURN QUERY
-        SELECT h.id, h.exempt FROM unnest(p_priorities) AS p(priority)
-        CROSS JOIN LATERAL (
-            SELECT q.id, (q.agent = 'webhook' OR q.schedule_id IS NOT NULL) AS exempt
-            FROM runs q
-            WHERE q.tenant_id = p_tenant AND q.status = 'queued'
-              AND q.priority = p.priority
-              AND coalesce(q.scheduled_for, q.created_at) <= p_now
-              AND q.id <> ALL(p_held)
-            ORDER BY coalesce(q.scheduled_for, q.created_at)
-            LIMIT p_take
-            FOR UPDATE SKIP LOCKED) AS h
-        LIMIT p_take;
-    END IF;
+    RETURN QUERY
+    SELECT h.id FROM unnest(p_priorities) AS p(priority)
+    CROSS JOIN LATERAL (
+        SELECT q.id FROM runs q
+        WHERE q.tenant_id = p_tenant AND q.status = 'queued'
+          AND q.priority = p.priority
+          AND coalesce(q.scheduled_for, q.created_at) <= p_now
+          AND q.id <> ALL(p_held)
+        ORDER BY coalesce(q.scheduled_for, q.created_at)
+        LIMIT p_take
+        FOR UPDATE SKIP LOCKED) AS h
+    LIMIT p_take;
 END
 $fn$;
