@@ -16,13 +16,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
-from sqlalchemy import TextClause
 
 from app.config import Settings
 from app.queue.core import Queue
 from app.store.embedded import start_embedded
 from app.store.migrate import upgrade
-from app.store.statements import parse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the test suite's database helpers, shared rather than repeated
@@ -110,30 +108,6 @@ class Databases:
 
     async def drop_template(self) -> None:
         await self._admin(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
-
-
-async def database_at(server: str, name: str, revision: str) -> str:
-    """A fresh database `name` on `server` (one left over by an interrupted run is dropped
-    first), migrated to `revision`: a baseline's schema beside head's."""
-    await admin_execute(
-        server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"'
-    )
-    url = with_database(server, name)
-    await asyncio.to_thread(upgrade, url, revision)
-    return url
-
-
-def statement_at(commit: str, name: str) -> TextClause:
-    """The named statement of app/store/sql/runs.sql as it stood at `commit` (read with `git show`):
-    a baseline to time beside the working tree's."""
-    source = subprocess.run(
-        ["git", "show", f"{commit}:app/store/sql/runs.sql"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return parse(source, f"{commit}:app/store/sql/runs.sql")[name].clause
 
 
 # --- processes --------------------------------------------------------------------------------
