@@ -19,8 +19,9 @@ to create runs and its marks, the settle, the answer, the submission) under auto
 custom plans, generic plans, and the claim engine's settings (app/store/engine.py,
 CLAIM_PLANNER_SETTINGS: generic plans, planned once per connection and kept). No plan may read
 tenant_class_counts but through an index. The exceptions are `tenant_depth`, the operators'
-read of the busiest tenants, which ranks them all on purpose, and `settle_idle_work`, the
-maintenance backstop, which walks the marked rows on purpose.
+read of the busiest tenants, which ranks them all on purpose, `queue_depth`, which sums every
+tenant's running count on purpose, and `settle_idle_work`, the maintenance backstop, which walks
+the marked rows on purpose.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ LITERALS: dict[str, str] = {
     "steps": "ARRAY[NULL::integer, NULL]",
     "states": "ARRAY[NULL::jsonb, NULL]",
 }
-EXEMPT = {"tenant_depth", "settle_idle_work"}
+EXEMPT = {"tenant_depth", "settle_idle_work", "queue_depth"}
 TABLES = ("tenant_class_counts",)
 # How a plan may read the table: through an index, or as the table a statement modifies (whose
 # rows its children found).

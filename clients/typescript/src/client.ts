@@ -18,6 +18,7 @@ import {
 import type { operations, paths } from "./openapi.js";
 import {
   DELTA_EVENT,
+  ENDED_EVENT,
   type Delta,
   type Event,
   type Json,
@@ -361,8 +362,8 @@ export class Turnstile {
       options.signal,
     );
     for await (const message of messages) {
-      if (!message.data || message.event === DELTA_EVENT) {
-        continue;
+      if (!message.data || message.event === DELTA_EVENT || message.event === ENDED_EVENT) {
+        continue; // live text (sessionEvents has it), or the server's end of the stream
       }
       const event = JSON.parse(message.data) as Event;
       if (event.seq <= last) {
@@ -403,7 +404,7 @@ export class Turnstile {
       options.signal,
     );
     for await (const message of messages) {
-      if (!message.data) {
+      if (!message.data || message.event === ENDED_EVENT) {
         continue;
       }
       const document = JSON.parse(message.data) as Record<string, unknown>;

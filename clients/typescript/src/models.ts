@@ -61,6 +61,11 @@ export const TERMINAL_EVENTS: ReadonlySet<string> = new Set([
   "run.cancelled",
 ]);
 export const DELTA_EVENT = "message.delta";
+/**
+ * The server's last word on a stream it ends early (the key was revoked): not an event of a
+ * run. The reconnect that follows gets the API's answer (401), thrown as an error.
+ */
+export const ENDED_EVENT = "stream.ended";
 
 /** Succeeded, failed or cancelled: nothing will change it any more. */
 export function isFinished(run: Pick<Run, "status">): boolean {
