@@ -5,7 +5,13 @@ CREATE OR REPLACE FUNCTION turnstile_mark_work(
     p_now timestamptz         -- NULL: now()
 )
 RETURNS void
-LANGUAGE plpgsql VOLATILE AS $fn$
+LANGUAGE plpgsql VOLATILE
+-- One plan per statement, made once per session and kept: left to the cost-based choice
+-- between a custom and a generic plan, these statements were planned again at many calls
+-- (an enqueue took 1.06x the release before's with this, 1.17-1.33x without, on a loaded
+-- machine; README, "Performance").
+SET plan_cache_mode = force_generic_plan
+AS $fn$
 -- New queued runs of (p_tenant, p_band), written by the caller's transaction without holding
 -- the pair's count row: runs the fair walk must find (docs/adr/0009). Eligible now, the row
 -- gets has_work; eligible later, its due_at comes no later than p_first_at, and the claims'
