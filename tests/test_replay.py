@@ -25,7 +25,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.config import Settings
 from app.queue.core import Queue, QueueConfig
 from app.store.engine import create_engine
-from app.store.outcomes import OutcomeUnknown
 from app.store.statements import statements
 from app.vocabulary.records import Fenced, Lease, NewRun, ToolCall, WriteOutcome, Written
 from app.worker.completions import CompletionBatcher
