@@ -1,5 +1,13 @@
 """The database engine: URL normalisation, pool sizing and safety timeouts on every connection.
 
+A DATABASE_URL may name several hosts, as libpq spells it (`postgresql://u@h1:5432,h2:5432/db
+?target_session_attrs=read-write`): the pool, the migrations and the LISTEN connections then
+try the hosts in turn and keep the first that takes writes, so every process finds a new
+primary by itself after a failover (docs/deployment.md, "Failover"). SQLAlchemy's URL parser
+refuses that spelling (a port list is no integer), so it is translated here into the one
+SQLAlchemy's asyncpg dialect takes (`?host=h1:5432&host=h2:5432`), and back into libpq's for
+the plain asyncpg connections (asyncpg keeps only the last of repeated `host` parameters).
+
 Every transaction Turnstile runs has a statement, a lock and an idle-in-transaction timeout, so
 a stuck query or a forgotten transaction cannot hold a run's row forever. Connected directly,
 they are startup parameters of each connection: free, with no round trip per transaction.
@@ -12,27 +20,97 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 from sqlalchemy import event
-from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.engine import URL, Connection, ExceptionContext, make_url
+from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from app.config import Settings
+from app.store.primary import no_primary
+
+DEFAULT_CONNECT_TIMEOUT_SECONDS = 10.0
+"""How long one connection attempt may take when the URL gives no `connect_timeout` (asyncpg's
+own default is 60 s): a host that is down but does not refuse (a dead machine, a dropped route)
+costs this much before the next host of a multi-host URL is tried."""
 
 
-def async_url(url: str) -> URL:
-    """The URL with the asyncpg driver, whatever PostgreSQL spelling it was given in."""
-    parsed = make_url(url)
+def _multi_host(url: str) -> URL | None:
+    """A libpq multi-host URL (`scheme://user@h1:p1,h2:p2/db?...`) as SQLAlchemy spells it
+    (`scheme://user@/db?host=h1:p1&host=h2:p2&...`), with `target_session_attrs=read-write`
+    unless the URL says otherwise (every process writes: a standby is of no use to it); None for
+    a URL with one host."""
+    parts = urlsplit(url)
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    if "," not in hostlist:
+        return None
+    hosts = [h for h in hostlist.split(",") if h]
+    query = parts.query
+    if "target_session_attrs=" not in query:
+        query = "&".join(q for q in (query, "target_session_attrs=read-write") if q)
+    hosts_query = "&".join(f"host={quote(h, safe='')}" for h in hosts)
+    at = f"{userinfo}@" if userinfo else ""
+    return make_url(f"{parts.scheme}://{at}{parts.path}?{hosts_query}&{query}")
+
+
+def parse_url(url: str | URL) -> URL:
+    """`url` as a SQLAlchemy URL, a libpq multi-host one included (see `_multi_host`)."""
+    if isinstance(url, URL):
+        return url
+    return _multi_host(url) or make_url(url)
+
+
+def async_url(url: str | URL) -> URL:
+    """The URL with the asyncpg driver, whatever PostgreSQL spelling it was given in (without
+    `connect_timeout`: pass `connect_timeout(url)` as the driver's `timeout`)."""
+    parsed = _driver_url(url)
     if parsed.get_backend_name() not in ("postgresql", "postgres"):
         raise ValueError(f"DATABASE_URL must be a PostgreSQL URL, got {parsed.drivername!r}")
     return parsed.set(drivername="postgresql+asyncpg")
 
 
+def hosts_of(url: str | URL) -> list[str]:
+    """The `host:port` entries of a multi-host URL, in the order they are tried; [] for one host."""
+    found = parse_url(url).query.get("host")
+    if isinstance(found, tuple) and len(found) > 1:
+        return list(found)
+    return []
+
+
+def connect_timeout(url: str | URL) -> float:
+    """Seconds one connection attempt may take: the URL's libpq `connect_timeout`, else
+    `DEFAULT_CONNECT_TIMEOUT_SECONDS`."""
+    given = parse_url(url).query.get("connect_timeout")
+    if isinstance(given, str) and given.strip():
+        return max(float(given), 0.5)
+    return DEFAULT_CONNECT_TIMEOUT_SECONDS
+
+
+def _driver_url(url: str | URL) -> URL:
+    """The URL without `connect_timeout`, which asyncpg does not know as a URL parameter (it
+    would send it to the server as a setting): it becomes the driver's `timeout` instead."""
+    parsed = parse_url(url)
+    if "connect_timeout" not in parsed.query:
+        return parsed
+    return parsed.difference_update_query(["connect_timeout"])
+
+
 def plain_url(url: str | URL) -> str:
-    """The URL as libpq and asyncpg spell it (no SQLAlchemy driver suffix)."""
-    parsed = make_url(url) if isinstance(url, str) else url
-    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+    """The URL as libpq and asyncpg spell it (no SQLAlchemy driver suffix; several hosts in the
+    authority, where asyncpg reads them all, rather than as repeated `host` parameters, of
+    which it keeps the last), without `connect_timeout` (see `connect_timeout`)."""
+    parsed = _driver_url(url).set(drivername="postgresql")
+    hosts = hosts_of(parsed)
+    if not hosts:
+        return parsed.render_as_string(hide_password=False)
+    rest = parsed.difference_update_query(["host"]).set(host=None, port=None)
+    rendered = rest.render_as_string(hide_password=False)
+    # `postgresql://user@/db?...`: the hosts go where the empty authority's host was.
+    scheme, _, tail = rendered.partition("://")
+    userinfo, at, path = tail.rpartition("@") if "@" in tail.split("/", 1)[0] else ("", "", tail)
+    authority = ",".join(unquote(h) for h in hosts)
+    return f"{scheme}://{userinfo}{at}{authority}{path}"
 
 
 def timeout_parameters(settings: Settings) -> dict[str, str]:
@@ -93,6 +171,7 @@ def create_engine(
                 **(planner_settings or {}),
             }
         }
+    connect_args["timeout"] = connect_timeout(url)
     engine_options["connect_args"] = {**engine_options.get("connect_args", {}), **connect_args}
     engine = create_async_engine(
         target,
@@ -111,6 +190,22 @@ def create_engine(
     def _replace_if_closed(dbapi_connection: Any, record: Any, proxy: Any) -> None:
         if dbapi_connection.driver_connection.is_closed():
             raise DisconnectionError("the server closed this connection")
+
+    # A failover's errors that are not the driver's connection errors (app/store/primary.py):
+    # a session on a standby refusing a write, no host taking writes yet, the driver's state
+    # broken by its server's death. The connection is dropped from the pool (on a standby it
+    # would refuse every write after), and the error is an OperationalError with its
+    # connection invalidated, as a lost connection's is: the API's 503, the replays' retry.
+    @event.listens_for(engine.sync_engine, "handle_error")
+    def _primary_lost(context: ExceptionContext) -> None:
+        original = context.original_exception
+        cause = getattr(original, "__cause__", None)
+        if not (no_primary(original) or no_primary(cause)):
+            return
+        context.is_disconnect = True
+        raise OperationalError(
+            context.statement, context.parameters, original, connection_invalidated=True
+        ) from original
 
     if settings.pgbouncer:
         statement = timeout_statement(settings)
