@@ -128,7 +128,7 @@ class AutoFailoverCluster:
         )
         if check and done.returncode != 0:
             raise RuntimeError(f"pg_autoctl {' '.join(args)}: {done.stderr[-2000:]}")
-        return done.stdout
+        return str(done.stdout)
 
     def psql(self, port: int, sql: str, database: str = "postgres") -> str:
         command = [str(PG_BIN / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres"]
@@ -142,7 +142,7 @@ class AutoFailoverCluster:
         )
         if done.returncode != 0:
             raise RuntimeError(f"psql on {port}: {done.stderr[-1000:]}")
-        return done.stdout.strip()
+        return str(done.stdout).strip()
 
     def _spawn(self, node: Node) -> None:
         logfile = (self.folder / f"{node.name}.log").open("ab")
