@@ -21,6 +21,7 @@ reported (docs/reliability.md gives the figures).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from contextlib import AsyncExitStack
@@ -231,16 +232,30 @@ class Load:
 class Failover:
     victim: str
     successor: str
+    killed: float = 0.0
     promoted_after: float = 0.0
     writes_after: float = 0.0
     rejoined_after: float = 0.0
+
+
+async def probe_readiness(base: str, stop: asyncio.Event, seen: list[tuple[float, int]]) -> None:
+    """/readyz every 0.2 s, as a load balancer would: (when, status)."""
+    async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+        while not stop.is_set():
+            try:
+                status = (await client.get("/readyz")).status_code
+            except httpx.TransportError:
+                status = 0
+            seen.append((time.monotonic(), status))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.2)
 
 
 async def lose_the_primary(
     cluster: AutoFailoverCluster, ledger: Ledger, watch: Watch, plan: Failover
 ) -> None:
     victim = next(n for n in cluster.nodes if n.name == plan.victim)
-    killed = time.monotonic()
+    killed = plan.killed = time.monotonic()
     await asyncio.to_thread(cluster.kill, victim)
     await asyncio.to_thread(cluster.wait_promoted, plan.successor)
     plan.promoted_after = time.monotonic() - killed
@@ -301,8 +316,10 @@ async def test_failover_under_load_loses_nothing_and_repeats_no_unsafe_effect() 
                 finally:
                     stop.set()
 
+            readiness: list[tuple[float, int]] = []
             await asyncio.gather(
                 faults(),
+                probe_readiness(f"http://127.0.0.1:{port}", stop, readiness),
                 load.sessionless(stop),
                 load.keyless_turns(stop),
                 *(load.conversation(s, stop) for s in range(SESSIONS)),
@@ -372,6 +389,9 @@ async def test_failover_under_load_loses_nothing_and_repeats_no_unsafe_effect() 
                 },
                 "5xx answers": by_kind or 0,
                 "dropped or hung requests": watch.dropped,
+                "/readyz answers 503 / 200": (
+                    f"{sum(s == 503 for _, s in readiness)} / {sum(s == 200 for _, s in readiness)}"
+                ),
                 "client retries / replays": f"{ledger.retries} / {ledger.replayed}",
                 "requeued / released / fenced / self-fenced": (
                     f"{found.requeued} / {found.released} / {found.fenced} / {self_fenced}"
@@ -396,3 +416,13 @@ async def test_failover_under_load_loses_nothing_and_repeats_no_unsafe_effect() 
     assert watch.dropped == 0
     assert shutdown_failed == 0
     assert all(p.writes_after > 0 for p in plans)
+    # The readiness probe said not-ready while no primary answered, and ready again after.
+    for plan in plans:
+        outage = [
+            status
+            for when, status in readiness
+            if plan.killed < when < plan.killed + plan.promoted_after
+        ]
+        assert 503 in outage, (plan, outage)
+        assert 0 not in outage, (plan, outage)
+    assert readiness[-1][1] == 200, readiness[-5:]
