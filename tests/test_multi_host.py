@@ -22,7 +22,14 @@ from sqlalchemy.exc import OperationalError
 from app.config import Settings
 from app.queue.core import Queue
 from app.security.api_keys import create_key
-from app.store.engine import async_url, connect_timeout, create_engine, hosts_of, plain_url
+from app.store.engine import (
+    DatabaseUrlError,
+    async_url,
+    connect_timeout,
+    create_engine,
+    hosts_of,
+    plain_url,
+)
 from app.store.migrate import upgrade
 from app.store.outcomes import NotCommitted
 from app.store.primary import primary_answers
@@ -52,11 +59,33 @@ def test_the_libpq_multi_host_spelling_is_translated_both_ways() -> None:
         "postgresql://u:p%40ss@h1:5001,h2:5002/db?application_name=x"
         "&target_session_attrs=read-write"
     )
+    # SQLAlchemy's spelling is rendered for asyncpg the same way, read-write included.
+    assert plain_url("postgresql+asyncpg://u@/db?host=h1:1&host=h2:2&application_name=a@b") == (
+        "postgresql://u@h1:1,h2:2/db?application_name=a%40b&target_session_attrs=read-write"
+    )
+    assert plain_url("postgresql://h1:1,h2:2/db") == (
+        "postgresql://h1:1,h2:2/db?target_session_attrs=read-write"
+    )
+    with pytest.raises(DatabaseUrlError, match="connect_timeout"):
+        connect_timeout("postgresql://u@h/db?connect_timeout=soon")
+    with pytest.raises(DatabaseUrlError, match="no number"):
+        async_url("postgresql://u@h1:x,h2:2/db")
+    assert hosts_of("postgresql://u@[::1]:5432,[::2]/db") == ["[::1]:5432", "[::2]"]
     chosen = "postgresql://u@h1,h2/db?target_session_attrs=primary"
     assert async_url(chosen).query["target_session_attrs"] == "primary"
     # One host: unchanged, as before.
     assert plain_url("postgresql://u@h/db") == "postgresql://u@h/db"
     assert hosts_of("postgresql://u@h/db") == []
+
+
+async def test_migrate_refuses_a_broken_multi_host_url_in_one_line() -> None:
+    status, _out, err = await run_cli(
+        "migrate", env={"DATABASE_URL": "postgresql://u@127.0.0.1:x,127.0.0.1:2/db"}
+    )
+    assert status == 2
+    assert err.strip().count("\n") == 0, err
+    assert "Traceback" not in err
+    assert "no number" in err
 
 
 @pytest.fixture(scope="module")

@@ -24,11 +24,16 @@ from urllib.parse import quote, unquote, urlsplit
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, ExceptionContext, make_url
-from sqlalchemy.exc import DisconnectionError, OperationalError
+from sqlalchemy.exc import ArgumentError, DisconnectionError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from app.config import Settings
 from app.store.primary import no_primary
+
+
+class DatabaseUrlError(ValueError):
+    """DATABASE_URL cannot be used; the message says why (the CLI prints it in one line)."""
+
 
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 10.0
 """How long one connection attempt may take when the URL gives no `connect_timeout` (asyncpg's
@@ -38,27 +43,34 @@ costs this much before the next host of a multi-host URL is tried."""
 
 def _multi_host(url: str) -> URL | None:
     """A libpq multi-host URL (`scheme://user@h1:p1,h2:p2/db?...`) as SQLAlchemy spells it
-    (`scheme://user@/db?host=h1:p1&host=h2:p2&...`), with `target_session_attrs=read-write`
-    unless the URL says otherwise (every process writes: a standby is of no use to it); None for
-    a URL with one host."""
+    (`scheme://user@/db?host=h1:p1&host=h2:p2&...`); None for a URL with one host."""
     parts = urlsplit(url)
     userinfo, _, hostlist = parts.netloc.rpartition("@")
     if "," not in hostlist:
         return None
-    hosts = [h for h in hostlist.split(",") if h]
-    query = parts.query
-    if "target_session_attrs=" not in query:
-        query = "&".join(q for q in (query, "target_session_attrs=read-write") if q)
-    hosts_query = "&".join(f"host={quote(h, safe='')}" for h in hosts)
+    entries = [h for h in hostlist.split(",") if h]
+    for entry in entries:
+        port = entry.rpartition(":")[2] if ":" in entry and not entry.endswith("]") else ""
+        if port and not (port.isascii() and port.isdigit()):
+            raise DatabaseUrlError(f"DATABASE_URL's host {entry!r} has a port that is no number")
+    hosts = "&".join(f"host={quote(h, safe='')}" for h in entries)
     at = f"{userinfo}@" if userinfo else ""
-    return make_url(f"{parts.scheme}://{at}{parts.path}?{hosts_query}&{query}")
+    query = f"{hosts}&{parts.query}" if parts.query else hosts
+    return make_url(f"{parts.scheme}://{at}{parts.path}?{query}")
 
 
 def parse_url(url: str | URL) -> URL:
-    """`url` as a SQLAlchemy URL, a libpq multi-host one included (see `_multi_host`)."""
-    if isinstance(url, URL):
-        return url
-    return _multi_host(url) or make_url(url)
+    """`url` as a SQLAlchemy URL, a libpq multi-host one included (see `_multi_host`). A URL of
+    several hosts, in either spelling, asks for `target_session_attrs=read-write` unless it
+    says otherwise: every process writes, and a standby is of no use to it."""
+    try:
+        parsed = url if isinstance(url, URL) else (_multi_host(url) or make_url(url))
+    except (ArgumentError, ValueError) as exc:
+        raise DatabaseUrlError(f"DATABASE_URL cannot be read: {exc}") from None
+    hosts = parsed.query.get("host")
+    if isinstance(hosts, tuple) and len(hosts) > 1 and "target_session_attrs" not in parsed.query:
+        parsed = parsed.update_query_dict({"target_session_attrs": "read-write"})
+    return parsed
 
 
 def async_url(url: str | URL) -> URL:
@@ -66,7 +78,7 @@ def async_url(url: str | URL) -> URL:
     `connect_timeout`: pass `connect_timeout(url)` as the driver's `timeout`)."""
     parsed = _driver_url(url)
     if parsed.get_backend_name() not in ("postgresql", "postgres"):
-        raise ValueError(f"DATABASE_URL must be a PostgreSQL URL, got {parsed.drivername!r}")
+        raise DatabaseUrlError(f"DATABASE_URL must be a PostgreSQL URL, got {parsed.drivername!r}")
     return parsed.set(drivername="postgresql+asyncpg")
 
 
@@ -82,9 +94,14 @@ def connect_timeout(url: str | URL) -> float:
     """Seconds one connection attempt may take: the URL's libpq `connect_timeout`, else
     `DEFAULT_CONNECT_TIMEOUT_SECONDS`."""
     given = parse_url(url).query.get("connect_timeout")
-    if isinstance(given, str) and given.strip():
+    if not isinstance(given, str) or not given.strip():
+        return DEFAULT_CONNECT_TIMEOUT_SECONDS
+    try:
         return max(float(given), 0.5)
-    return DEFAULT_CONNECT_TIMEOUT_SECONDS
+    except ValueError:
+        raise DatabaseUrlError(
+            f"DATABASE_URL's connect_timeout must be a number of seconds, got {given!r}"
+        ) from None
 
 
 def _driver_url(url: str | URL) -> URL:
@@ -105,12 +122,10 @@ def plain_url(url: str | URL) -> str:
     if not hosts:
         return parsed.render_as_string(hide_password=False)
     rest = parsed.difference_update_query(["host"]).set(host=None, port=None)
-    rendered = rest.render_as_string(hide_password=False)
-    # `postgresql://user@/db?...`: the hosts go where the empty authority's host was.
-    scheme, _, tail = rendered.partition("://")
-    userinfo, at, path = tail.rpartition("@") if "@" in tail.split("/", 1)[0] else ("", "", tail)
-    authority = ",".join(unquote(h) for h in hosts)
-    return f"{scheme}://{userinfo}{at}{authority}{path}"
+    # `postgresql://user@/db?...`: the hosts go where the empty authority's host is.
+    scheme, _, tail = rest.render_as_string(hide_password=False).partition("://")
+    authority, slash, path = tail.partition("/")
+    return f"{scheme}://{authority}{','.join(unquote(h) for h in hosts)}{slash}{path}"
 
 
 def timeout_parameters(settings: Settings) -> dict[str, str]:
