@@ -59,8 +59,8 @@ from tests.support.waiting import eventually
 # a lease shorter than the failover (plus a heartbeat) would self-fence every run in flight.
 # docs/deployment.md, "Failover", gives the rule.
 FAILOVER_ENV = {
-    "TURNSTILE_LEASE_SECONDS": "20",
-    "TURNSTILE_HEARTBEAT_SECONDS": "2",
+    "TURNSTILE_LEASE_SECONDS": "30",
+    "TURNSTILE_HEARTBEAT_SECONDS": "3",
     "TURNSTILE_SWEEP_INTERVAL_SECONDS": "1",
     "TURNSTILE_POLL_INTERVAL_SECONDS": "1",
     "TURNSTILE_RETRY_BACKOFF_BASE_SECONDS": "0.1",

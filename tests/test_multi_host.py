@@ -22,6 +22,7 @@ from sqlalchemy.exc import OperationalError
 from app.config import Settings
 from app.queue.core import Queue
 from app.security.api_keys import create_key
+from app.store.embedded import LocalCluster
 from app.store.engine import (
     DatabaseUrlError,
     async_url,
@@ -235,3 +236,25 @@ async def test_the_api_on_the_multi_host_url_is_ready(ha: AutoFailoverCluster) -
             assert json.loads(ready.text)["checks"]["database"] == "ok"
     finally:
         await engine.dispose()
+
+
+async def test_a_patient_engine_waits_for_its_database_to_come_back(
+    throwaway_cluster: LocalCluster,
+) -> None:
+    """A worker's engine (`connect_patience_seconds`) waits for a primary instead of failing
+    the write that needed a connection: the connection is made once the server is back."""
+    url = throwaway_cluster.url()
+    await asyncio.to_thread(throwaway_cluster.stop, "fast")
+    engine = create_engine(Settings(), url, connect_patience_seconds=120)
+    impatient = create_engine(Settings(), url)
+    try:
+        with pytest.raises((OperationalError, OSError)):
+            async with impatient.connect():
+                pass
+        # Refused until the server is up: pg_ctl takes a while, the attempts go on meanwhile.
+        waiting = asyncio.create_task(primary_answers(engine))
+        await asyncio.to_thread(throwaway_cluster.start)
+        assert await asyncio.wait_for(waiting, 120)
+    finally:
+        await engine.dispose()
+        await impatient.dispose()

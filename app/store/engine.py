@@ -18,6 +18,8 @@ cost of one statement per transaction.
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -26,9 +28,10 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, ExceptionContext, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.util import await_
 
 from app.config import Settings
-from app.store.primary import no_primary
+from app.store.primary import no_primary, waiting_for_primary
 
 
 class DatabaseUrlError(ValueError):
@@ -170,11 +173,14 @@ def create_engine(
     pool_size: int = 5,
     application_name: str = "turnstile",
     planner_settings: dict[str, str] | None = None,
+    connect_patience_seconds: float = 0.0,
     **engine_options: Any,
 ) -> AsyncEngine:
     """An asyncpg engine whose every transaction runs under the configured timeouts. Direct
     connections carry `application_name` (the process's role) into pg_stat_activity, and
-    `planner_settings` (see `create_claim_engine`)."""
+    `planner_settings` (see `create_claim_engine`). With `connect_patience_seconds`, a new
+    connection that finds no primary (refused, none of the hosts taking writes, the server
+    starting) is tried again for that long before its error is raised (see `_patient`)."""
     target = async_url(url)
     if settings.pgbouncer:
         target, connect_args = pgbouncer_options(target)
@@ -222,6 +228,9 @@ def create_engine(
             context.statement, context.parameters, original, connection_invalidated=True
         ) from original
 
+    if connect_patience_seconds > 0:
+        _patient(engine, connect_patience_seconds)
+
     if settings.pgbouncer:
         statement = timeout_statement(settings)
 
@@ -230,6 +239,30 @@ def create_engine(
             conn.exec_driver_sql(statement)
 
     return engine
+
+
+def _patient(engine: AsyncEngine, patience: float) -> None:
+    """Connections of `engine` wait up to `patience` seconds for a primary: a failover's few
+    seconds without one cost a worker's writes that long instead of failing them (a run whose
+    journal entry or completion failed is given up, and requeued only when its lease expires).
+    Only the connection is retried, never a statement: nothing was sent on a connection that
+    could not be had. Statements on a connection lost under them fail as before, and their
+    retries (a statement nothing of which committed; a fenced write's replay) draw a new
+    connection, which waits here for the new primary."""
+
+    @event.listens_for(engine.sync_engine, "do_connect")
+    def _connect(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        deadline = time.monotonic() + patience
+        pause = 0.1
+        while True:
+            try:
+                return dialect.connect(*cargs, **cparams)
+            except Exception as exc:
+                if not waiting_for_primary(exc) or time.monotonic() + pause > deadline:
+                    raise
+            # Inside the pool's greenlet: the event loop runs on while this one waits.
+            await_(asyncio.sleep(pause))
+            pause = min(pause * 2, 1.0)
 
 
 CLAIM_PLANNER_SETTINGS = {
@@ -248,6 +281,7 @@ def create_claim_engine(
     *,
     pool_size: int | None = None,
     application_name: str = "turnstile",
+    connect_patience_seconds: float = 0.0,
 ) -> AsyncEngine | None:
     """The small engine the queue claims on (`Queue(claim_engine=...)`), whose connections reuse
     one generic plan per claim statement (docs/adr/0006). The fair claim is a large statement:
@@ -263,6 +297,7 @@ def create_claim_engine(
     return create_engine(
         settings,
         url,
+        connect_patience_seconds=connect_patience_seconds,
         pool_size=pool_size or settings.claim_pool_size,
         application_name=application_name,
         planner_settings=CLAIM_PLANNER_SETTINGS,

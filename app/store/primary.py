@@ -50,6 +50,27 @@ def no_primary(error: BaseException | None) -> bool:
     return isinstance(error, asyncpg.InternalClientError) or on_standby(error)
 
 
+CONNECT_REFUSALS = ("57P03", "08001", "08006")
+"""The server is starting or shutting down (cannot_connect_now), or the connection could not be
+made: a connection attempt worth repeating while a standby is promoted."""
+
+
+def waiting_for_primary(exc: BaseException) -> bool:
+    """A connection attempt failed for want of a primary (refused, timed out, only standbys
+    answering, the server starting), as opposed to a refusal a retry cannot change (a wrong
+    password, a missing database)."""
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError | TimeoutError | asyncpg.InternalClientError):
+            return True
+        if isinstance(seen, asyncpg.PostgresError):
+            return (seen.sqlstate or "") in CONNECT_REFUSALS
+        seen = seen.__cause__
+    return False
+
+
 async def primary_answers(engine: AsyncEngine) -> bool:
     """Whether the engine's database answers as a primary (not in recovery): a multi-host URL
     connects to a primary only, but a single-host URL may name a standby."""
