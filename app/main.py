@@ -150,11 +150,21 @@ async def services(
     Shared by the HTTP service's lifespan and by `turnstile worker`, which runs no HTTP server.
     """
     database = await asyncio.to_thread(resolve_database, settings)
+    # A worker's writes wait up to half a lease for a primary (a failover: docs/deployment.md),
+    # rather than give up the runs they were for; the API answers 503 at once instead.
+    patience = settings.lease_seconds / 2 if role == "worker" else 0.0
     engine = create_engine(
-        settings, database.url, pool_size=settings.pool_size, application_name=f"turnstile {role}"
+        settings,
+        database.url,
+        pool_size=settings.pool_size,
+        application_name=f"turnstile {role}",
+        connect_patience_seconds=patience,
     )
     claim_engine = create_claim_engine(
-        settings, database.url, application_name=f"turnstile {role} claims"
+        settings,
+        database.url,
+        application_name=f"turnstile {role} claims",
+        connect_patience_seconds=patience,
     )
     metrics = metrics or Metrics()
     queue = Queue(

@@ -27,10 +27,9 @@ import time
 from collections import deque
 from uuid import UUID
 
-import asyncpg
-
 from app.observability.metrics import Metrics
 from app.queue.deltas import MAX_PAYLOAD_BYTES, Delta, DeltaChannel, pack
+from app.store.primary import LOST_PRIMARY
 
 log = logging.getLogger("turnstile.deltas")
 
@@ -144,7 +143,7 @@ class DeltaPublisher:
                 if await self.tick():
                     self.send_starts.append(started)
                 reconnect = 0.05
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            except LOST_PRIMARY as exc:
                 log.warning("delta publishing failed; dropping", extra={"error": repr(exc)})
                 self._drop_all("disconnected")
                 if self._channel is not None:
