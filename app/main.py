@@ -44,6 +44,7 @@ from app.security.secret_box import SecretBox
 from app.store.engine import create_claim_engine, create_engine
 from app.store.resolve import ResolvedDatabase, resolve_database
 from app.vocabulary.classes import PriorityClass
+from app.worker.backpressure import Backpressure
 from app.worker.deltas import DeltaPublisher
 from app.worker.execution import Executor
 from app.worker.notifier import Notifier
@@ -238,6 +239,12 @@ async def services(
             notifier=notifier,
             role=role if settings.run_workers else "api",
             deltas=deltas,
+            claim_batch_max=settings.claim_batch_max,
+            backpressure=Backpressure(
+                max_lag_seconds=settings.backpressure_max_lag_ms / 1000,
+                max_cpu=settings.backpressure_max_cpu,
+            ),
+            metrics=metrics,
         )
         await pool.start()
         if pool.groups:
