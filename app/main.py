@@ -34,7 +34,7 @@ from app.queue.webhooks import Webhooks
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
 from app.runtime.http_tool import HttpRequestTool
 from app.runtime.openai_agent import OpenAIAgent
-from app.runtime.outbound import ClientShards
+from app.runtime.outbound import ModelClient
 from app.runtime.plugins import load_plugins
 from app.runtime.webhooks import AGENT as WEBHOOK_AGENT
 from app.runtime.webhooks import TOOL as WEBHOOK_TOOL
@@ -177,7 +177,7 @@ async def services(
         )
     }
     # Shared, and sized so every slot can have its model call in flight at once.
-    http_client = ClientShards(max(settings.total_slots, 1))
+    http_client = ModelClient(max(settings.total_slots, 1))
     if settings.openai_base_url:
         registry.agents["openai"] = OpenAIAgent(
             base_url=settings.openai_base_url,
@@ -193,6 +193,8 @@ async def services(
             history_max_messages=settings.history_max_messages,
             history_max_chars=settings.history_max_chars,
             stream=settings.openai_stream,
+            max_response_bytes=settings.openai_max_response_bytes,
+            max_line_bytes=settings.openai_max_line_bytes,
         )
     load_plugins(settings.plugins, registry)
     runtime = RuntimeExecutor(
