@@ -40,6 +40,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+import orjson
 
 from app.observability import tracing
 from app.runtime.agents import AgentError, Ask, CallTool, Decision, Finish
@@ -373,7 +374,7 @@ class OpenAIAgent:
         if self.stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
-        payload = json.dumps(body, separators=(",", ":")).encode()
+        payload = _encode(body)
         output = state.output if state is not None else None
         headers = {"Content-Type": "application/json"}
         if self._api_key:
@@ -522,6 +523,16 @@ class OpenAIAgent:
                 permanent=True,
             )
         return message
+
+
+def _encode(body: dict[str, JSON]) -> bytes:
+    """The request body: orjson (the json module's encoder was 9 % of a 2,000-slot worker's
+    CPU); the json module for what orjson refuses (integers beyond 64 bits in a tool's
+    result, which JSON itself allows)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _retry_after(value: str | None, ceiling: float) -> float:
