@@ -3,12 +3,13 @@ what a model endpoint answers.
 
 A run awaiting a model holds an HTTP request open for seconds, so a process with N slots may
 have N requests in flight at once, and its CPU per call decides how many runs a second one
-process turns over. httpx cost 2.6-2.9 ms of worker CPU per call (its pool also scanned every
-queued request against every connection on each event, quadratic in the calls in flight, which
-sharded clients had to work around); aiohttp measured 0.19-0.21 ms for the same calls
-(docs/performance.md). So `ModelClient` is one `aiohttp.ClientSession` whose connector allows
-as many connections as there are slots and keeps them all when idle: a call reuses a connection
-a finished one left, and a steady load opens no new ones.
+process turns over. With httpx a 2,000-slot worker spent 3.9 ms of CPU per run, 80 % of its
+profile in httpx and httpcore (whose pool scans every queued request against every connection
+on each event, quadratic in the calls in flight); with aiohttp 0.6-0.9 ms per run, its
+request path 16 % of the profile (docs/performance.md). So `ModelClient` is one
+`aiohttp.ClientSession` whose connector allows as many connections as there are slots and
+keeps them all when idle: a call reuses a connection a finished one left, and a steady load
+opens no new ones.
 
 An endpoint's answer is read within bounds, as `http_request` reads its bodies: at most
 `max_bytes` in all (`read_body`, `lines`) and, for a stream, at most `max_line` per line. Past a
