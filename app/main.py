@@ -247,6 +247,13 @@ async def services(
                 max_cpu=settings.backpressure_max_cpu,
             ),
             metrics=metrics,
+            # Its own connection, with every setting of the process's (timeouts, PgBouncer's).
+            heartbeat_engine=lambda: create_engine(
+                settings,
+                database.url,
+                pool_size=1,
+                application_name=f"turnstile {role} heartbeat",
+            ),
         )
         await pool.start()
         if pool.groups:

@@ -4,7 +4,8 @@ Heartbeats that share the event loop and the connection pool with the work they 
 behind it exactly when it matters: a pool busy with 2,000 model calls ran its beats seconds
 late, past the lease, and lost hundreds of runs that were executing fine (issue 41). So the
 beats run in a thread of their own, with an event loop of their own and a connection of their
-own (`twin_engine`: the pool's engine's URL and connection arguments), started and stopped
+own (`engine`, built in the thread: the app factory's own engine of one connection, or by
+default `twin_engine`, the pool's engine's URL and connection arguments), started and stopped
 with the pool. The thread reads the pool's held executions, sends one statement for all of
 them each interval, and:
 
@@ -26,6 +27,8 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from app.queue.core import Queue
 from app.store.twin import twin_engine
 
@@ -42,8 +45,10 @@ class HeartbeatThread:
         *,
         interval: float,
         on_lag: Callable[[float], None] | None = None,
+        engine: Callable[[], AsyncEngine] | None = None,
     ) -> None:
         self._queue = queue
+        self._engine = engine or (lambda: twin_engine(queue.engine))
         self._beat = beat
         self.interval = interval
         self._on_lag = on_lag
@@ -81,7 +86,7 @@ class HeartbeatThread:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        engine = twin_engine(self._queue.engine)
+        engine = self._engine()
         queue = Queue(engine, self._queue.config, clock=self._queue.clock)
         self._ready.set()
         try:

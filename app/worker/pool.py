@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from app.observability import tracing
 from app.observability.logs import run_context
 from app.observability.metrics import Metrics
@@ -119,10 +121,13 @@ class WorkerPool:
         claim_batch_max: int = CLAIM_BATCH_MAX,
         backpressure: Backpressure | None = None,
         metrics: Metrics | None = None,
+        heartbeat_engine: Callable[[], AsyncEngine] | None = None,
     ) -> None:
         self.queue = queue
         self.claim_batch_max = claim_batch_max
         self.metrics = metrics
+        # Builds the heartbeat thread's engine, in that thread (None: the queue's engine's twin).
+        self.heartbeat_engine = heartbeat_engine
         self.backpressure = backpressure or Backpressure()
         if metrics is not None:
             self.backpressure._on_lag = metrics.worker_loop_lag.set
@@ -185,6 +190,7 @@ class WorkerPool:
             self._beat_from_thread,
             interval=self.heartbeat_seconds,
             on_lag=self.metrics.worker_heartbeat_lag.set if self.metrics is not None else None,
+            engine=self.heartbeat_engine,
         )
         self._heartbeats.start()
         self.started = True
