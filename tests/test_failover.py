@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -75,6 +76,9 @@ FAILOVER_ENV = {
 SESSIONS = 6
 TURNS = 3
 BETWEEN_FAULTS = 60  # submissions accepted before each kill
+# Failovers in one run: a failover and its fail-back by default; more for a soak, e.g.
+# `TURNSTILE_FAILOVERS=20 pytest tests/test_failover.py` (each about 15 s).
+FAILOVERS = max(2, int(os.environ.get("TURNSTILE_FAILOVERS", "2")))
 
 
 @dataclass
@@ -269,14 +273,17 @@ async def lose_the_primary(
     plan.rejoined_after = time.monotonic() - killed
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 + 60 * FAILOVERS)
 async def test_failover_under_load_loses_nothing_and_repeats_no_unsafe_effect() -> None:
     started = time.monotonic()
     cluster = await start_cluster()
     url = cluster.url()
     engine = create_engine(Settings(), url)
     ledger, watch = Ledger(), Watch()
-    plans = [Failover("node1", "node2"), Failover("node2", "node1")]
+    plans = [
+        Failover("node1", "node2") if n % 2 == 0 else Failover("node2", "node1")
+        for n in range(FAILOVERS)
+    ]
     try:
         await asyncio.to_thread(upgrade, url)
         key = (await create_key(engine, tenant_id="acme", principal="svc")).secret
@@ -382,13 +389,22 @@ async def test_failover_under_load_loses_nothing_and_repeats_no_unsafe_effect() 
                 ),
                 "statuses": dict(found.statuses),
                 **{
-                    f"{p.victim} lost: promoted / writes again / rejoined (s)": (
+                    f"failover {n + 1} ({p.victim} lost): promoted / writes again / rejoined (s)": (
                         f"{p.promoted_after:.1f} / {p.writes_after:.1f} / {p.rejoined_after:.1f}"
                     )
-                    for p in plans
+                    for n, p in enumerate(plans)
                 },
                 "5xx answers": by_kind or 0,
                 "dropped or hung requests": watch.dropped,
+                "/readyz 503 after writes were answered again": sum(
+                    1
+                    for when, status in readiness
+                    if status != 200
+                    and any(
+                        p.killed + p.writes_after + 1 < when < p.killed + p.rejoined_after
+                        for p in plans
+                    )
+                ),
                 "/readyz answers 503 / 200": (
                     f"{sum(s == 503 for _, s in readiness)} / {sum(s == 200 for _, s in readiness)}"
                 ),
@@ -405,7 +421,6 @@ async def test_failover_under_load_loses_nothing_and_repeats_no_unsafe_effect() 
             },
         )
     )
-    print(REPORTS[-1])
     assert found.problems == [], found.problems[:20]
     assert found.duplicate_unsafe_effects == 0
     assert checked == len(ledger.accepted)

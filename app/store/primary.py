@@ -7,11 +7,13 @@ only the standby, not yet promoted (`TargetServerAttributeNotMatched`, from a mu
 `target_session_attrs=read-write`); a session still open on an old primary that came back as a
 standby refuses the write (SQLSTATE 25006, `ReadOnlySQLTransactionError`); and a connection
 whose socket died under a running operation is left by the driver in a state it cannot leave
-(`InternalClientError`, "cannot switch to state ..."). Every one of them proves nothing was
-committed by the session that raised it, except a loss after the statement was sent, which
-app/store/outcomes.py tells apart. The API answers them 503 `database-unavailable` with
-`Retry-After` (app/api/problems.py), the workers retry on their next tick, and the readiness
-probe says not-ready while no primary answers (`primary_answers`).
+(`InternalClientError`, "cannot switch to state ..."). A failed connection attempt and a
+standby's refusal prove nothing was written; a connection lost under a statement may have
+committed it, which app/store/outcomes.py tells apart, and a broken driver state is taken as
+unknown (never sent again unless the write recognises its own commit). The API answers them
+503 `database-unavailable` with `Retry-After` (app/api/problems.py); a worker's new
+connections wait up to half a lease for a primary (`waiting_for_primary`, app/store/engine.py);
+the readiness probe says not-ready while no primary answers (`primary_answers`).
 """
 
 from __future__ import annotations
