@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncEngine
+from turnstile_client import AsyncTurnstile
+
 from app.queue.core import Queue
 from app.queue.reads import Reads
-from app.runtime.history import UNKNOWN_RESULT, chat_messages
+from app.runtime.history import ABANDONED_RESULT, UNKNOWN_RESULT, chat_messages
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import Fenced, Lease, NewRun, ToolCall, Written
+from tests.support.api import running_api
 from tests.support.clock import ManualClock
 from tests.support.invariants import check_all_runs
 
@@ -114,3 +118,74 @@ async def test_a_cancel_with_no_open_call_writes_only_its_own_event(queue: Queue
     assert len(events) == before + 1
     assert events[-1].type == "run.cancelled"
     assert await check_all_runs(queue.engine) == 1
+
+
+async def test_a_safe_or_keyed_call_left_open_by_a_cancel_is_abandoned(queue: Queue) -> None:
+    reads, session, lease = await started_session_run(queue)
+    assert isinstance(
+        await queue.tool_finished(lease, EMAIL, "succeeded", {"sent": True}, {"s": 2}), Written
+    )
+    fetch = ToolCall(step=3, tool="fetch", idempotency_class="keyed", args={}, idempotency_key="k")
+    assert isinstance(await queue.tool_started(lease, fetch), Written)
+    assert (await queue.cancel(lease.run_id, actor="key:ops")).changed
+    events = await queue.events(lease.run_id)
+    assert [e.type for e in events][-2:] == ["tool.finished", "run.cancelled"]
+    assert events[-2].data["outcome_status"] == "abandoned"
+    journal = await queue.journal(lease.run_id)
+    assert (journal[-1].step, journal[-1].outcome_status) == (3, "abandoned")
+    page = await reads.session_transcript_page(session.id, cursor=None, limit=50)
+    messages = chat_messages([entry.to_json() for entry in page.entries])
+    answers = [m for m in messages if m["role"] == "tool"]
+    assert len(answers) == 3
+    assert ABANDONED_RESULT in str(answers[2]["content"])
+    assert await check_all_runs(queue.engine) == 1
+
+
+async def test_a_dead_letter_settles_every_open_call_and_names_the_unsafe_ones(
+    queue: Queue, clock: ManualClock
+) -> None:
+    await queue.enqueue_many(
+        tenant_id="t",
+        principal="p",
+        runs=[("scripted", {}, PriorityClass.ASYNC.base, None)],
+        max_attempts=1,
+    )
+    [claimed] = await queue.claim("w", list(PriorityClass), limit=1)
+    lease = claimed.lease
+    lookup = ToolCall(step=1, tool="lookup", idempotency_class="safe", args={})
+    payment = ToolCall(step=2, tool="pay", idempotency_class="unsafe", args={})
+    assert isinstance(await queue.tool_started(lease, lookup), Written)  # parallel calls
+    assert isinstance(await queue.tool_started(lease, payment), Written)
+    clock.advance(31)  # the worker died inside both; no attempt is left
+    assert (await queue.sweep()).failed == 1
+    run = await queue.get_run(lease.run_id)
+    assert run is not None
+    assert run.failure is not None
+    assert run.failure["uncertain_calls"] == [{"step": 2, "tool": "pay"}]
+    assert "lookup" not in run.failure["message"]
+    settled = {e.data["step"]: e.data["outcome_status"] for e in await queue.events(lease.run_id)
+               if e.type == "tool.finished"}  # fmt: skip
+    assert settled == {1: "abandoned", 2: "uncertain"}
+    assert await check_all_runs(queue.engine) == 1
+
+
+async def test_a_cancel_through_the_api_and_the_client_says_why(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with running_api(database_url, engine) as api:
+        client = await api.client("acme", "alice")
+        first = (await client.post("/runs", json={"input": {"final": "x"}})).json()
+        cancelled = await client.post(f"/runs/{first['id']}/cancel", json={"reason": "user left"})
+        assert cancelled.status_code == 200, cancelled.text
+        async with AsyncTurnstile(api.base, await api.key("acme", "alice")) as sdk:
+            second = await sdk.submit_run({"final": "y"})
+            assert (await sdk.cancel(second.id, reason="changed my mind")).status == "cancelled"
+        too_long = await client.post(f"/runs/{first['id']}/cancel", json={"reason": "x" * 501})
+        assert too_long.status_code == 422
+        bare = (await client.post("/runs", json={"input": {"final": "z"}})).json()
+        assert (await client.post(f"/runs/{bare['id']}/cancel")).status_code == 200
+        reasons = []
+        for run_id in (first["id"], second.id, bare["id"]):
+            events = (await client.get(f"/runs/{run_id}/events")).json()["events"]
+            reasons.append(events[-1]["data"]["reason"])
+    assert reasons == ["user left", "changed my mind", "cancelled through the API"]

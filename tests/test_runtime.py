@@ -169,7 +169,16 @@ async def test_a_fenced_worker_makes_no_further_tool_call(
     assert await execute_once(queue, runtime()) is True
     assert [path for _, path, _ in seen.hits] == ["/one"]
     events = await queue.events(run.id)
-    assert [e.type for e in events][-3:] == ["tool.started", "run.cancelled", "run.fenced"]
+    assert [e.type for e in events][-4:] == [
+        "tool.started",
+        "tool.finished",
+        "run.cancelled",
+        "run.fenced",
+    ]
+    # The cancel settled the POST it interrupted (its effect unknown); the worker's own
+    # outcome for it was fenced.
+    assert events[-3].data["outcome_status"] == "uncertain"
+    assert events[-3].data["by"] == "cancel"
     assert events[-1].data["during"] == "tool_finished"
 
 

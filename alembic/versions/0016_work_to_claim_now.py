@@ -22,6 +22,10 @@ in one place each (issue 32; docs/adr/0009 and 0010).
   `max_webhook_endpoints` (how many a tenant may hold) and `min_schedule_interval_seconds` (the
   shortest gap between two fire times of one of its schedules). NULL is the process default.
   The older release reads the table by column name and never sees them.
+* `tool_journal.outcome_status` may be 'abandoned' (issue 33): a safe or keyed call left open
+  by a run's end for good (a cancel, a dead letter), as an unsafe one is 'uncertain'. The
+  older release never reads the journal of a finished run (recovery reads the running run's),
+  and its history shows any other status as it is.
 * `schema_compatibility` (new, one row): the oldest release whose code still works on the
   schema. A process whose code is older than the schema runs when its release is at least
   that (readiness and worker start ask; docs/deployment.md); every later migration sets it.
@@ -71,6 +75,9 @@ HOLDING_LIMITS = {
     "max_webhook_endpoints": ">= 0",
     "min_schedule_interval_seconds": ">= 1",
 }
+# The journal's outcomes: 'abandoned' is new, and the downgrade goes back to the older ones.
+OUTCOMES = "('succeeded', 'failed', 'uncertain', 'abandoned')"
+OLDER_OUTCOMES = "('succeeded', 'failed', 'uncertain')"
 REPLACED = ("turnstile_add_queued", "turnstile_clear_work", "turnstile_submit")
 
 SIGNATURES = {
@@ -126,6 +133,12 @@ def upgrade() -> None:
             "tenant_limits",
             f"{column} IS NULL OR {column} {rule}",
         )
+    op.drop_constraint(op.f("ck_tool_journal_outcome_status"), "tool_journal", type_="check")
+    op.create_check_constraint(
+        op.f("ck_tool_journal_outcome_status"),
+        "tool_journal",
+        f"outcome_status IS NULL OR outcome_status IN {OUTCOMES}",
+    )
     op.create_table(
         "schema_compatibility",
         sa.Column("id", sa.SmallInteger(), server_default=sa.text("1"), nullable=False),
@@ -171,6 +184,16 @@ def downgrade() -> None:
                ON n.tenant_id = c2.tenant_id AND n.band = c2.band
         WHERE c2.tenant_id = c.tenant_id AND c2.band = c.band
         """
+    )
+    # The older release's outcomes: an abandoned call reads as one whose outcome is unknown.
+    op.execute(
+        "UPDATE tool_journal SET outcome_status = 'uncertain' WHERE outcome_status = 'abandoned'"
+    )
+    op.drop_constraint(op.f("ck_tool_journal_outcome_status"), "tool_journal", type_="check")
+    op.create_check_constraint(
+        op.f("ck_tool_journal_outcome_status"),
+        "tool_journal",
+        f"outcome_status IS NULL OR outcome_status IN {OLDER_OUTCOMES}",
     )
     op.drop_table("schema_compatibility")
     for column in HOLDING_LIMITS:  # their CHECKs go with them

@@ -17,6 +17,7 @@ from app.api.auth import CHALLENGE, CallerDep, submitter_of, visible_principal, 
 from app.api.json_responses import FastJSONResponse
 from app.api.problems import ApiProblem, responses
 from app.api.schemas import (
+    CancelRequest,
     EventPage,
     RunDocument,
     RunRequest,
@@ -236,14 +237,24 @@ async def run_events(
     "/runs/{run_id}/cancel",
     response_model=RunDocument,
     summary="Cancel a run from any non-terminal status (a cancelled run answers 200 again)",
-    responses=responses("unauthorized", "not-found", "run-finished", "invalid-request"),
+    description=(
+        'An optional body `{"reason": ...}` says why, in the run\'s `run.cancelled` event and '
+        "webhook. Calls the run left open get their outcome in the same transaction: an "
+        "unsafe one `uncertain`, a safe or keyed one `abandoned`, each with its "
+        "`tool.finished` event, so the transcript never holds a call without one."
+    ),
+    responses=responses(
+        "unauthorized", "not-found", "run-finished", "invalid-request", "malformed-json"
+    ),
 )
-async def cancel(run_id: UUID, request: Request, caller: CallerDep) -> Any:
+async def cancel(
+    run_id: UUID, request: Request, caller: CallerDep, body: CancelRequest | None = None
+) -> Any:
     state = state_of(request)
     outcome = await state.queue.cancel(
         run_id,
         actor=caller.actor,
-        reason="cancelled through the API",
+        reason=body.reason if body is not None and body.reason else "cancelled through the API",
         # Actions stay within the key's own tenant, admin keys included: the admin scope
         # widens what a key can see, not what it can change. A key without a scope cancels
         # only its own principal's runs.

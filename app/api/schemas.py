@@ -262,6 +262,17 @@ class QueueStats(BaseModel):
     )
 
 
+class CancelRequest(Strict):
+    """An optional body of a cancel."""
+
+    reason: str | None = Field(
+        default=None,
+        max_length=500,
+        description="Why, for the run's `run.cancelled` event and its webhook (at most 500 "
+        "characters).",
+    )
+
+
 class TenantLimitsRequest(Strict):
     """A tenant's limit overrides, replacing the ones it had. A field left out or null, and a
     class left out of `max_running` (or null there), is the service's default."""

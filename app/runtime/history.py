@@ -5,7 +5,8 @@ oldest of them out of the request.
 Mapping: a user turn (a run's input or an answer) is a `user` message; the assistant's
 question or final message an `assistant` message; a tool call an `assistant` message carrying
 that one call followed by its `tool` result (an `uncertain` outcome reads "unknown", never
-"failed"). A run's failed or cancelled end sends nothing: its user turns stay, and the next
+"failed"; an `abandoned` one, a safe or keyed call its run's end left open, says so). A run's
+failed or cancelled end sends nothing: its user turns stay, and the next
 user turn follows them.
 
 Budget: messages are grouped into exchanges, each starting at a user message, so a tool call
@@ -24,6 +25,12 @@ from app.vocabulary.records import JSON
 UNKNOWN_RESULT = (
     "The outcome of this tool call is unknown: it started but its result was never recorded "
     "(the worker stopped). It may or may not have taken effect, and it was not repeated."
+)
+
+
+ABANDONED_RESULT = (
+    "This tool call started but its run ended (cancelled or failed) before it finished; it was "
+    "not completed here and was not repeated. It is safe to make again if it is still needed."
 )
 
 
@@ -49,6 +56,8 @@ def chat_messages(history: Sequence[dict[str, JSON]]) -> list[dict[str, JSON]]:
             status = tool.get("status")
             if status == "uncertain":
                 result = json.dumps({"status": "unknown", "message": UNKNOWN_RESULT})
+            elif status == "abandoned":
+                result = json.dumps({"status": "abandoned", "message": ABANDONED_RESULT})
             else:
                 result = json.dumps({"status": status, "result": entry.get("content")})
             messages.append(

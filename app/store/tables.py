@@ -300,7 +300,8 @@ tool_journal = Table(
     CheckConstraint("entry IN ('started', 'finished', 'not_sent')", name="entry"),
     CheckConstraint("idempotency_class IN ('safe', 'keyed', 'unsafe')", name="idempotency_class"),
     CheckConstraint(
-        "outcome_status IS NULL OR outcome_status IN ('succeeded', 'failed', 'uncertain')",
+        "outcome_status IS NULL OR outcome_status IN ('succeeded', 'failed', 'uncertain', "
+        "'abandoned')",
         name="outcome_status",
     ),
     CheckConstraint(

@@ -94,6 +94,21 @@ count_insert AS (
 )
 
 
+-- fragment: settled_outcome
+-- The outcome an open call `j` (journal 'started', nothing after) is given when its run ends
+-- for good with it open: an unsafe call may have taken effect, so it is 'uncertain'; a safe
+-- or keyed one would be harmless to repeat, so it is only 'abandoned'.
+CASE WHEN j.idempotency_class = 'unsafe' THEN 'uncertain' ELSE 'abandoned' END AS settled
+
+
+-- fragment: settled_message
+-- The outcome's message for an open call `c` settled at its run's end; :unknown is the
+-- runtime's own words for an unknown outcome (app/queue/core.py's UNKNOWN_OUTCOME).
+jsonb_build_object('message', CASE c.settled
+    WHEN 'uncertain' THEN CAST(:unknown AS text)
+    ELSE 'the run ended before this call finished; it was not repeated' END)
+
+
 -- fragment: webhook_deliveries
 -- Webhooks: a statement that makes a transition webhooks report defines `hook_source`
 -- (run_id, tenant_id, agent, event, data: one row per transition it made), and this turns each
@@ -468,10 +483,11 @@ RETURNING event_seq AS seq;
 --   expired    the sweeper's, for a run whose lease deadline passed (also fenced on it):
 --              queued with backoff, or dead-lettered on the last attempt ('lease_expired').
 -- Only `retry` and `expired` compare attempts with max_attempts. A run dead-lettered or
--- failed in the middle of an unsafe call (journal 'started' with no later entry for its step)
--- gets, before its run.failed, a journal outcome 'uncertain' with its own tool.finished event
--- for each such call, and its failure names them: nobody will recover it, so this is the last
--- chance to say that its effect is unknown. A requeued run leaves them to its next attempt's
+-- failed in the middle of a call (journal 'started' with no later entry for its step) gets,
+-- before its run.failed, a journal outcome with its own tool.finished event for each such
+-- call: 'uncertain' for an unsafe one, which its failure names, 'abandoned' for a safe or
+-- keyed one (repeating it is harmless): nobody will recover it, so this is the last chance to
+-- say what became of it, and the transcript never holds a call without its outcome. A requeued run leaves them to its next attempt's
 -- recovery. A run whose fence does not match (reclaimed, cancelled, finished) is not written
 -- and is missing from the result: its caller gets Fenced. Every side effect of an end is
 -- written here once: its event, its count row, the webhook deliveries of terminal and waiting
@@ -506,18 +522,22 @@ locked AS MATERIALIZED (
 ),
 open_calls AS MATERIALIZED (
     SELECT j.run_id, j.step, j.tool, j.idempotency_class, j.idempotency_key,
+           {{settled_outcome}},
            row_number() OVER (PARTITION BY j.run_id ORDER BY j.event_seq) AS n
     FROM locked
     JOIN tool_journal j ON j.run_id = locked.id
-    WHERE locked.status = 'failed' AND j.entry = 'started' AND j.idempotency_class = 'unsafe'
+    WHERE locked.status = 'failed' AND j.entry = 'started'
       AND NOT EXISTS (SELECT 1 FROM tool_journal later
                       WHERE later.run_id = j.run_id AND later.step = j.step
                         AND later.event_seq > j.event_seq)
 ),
 open_per_run AS (
+    -- Every open call takes an event; the failure names the unsafe ones only.
     SELECT run_id, count(*) AS calls,
-           jsonb_agg(jsonb_build_object('step', step, 'tool', tool) ORDER BY n) AS described,
-           string_agg(format('%s (step %s)', tool, step), ', ' ORDER BY n) AS named
+           jsonb_agg(jsonb_build_object('step', step, 'tool', tool) ORDER BY n)
+               FILTER (WHERE settled = 'uncertain') AS described,
+           string_agg(format('%s (step %s)', tool, step), ', ' ORDER BY n)
+               FILTER (WHERE settled = 'uncertain') AS named
     FROM open_calls
     GROUP BY run_id
 ),
@@ -540,7 +560,7 @@ ended AS (
         result = CASE WHEN d.outcome = 'succeeded' THEN d.value ELSE r.result END,
         failure = CASE
             WHEN d.status <> 'failed' THEN r.failure
-            WHEN d.outcome = 'failed' AND d.open_calls = 0 THEN d.value
+            WHEN d.outcome = 'failed' AND d.named IS NULL THEN d.value
             WHEN d.outcome = 'failed' THEN d.value || jsonb_build_object(
                 'message', coalesce(d.value ->> 'message', '') || '; outcome unknown of '
                            || d.named,
@@ -567,7 +587,7 @@ ended AS (
         finished_at = CASE WHEN d.status IN ('succeeded', 'failed') THEN clock.now END,
         lease_owner = NULL,
         lease_expires_at = NULL,
-        -- One event per uncertain call, then the run's own.
+        -- One event per open call, then the run's own.
         last_event_seq = r.last_event_seq + 1 + d.open_calls,
         updated_at = clock.now
     FROM decided d, clock
@@ -576,24 +596,24 @@ ended AS (
               r.scheduled_for, r.result, r.failure, r.question, r.tenant_id, r.agent,
               r.session_id, d.outcome, d.step, d.state, d.value, d.open_calls
 ),
-uncertain_event AS (
+settled_event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT e.id, e.last_event_seq - e.open_calls - 1 + c.n, 'tool.finished', e.lease_epoch,
            jsonb_build_object('step', c.step, 'tool', c.tool,
                               'idempotency_class', c.idempotency_class,
-                              'outcome_status', 'uncertain',
-                              'outcome', jsonb_build_object('message', CAST(:unknown AS text)))
+                              'outcome_status', c.settled,
+                              'outcome', {{settled_message}})
            || CASE WHEN e.outcome = 'expired' THEN '{"by": "sweeper"}'::jsonb
                    ELSE '{}'::jsonb END,
            clock.now
     FROM ended e JOIN open_calls c ON c.run_id = e.id, clock
 ),
-uncertain_journal AS (
+settled_journal AS (
     INSERT INTO tool_journal (run_id, event_seq, epoch, step, entry, tool, idempotency_class,
                               idempotency_key, outcome_status, outcome, created_at)
     SELECT e.id, e.last_event_seq - e.open_calls - 1 + c.n, e.lease_epoch, c.step, 'finished',
-           c.tool, c.idempotency_class, c.idempotency_key, 'uncertain',
-           jsonb_build_object('message', CAST(:unknown AS text)), clock.now
+           c.tool, c.idempotency_class, c.idempotency_key, c.settled, {{settled_message}},
+           clock.now
     FROM ended e JOIN open_calls c ON c.run_id = e.id, clock
 ),
 event AS (
@@ -726,11 +746,11 @@ FROM turnstile_deliver_input({{now}}, CAST(:run_id AS uuid), CAST(:input AS json
 -- written, the webhook deliveries it reports, its count row, one bounded notification. Runs
 -- not visible to :tenant_id and :principal (NULL: any), missing or finished are left alone
 -- and not returned; the caller reads which.
--- An unsafe call left open (journal 'started' with no later entry for its step: in flight in
--- a worker being fenced now, or left by a lost lease for a recovery that will never run) gets
--- a journal outcome 'uncertain' and its own tool.finished event before run.cancelled, as a
--- dead letter's does: nobody will settle it later, and without it the transcript and the
--- session's next run would not know the call was made. The worker's own outcome for it, if
+-- A call left open (journal 'started' with no later entry for its step: in flight in a worker
+-- being fenced now, or left by a lost lease for a recovery that will never run) gets a journal
+-- outcome and its own tool.finished event before run.cancelled, as a dead letter's do:
+-- 'uncertain' when unsafe, 'abandoned' when safe or keyed. Nobody will settle it later, and
+-- without it the transcript and the session's next run would not know the call was made. The worker's own outcome for it, if
 -- it ever comes, is fenced. The entries carry the epoch the call was made in (the one before
 -- this cancel's bump), as the sweeper's do; having no checkpoint, they are never taken for
 -- the worker's own by recognise_tool_finished.
@@ -749,10 +769,11 @@ locked AS MATERIALIZED (
 open_calls AS MATERIALIZED (
     -- Read after the rows are locked: every journal entry a worker committed before is seen.
     SELECT j.run_id, j.step, j.tool, j.idempotency_class, j.idempotency_key,
+           {{settled_outcome}},
            row_number() OVER (PARTITION BY j.run_id ORDER BY j.event_seq) AS n
     FROM locked
     JOIN tool_journal j ON j.run_id = locked.id
-    WHERE j.entry = 'started' AND j.idempotency_class = 'unsafe'
+    WHERE j.entry = 'started'
       AND NOT EXISTS (SELECT 1 FROM tool_journal later
                       WHERE later.run_id = j.run_id AND later.step = j.step
                         AND later.event_seq > j.event_seq)
@@ -768,7 +789,7 @@ run AS (
         lease_expires_at = NULL,
         question = NULL,
         finished_at = clock.now,
-        -- One event per open unsafe call, then run.cancelled.
+        -- One event per open call, then run.cancelled.
         last_event_seq = r.last_event_seq + 1 + coalesce(o.calls, 0),
         updated_at = clock.now
     FROM clock, locked
@@ -776,24 +797,24 @@ run AS (
     WHERE r.id = locked.id AND r.status IN ('queued', 'running', 'waiting_for_user')
     RETURNING r.*, coalesce(o.calls, 0) AS open_calls
 ),
-uncertain_event AS (
+settled_event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
     SELECT run.id, run.last_event_seq - run.open_calls - 1 + c.n, 'tool.finished',
            run.lease_epoch - 1,
            jsonb_build_object('step', c.step, 'tool', c.tool,
                               'idempotency_class', c.idempotency_class,
-                              'outcome_status', 'uncertain',
-                              'outcome', jsonb_build_object('message', CAST(:unknown AS text)),
+                              'outcome_status', c.settled,
+                              'outcome', {{settled_message}},
                               'by', 'cancel'),
            clock.now
     FROM run JOIN open_calls c ON c.run_id = run.id, clock
 ),
-uncertain_journal AS (
+settled_journal AS (
     INSERT INTO tool_journal (run_id, event_seq, epoch, step, entry, tool, idempotency_class,
                               idempotency_key, outcome_status, outcome, created_at)
     SELECT run.id, run.last_event_seq - run.open_calls - 1 + c.n, run.lease_epoch - 1, c.step,
-           'finished', c.tool, c.idempotency_class, c.idempotency_key, 'uncertain',
-           jsonb_build_object('message', CAST(:unknown AS text)), clock.now
+           'finished', c.tool, c.idempotency_class, c.idempotency_key, c.settled,
+           {{settled_message}}, clock.now
     FROM run JOIN open_calls c ON c.run_id = run.id, clock
 ),
 event AS (

@@ -474,6 +474,11 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** CancelRequest */
+        CancelRequest: {
+            /** Reason */
+            reason?: string | null;
+        };
         /** ClassDepth */
         ClassDepth: {
             /**
@@ -1435,7 +1440,11 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody?: never;
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["CancelRequest"] | null;
+            };
+        };
         responses: {
             200: {
                 headers: {
@@ -1443,6 +1452,14 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["RunDocument"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
                 };
             };
             401: {

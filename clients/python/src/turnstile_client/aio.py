@@ -153,10 +153,11 @@ class AsyncTurnstile:
             )
         return current
 
-    async def cancel(self, run: RunRef) -> Run:
-        """Cancel from any non-terminal status; a cancelled run answers again. Raises
-        `RunFinishedError` for a run that succeeded or failed."""
-        return calls.as_run(await self._send(calls.cancel(run)))
+    async def cancel(self, run: RunRef, *, reason: str | None = None) -> Run:
+        """Cancel from any non-terminal status; a cancelled run answers again. `reason` goes
+        into its `run.cancelled` event and webhook. Raises `RunFinishedError` for a run that
+        succeeded or failed."""
+        return calls.as_run(await self._send(calls.cancel(run, reason)))
 
     async def events(self, run: RunRef, *, after: int = 0) -> AsyncGenerator[Event, None]:
         """The run's events after sequence number `after`, in order, as they happen; ends after

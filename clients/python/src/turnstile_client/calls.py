@@ -123,9 +123,10 @@ def poll_run(run: RunRef, status: str, seconds: float, read_timeout: float) -> C
     )
 
 
-def cancel(run: RunRef) -> Call:
+def cancel(run: RunRef, reason: str | None = None) -> Call:
     # Cancelling a cancelled run answers 200 again, so a retry is safe.
-    return Call("POST", f"/runs/{run_id(run)}/cancel")
+    body = None if reason is None else {"reason": reason}
+    return Call("POST", f"/runs/{run_id(run)}/cancel", json=body)
 
 
 def events_path(run: RunRef) -> str:
