@@ -141,11 +141,13 @@ def cpu_seconds(pid: int) -> float | None:
 class Worker:
     """One `turnstile worker` process."""
 
-    def __init__(self, url: str, slots: str, logs: Path, **settings: str) -> None:
+    def __init__(
+        self, url: str, slots: str, logs: Path, *, args: tuple[str, ...] = (), **settings: str
+    ) -> None:
         self.log_path = logs
         self.log_file = logs.open("wb")
         self.process = subprocess.Popen(
-            [TURNSTILE, "worker"],
+            [TURNSTILE, "worker", *args],
             env=service_env(url, slots=slots, **settings),
             stdout=self.log_file,
             stderr=subprocess.STDOUT,

@@ -15,7 +15,9 @@ or run.fenced event appeared; whether every run succeeded. And what the issue as
 connections the endpoint accepted (a client that reuses its connections opens about one per
 slot), the most runs seen running past their lease at once, and the heartbeat's lag: the
 longest a held lease went unrenewed (now minus its last renewal, sampled from `runs` every
-0.2 s) less the heartbeat interval.
+0.2 s) less the heartbeat interval; and, from the worker's own metrics (`--metrics-port`,
+scraped at each sample), whether it held back (`turnstile_worker_holding_back` seen at 1, the
+claim rounds it skipped) and the most its heartbeat thread measured of its own lag.
 
 Standalone (long runs, not in `make test`): `python bench/inflight.py 500 2000 5000`; settings
 of the worker for an experiment as JSON in BENCH_WORKER_SETTINGS (e.g.
@@ -131,6 +133,36 @@ class FakeModel:
         self.log_file.close()
 
 
+WORKER_METRICS = (
+    "turnstile_worker_holding_back",
+    "turnstile_worker_held_back_rounds_total",
+    "turnstile_worker_heartbeat_lag_seconds",
+    "turnstile_worker_loop_lag_seconds",
+)
+
+
+async def worker_metrics(port: int) -> dict[str, float]:
+    """The worker's own load figures from its metrics port (empty while it is unreachable)."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 2)
+    except (OSError, TimeoutError):
+        return {}
+    try:
+        writer.write(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")
+        await writer.drain()
+        body = (await asyncio.wait_for(reader.read(), 5)).decode(errors="replace")
+    except (OSError, TimeoutError):
+        return {}
+    finally:
+        writer.close()
+    found = {}
+    for line in body.splitlines():
+        name, _, value = line.partition(" ")
+        if name in WORKER_METRICS:
+            found[name] = float(value)
+    return found
+
+
 async def heartbeat_ms(queue: Queue, count: int) -> dict[str, Any]:
     """Claim `count` runs from this process and time `heartbeat_many` of all their leases:
     the one statement a worker with that many runs in flight sends every heartbeat."""
@@ -164,11 +196,13 @@ async def one_size(
         model = FakeModel(delay, logs / f"inflight-{slots}-model.log")
         worker: Worker | None = None
         engine = create_engine(settings, url)
+        metrics_port = free_port()
         try:
             worker = Worker(
                 url,
                 layout,
                 logs / f"inflight-{slots}.log",
+                args=("--metrics-port", str(metrics_port)),
                 openai_base_url=f"http://127.0.0.1:{model.port}/v1",
                 lease_seconds=str(LEASE_SECONDS),
                 heartbeat_seconds=str(HEARTBEAT_SECONDS),
@@ -191,6 +225,7 @@ async def one_size(
             connections = 0
             past_lease = 0
             lease_age = 0.0
+            seen: dict[str, float] = {}
             deadline = time.monotonic() + 120 + total / 20
             while True:
                 await pg_cpu.sample(conn)
@@ -208,6 +243,8 @@ async def one_size(
                 connections = max(connections, held)
                 past_lease = max(past_lease, lapsed)
                 lease_age = max(lease_age, float(age or 0))
+                for name, value in (await worker_metrics(metrics_port)).items():
+                    seen[name] = max(seen.get(name, 0.0), value)
                 if finished >= total:
                     break
                 if time.monotonic() > deadline:
@@ -259,6 +296,12 @@ async def one_size(
         "runs_past_their_lease_peak": past_lease,
         "longest_unrenewed_lease_seconds": round(lease_age, 2),
         "heartbeat_lag_seconds": round(max(lease_age - HEARTBEAT_SECONDS, 0.0), 2),
+        "held_back": seen.get("turnstile_worker_holding_back", 0.0) >= 1,
+        "held_back_rounds": int(seen.get("turnstile_worker_held_back_rounds_total", 0)),
+        "heartbeat_lag_seen_by_worker_seconds": round(
+            seen.get("turnstile_worker_heartbeat_lag_seconds", 0.0), 3
+        ),
+        "loop_lag_max_seconds": round(seen.get("turnstile_worker_loop_lag_seconds", 0.0), 3),
         "worker_cpu_ms_per_model_call": (
             round(worker_cpu * 1000 / stats["served"], 3) if stats.get("served") else None
         ),
@@ -313,8 +356,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         "| Async slots = runs | Runs/s | Model calls in flight (peak) | DB connections (peak) "
         "| Peak RSS | heartbeat_many of N leases | CPU ms per run: worker / endpoint / "
         "PostgreSQL | Connections opened | Heartbeat lag | Past their lease (peak) "
+        "| Held back (rounds) "
         "| Leases lost | All succeeded |",
-        "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
+        "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---|",
     ]
     for row in rows:
         met = targets(row)
@@ -332,6 +376,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {cpu['worker']} / {cpu['model_endpoint']} / {cpu['postgres_backends']} "
             f"| {row.get('model_connections_opened')} | {row.get('heartbeat_lag_seconds')} s "
             f"| {row.get('runs_past_their_lease_peak')} "
+            f"| {'yes' if row.get('held_back') else 'no'} ({row.get('held_back_rounds')}) "
             f"| {row['requeued_events'] + row['fenced_events']} ({yn(met['no_lease_lost'])}) "
             f"| {row['succeeded']:,} of {row['runs']:,} ({yn(met['all_succeeded'])}) |"
         )

@@ -34,6 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.observability import tracing
 from app.observability.tracing import parse_traceparent, wanted
 from app.queue.core import Queue
+from app.runtime.outbound import ModelClient
 from app.security.api_keys import create_key
 from app.store.embedded import free_port
 from app.vocabulary.records import NewRun
@@ -397,8 +398,12 @@ async def test_a_model_call_has_the_genai_attributes(
     fake.say("all done", usage=20)
     queue = Queue(engine)
     run = await queue.enqueue(NewRun("acme", "alice", "openai", "hello"))
-    async with running_server(fake.app()) as base, httpx.AsyncClient() as http:
-        assert await execute_once(queue, executor(base, http))
+    http = ModelClient(2)
+    try:
+        async with running_server(fake.app()) as base:
+            assert await execute_once(queue, executor(base, http))
+    finally:
+        await http.aclose()
     assert (await queue.get_run(run.id)).status == "succeeded"  # type: ignore[union-attr]
 
     calls = named(spans.get_finished_spans(), "chat test-model")
