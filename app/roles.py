@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from app.api.connections import head_deadline_protocol
@@ -168,7 +169,11 @@ async def _reachable_schema(
         except (OSError, DBAPIError) as exc:
             reason = str(getattr(exc, "orig", None) or exc).splitlines()[0][:200]
             if time.monotonic() + delay > deadline:
-                raise WorkerStartError(f"database unreachable: {reason}") from None
+                place = make_url(database.url)
+                raise WorkerStartError(
+                    f"database unreachable at DATABASE_URL ({place.host}:{place.port or 5432}/"
+                    f"{place.database}): {reason}"
+                ) from None
             if on_unreachable is not None:
                 on_unreachable(reason, delay)
         finally:
