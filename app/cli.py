@@ -84,7 +84,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if args.no_workers:
         overrides["run_workers"] = False
     settings = _settings(**overrides)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, log_format=settings.log_format)
     _check_port(settings.host, settings.port)
     _check_plugins(settings)
     settings, embedded = _migrated(settings)
@@ -287,7 +287,7 @@ def cmd_worker(args: argparse.Namespace) -> None:
     from app.roles import WorkerStartError, event_loop_run, run_worker
 
     settings = _settings(run_workers=True)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, log_format=settings.log_format)
     _check_plugins(settings)
 
     def ready(worker_id: str) -> None:
@@ -321,7 +321,10 @@ def cmd_worker(args: argparse.Namespace) -> None:
                     f"database unreachable at {database_place(settings.database_url)} "
                     f"({reason}); retrying in {delay:g}s"
                 ),
-                on_draining=lambda: say("draining"),
+                on_drain=lambda running, grace: say(
+                    f"draining: {running} runs, up to {grace:g} s (Ctrl-C again to release "
+                    "them now)"
+                ),
             )
         )
     except WorkerStartError as exc:

@@ -108,6 +108,11 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto",
+        description="Log lines as JSON (for a collector) or readable text (for a person); "
+        "auto: text when stderr is a terminal, JSON otherwise.",
+    )
     http_keep_alive_seconds: int = Field(
         default=75,
         ge=1,
@@ -393,7 +398,7 @@ class Settings(BaseSettings):
             )
         return value
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _any_case(cls, value: object) -> object:
         # People write INFO as often as info.
