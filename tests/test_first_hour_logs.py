@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.security.api_keys import create_key
-from app.store.embedded import free_port
+from app.store.embedded import LocalCluster, free_port, pgserver_bin_dir
 from tests.support.processes import Child, turnstile
 from tests.support.waiting import eventually
 
@@ -117,3 +119,28 @@ async def test_worker_says_it_drains_and_a_second_ctrl_c_releases_at_once(
     ):
         run = await _sleeping_run(client)
         await _stop_twice(worker, engine, run)
+
+
+async def test_the_embedded_servers_narration_goes_to_its_own_file(tmp_path: Path) -> None:
+    # No DATABASE_URL: the embedded PostgreSQL, initialised here (initdb's whole output).
+    if pgserver_bin_dir() is None:
+        pytest.skip("pgserver's binaries are not installed (no wheel for this Python)")
+    data_dir = tmp_path / "data"
+    env = {"DATABASE_URL": "", "TURNSTILE_DATA_DIR": str(data_dir)}
+    try:
+        async with turnstile(
+            "serve", "--port", str(free_port()), ready=b"Uvicorn running", env=env
+        ) as child:
+            pass
+        lines = child.log.decode().splitlines()
+        ours = [json.loads(line) for line in lines if line.startswith("{")]
+        assert ours
+        assert [line for line in ours if line["logger"] == "pgserver"] == []
+        assert not [line for line in lines if "initdb" in line or "Running commandline" in line]
+        assert "initdb" in (data_dir / "embedded-postgres.log").read_text()
+        assert any(line["message"] == "embedded PostgreSQL released" for line in ours)
+    finally:
+        if (data_dir / "pgdata").exists():
+            LocalCluster(bin_dir=pgserver_bin_dir() or Path(), data_dir=data_dir / "pgdata").stop(
+                "immediate"
+            )
