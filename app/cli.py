@@ -961,7 +961,63 @@ def build_parser() -> argparse.ArgumentParser:
         "never does.",
     )
     migrate.set_defaults(func=cmd_migrate)
+    _add_examples(parser)
     return parser
+
+
+AN_ID = "0193c4d2-5b6e-7a8f-9012-3456789abcde"
+EXAMPLES = {
+    "serve": "turnstile serve --port 8000",
+    "worker": "TURNSTILE_SLOTS=async:8 turnstile worker --metrics-port 9464",
+    "migrate": "DATABASE_URL=postgresql://turnstile@db:5432/turnstile turnstile migrate",
+    "keys create": "turnstile keys create --tenant acme --principal ops --operator",
+    "keys list": "turnstile keys list --tenant acme",
+    "keys revoke": f"turnstile keys revoke {AN_ID}",
+    "runs show": f"turnstile runs show {AN_ID}",
+    "runs cancel": f"turnstile runs cancel {AN_ID}",
+    "runs resubmit": f"turnstile runs resubmit {AN_ID}",
+    "runs dismiss": f"turnstile runs dismiss {AN_ID}",
+    "runs stuck": "turnstile runs stuck --queued-seconds 60 --json",
+    "queue stats": "turnstile queue stats --by-tenant --top 10",
+    "tenants get": "turnstile tenants get acme",
+    "tenants set": "turnstile tenants set acme --max-running interactive=4 --submit-rate 20",
+    "schedules create": (
+        "turnstile schedules create --tenant acme --cron '0 3 * * *' --input '{\"report\": 1}'"
+    ),
+    "schedules list": "turnstile schedules list --tenant acme",
+    "schedules show": f"turnstile schedules show {AN_ID}",
+    "schedules pause": f"turnstile schedules pause {AN_ID}",
+    "schedules resume": f"turnstile schedules resume {AN_ID}",
+    "schedules delete": f"turnstile schedules delete {AN_ID}",
+    "webhooks create": (
+        "TURNSTILE_SECRET_KEY=... turnstile webhooks create --tenant acme "
+        "--url https://hooks.example.com/turnstile --events run.succeeded,run.failed"
+    ),
+    "webhooks list": "turnstile webhooks list --json",
+    "webhooks delete": f"turnstile webhooks delete {AN_ID} --tenant acme",
+    "webhooks enable": f"turnstile webhooks enable {AN_ID} --tenant acme",
+}
+"""One example a command's --help ends with (ids stand for ones from a list)."""
+
+
+def _add_examples(parser: argparse.ArgumentParser, path: str = "") -> None:
+    """Give each command's --help its example, kept on a line of its own."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                _add_examples(child, f"{path} {name}".strip())
+    if path in EXAMPLES:
+        parser.epilog = f"example:\n  {EXAMPLES[path]}"
+        parser.formatter_class = _ExampleFormatter
+
+
+class _ExampleFormatter(argparse.HelpFormatter):
+    """argparse's help, but an example keeps its line (a description is still wrapped)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("example:"):
+            return "\n".join(indent + line for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
 
 
 def _normalise_names(args: argparse.Namespace) -> None:

@@ -179,3 +179,29 @@ async def test_webhooks_list_without_tenant_lists_every_tenants(database_url: st
     import json
 
     assert sorted(row["tenant"] for row in json.loads(out)) == ["acme", "globex"]
+
+
+def test_every_command_has_an_example() -> None:
+    import argparse
+
+    leaves = [
+        path
+        for path, parser in _parsers(build_parser())
+        if isinstance(parser, argparse.ArgumentParser)
+        and not any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)
+    ]
+    assert len(leaves) > 20
+    missing = [
+        path
+        for path, parser in _parsers(build_parser())
+        if path in leaves
+        and isinstance(parser, argparse.ArgumentParser)
+        and not (parser.epilog or "").startswith("example:")
+    ]
+    assert missing == []
+
+
+async def test_an_example_shows_in_help() -> None:
+    code, out, _ = await run_cli("runs", "stuck", "--help", env={})
+    assert code == 0
+    assert "example:\n  turnstile runs stuck --queued-seconds 60 --json" in out
