@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from app.config import Settings
+from app.config import Settings, setting_error
 from app.observability.logs import configure_logging
 from app.runtime.plugins import PluginError
 from app.store.embedded import EmbeddedDatabase, EmbeddedUnavailableError
@@ -51,9 +52,7 @@ def _settings(**overrides: object) -> Settings:
     try:
         settings = Settings()
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "settings"
-        raise CommandError(f"invalid setting {where}: {first['msg']}") from None
+        raise CommandError(f"invalid setting {setting_error(exc)}") from None
     updates = {k: v for k, v in overrides.items() if v is not None}
     return settings.model_copy(update=updates) if updates else settings
 
@@ -86,7 +85,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if args.no_workers:
         overrides["run_workers"] = False
     settings = _settings(**overrides)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, log_format=settings.log_format)
+    _check_port(settings.host, settings.port)
     _check_plugins(settings)
     settings, embedded = _migrated(settings)
     asyncio.run(first_start_key(settings, embedded))
@@ -96,6 +96,45 @@ def cmd_serve(args: argparse.Namespace) -> None:
     finally:
         if embedded is not None:
             embedded.release()
+
+
+def _check_port(host: str, port: int) -> None:
+    """Bind the service's address once before anything starts (the database, the worker
+    pool), so a port in use is a one-line error naming it, not a failure after the pool has
+    started. uvicorn binds with SO_REUSEADDR as this does, so a port this finds free it can
+    take."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise CommandError(
+            f"cannot serve on host {host!r} ({exc.strerror}): set TURNSTILE_HOST or --host"
+        ) from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise CommandError(
+                f"cannot serve on {host}:{port}: {exc.strerror or exc}; stop what holds port "
+                f"{port}, or choose another with --port or TURNSTILE_PORT"
+            ) from None
+
+
+def database_place(url: str | None) -> str:
+    """Where a database URL points, for an error line: DATABASE_URL and its host, port and
+    database, never its password."""
+    if not url:
+        return "the embedded PostgreSQL (TURNSTILE_DATA_DIR; set DATABASE_URL for another)"
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return "DATABASE_URL"
+    return f"DATABASE_URL ({parsed.host or 'local socket'}:{parsed.port or 5432}/{parsed.database})"
 
 
 def _check_plugins(settings: Settings) -> None:
@@ -249,7 +288,7 @@ def cmd_worker(args: argparse.Namespace) -> None:
     from app.roles import WorkerStartError, event_loop_run, run_worker
 
     settings = _settings(run_workers=True)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, log_format=settings.log_format)
     _check_plugins(settings)
 
     def ready(worker_id: str) -> None:
@@ -280,9 +319,13 @@ def cmd_worker(args: argparse.Namespace) -> None:
                 metrics_host=args.metrics_host,
                 on_ready=ready,
                 on_unreachable=lambda reason, delay: say(
-                    f"database unreachable ({reason}); retrying in {delay:g}s"
+                    f"database unreachable at {database_place(settings.database_url)} "
+                    f"({reason}); retrying in {delay:g}s"
                 ),
-                on_draining=lambda: say("draining"),
+                on_drain=lambda running, grace: say(
+                    f"draining: {running} runs, up to {grace:g} s (Ctrl-C again to release "
+                    "them now)"
+                ),
             )
         )
     except WorkerStartError as exc:
@@ -545,7 +588,9 @@ async def schedules_create(runbook: Runbook, args: argparse.Namespace) -> object
     agent = args.agent or runbook.settings.default_agent
     known = _agent_names(runbook.settings)
     if agent not in known:
-        raise CommandError(f"unknown agent {agent!r} (known: {', '.join(sorted(known))})")
+        from app.runtime.agents import unknown_agent
+
+        raise CommandError(unknown_agent(agent, known))
     schedule = await runbook.schedules.create(
         NewSchedule(
             tenant_id=args.tenant,
@@ -654,6 +699,7 @@ async def webhooks_create(runbook: Runbook, args: argparse.Namespace) -> object:
 def _webhook_row(endpoint: Any) -> dict[str, object]:
     return {
         "id": str(endpoint.id),
+        "tenant": endpoint.tenant_id,
         "url": endpoint.url,
         "events": ",".join(endpoint.events) or "all",
         "enabled": endpoint.disabled_at is None,
@@ -697,7 +743,14 @@ def cmd_migrate(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="turnstile", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="turnstile",
+        description=__doc__.splitlines()[0],
+        epilog="The commands other than serve and worker talk to the database directly "
+        "(DATABASE_URL, or the embedded PostgreSQL in TURNSTILE_DATA_DIR), not to a running "
+        "server: they need no API key, and work while the service is down. "
+        "`turnstile COMMAND --help` for each.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the API (and its worker pool)")
@@ -711,21 +764,23 @@ def build_parser() -> argparse.ArgumentParser:
     keys = sub.add_parser("keys", help="create, list and revoke API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     create = keys_sub.add_parser("create", help="create a key and print it (shown once)")
-    create.add_argument("--tenant", required=True)
-    create.add_argument("--principal", required=True)
+    create.add_argument("--tenant", required=True, help="the tenant whose runs the key acts on")
+    create.add_argument(
+        "--principal", required=True, help="who holds the key (a service or a person's name)"
+    )
     scope = create.add_mutually_exclusive_group()
     scope.add_argument("--operator", action="store_true", help="runbook actions, own tenant")
     scope.add_argument("--admin", action="store_true", help="queue-wide views and any run")
     create.add_argument("--name", help="a note to remember the key by")
-    create.add_argument("--json", action="store_true")
+    create.add_argument("--json", action="store_true", help="print JSON rather than text")
     create.set_defaults(func=cmd_keys_create)
     listing = keys_sub.add_parser("list", help="list keys (never their secrets)")
-    listing.add_argument("--tenant")
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--tenant", help="only this tenant's keys (default: every tenant's)")
+    listing.add_argument("--json", action="store_true", help="print JSON rather than text")
     listing.set_defaults(func=cmd_keys_list)
     revoke = keys_sub.add_parser("revoke", help="revoke a key by id")
-    revoke.add_argument("key_id")
-    revoke.add_argument("--json", action="store_true")
+    revoke.add_argument("key_id", help="the key's id (from keys list), not its secret")
+    revoke.add_argument("--json", action="store_true", help="print JSON rather than text")
     revoke.set_defaults(func=cmd_keys_revoke)
 
     worker = sub.add_parser("worker", help="run a worker pool with no HTTP server")
@@ -747,21 +802,28 @@ def build_parser() -> argparse.ArgumentParser:
         ("dismiss", "dismiss a failed run", runs_dismiss),
     ):
         action = runs_sub.add_parser(name, help=text)
-        action.add_argument("run_id")
+        action.add_argument("run_id", help="the run's id")
         action.add_argument("--tenant", help="only if the run belongs to this tenant")
-        action.add_argument("--json", action="store_true")
+        action.add_argument("--json", action="store_true", help="print JSON rather than text")
         action.set_defaults(func=_runbook(command))
     stuck = runs_sub.add_parser("stuck", help="expired leases, long queues, long waits")
-    stuck.add_argument("--tenant")
-    stuck.add_argument("--queued-seconds", type=float, default=300)
-    stuck.add_argument("--waiting-seconds", type=float, default=86_400)
-    stuck.add_argument("--limit", type=int, default=100)
-    stuck.add_argument("--json", action="store_true")
+    stuck.add_argument("--tenant", help="only this tenant's runs (default: every tenant's)")
+    stuck.add_argument(
+        "--queued-seconds", type=float, default=300, help="queued longer than this is stuck (300)"
+    )
+    stuck.add_argument(
+        "--waiting-seconds",
+        type=float,
+        default=86_400,
+        help="waiting for input longer than this is stuck (86400)",
+    )
+    stuck.add_argument("--limit", type=int, default=100, help="at most this many runs (100)")
+    stuck.add_argument("--json", action="store_true", help="print JSON rather than text")
     stuck.set_defaults(func=_runbook(runs_stuck))
     queue = sub.add_parser("queue", help="queue-wide views")
     queue_sub = queue.add_subparsers(dest="queue_command", required=True)
     stats = queue_sub.add_parser("stats", help="depth per class and status, oldest age")
-    stats.add_argument("--tenant")
+    stats.add_argument("--tenant", help="only this tenant's runs (default: every tenant's)")
     stats.add_argument(
         "--by-tenant",
         action="store_true",
@@ -769,20 +831,20 @@ def build_parser() -> argparse.ArgumentParser:
         "tenant=other)",
     )
     stats.add_argument("--top", type=int, default=20, help="tenants shown one by one (20)")
-    stats.add_argument("--json", action="store_true")
+    stats.add_argument("--json", action="store_true", help="print JSON rather than text")
     stats.set_defaults(func=_runbook(queue_stats))
 
     tenants = sub.add_parser("tenants", help="a tenant's limits (its overrides of the defaults)")
     tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True)
     get_limits = tenants_sub.add_parser("get", help="a tenant's overrides and effective limits")
-    get_limits.add_argument("tenant")
-    get_limits.add_argument("--json", action="store_true")
+    get_limits.add_argument("tenant", help="the tenant's name")
+    get_limits.add_argument("--json", action="store_true", help="print JSON rather than text")
     get_limits.set_defaults(func=_runbook(tenants_get))
     set_limits = tenants_sub.add_parser(
         "set",
         help="change a tenant's limits; 'default' returns one to the service's default",
     )
-    set_limits.add_argument("tenant")
+    set_limits.add_argument("tenant", help="the tenant's name")
     set_limits.add_argument(
         "--max-running",
         action="append",
@@ -812,7 +874,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="seconds at least between two fire times of one schedule, or default",
     )
-    set_limits.add_argument("--json", action="store_true")
+    set_limits.add_argument("--json", action="store_true", help="print JSON rather than text")
     set_limits.set_defaults(func=_runbook(tenants_set))
 
     schedules = sub.add_parser("schedules", help="recurring runs: one run per cron tick")
@@ -820,7 +882,7 @@ def build_parser() -> argparse.ArgumentParser:
     create_schedule = schedules_sub.add_parser(
         "create", help="a schedule of sessionless runs, and its first tick"
     )
-    create_schedule.add_argument("--tenant", required=True)
+    create_schedule.add_argument("--tenant", required=True, help="whose schedule it is")
     create_schedule.add_argument(
         "--principal", default="cli", help="whose runs its ticks are (default cli)"
     )
@@ -839,12 +901,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["interactive", "async", "maintenance"],
         help="the runs' class (async)",
     )
-    create_schedule.add_argument("--json", action="store_true")
+    create_schedule.add_argument("--json", action="store_true", help="print JSON rather than text")
     create_schedule.set_defaults(func=_runbook(schedules_create))
     list_schedules = schedules_sub.add_parser("list", help="schedules, newest first")
-    list_schedules.add_argument("--tenant")
-    list_schedules.add_argument("--limit", type=int, default=100)
-    list_schedules.add_argument("--json", action="store_true")
+    list_schedules.add_argument("--tenant", help="only this tenant's (default: every tenant's)")
+    list_schedules.add_argument("--limit", type=int, default=100, help="at most this many (100)")
+    list_schedules.add_argument("--json", action="store_true", help="print JSON rather than text")
     list_schedules.set_defaults(func=_runbook(schedules_list))
     for name, text, command in (
         ("show", "a schedule, its next fire times and latest runs", schedules_show),
@@ -853,9 +915,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("delete", "delete it and its ticks not started yet", schedules_delete),
     ):
         action = schedules_sub.add_parser(name, help=text)
-        action.add_argument("schedule_id")
+        action.add_argument("schedule_id", help="the schedule's id")
         action.add_argument("--tenant", help="only if the schedule belongs to this tenant")
-        action.add_argument("--json", action="store_true")
+        action.add_argument("--json", action="store_true", help="print JSON rather than text")
         action.set_defaults(func=_runbook(command))
 
     webhooks = sub.add_parser("webhooks", help="signed deliveries of a tenant's run transitions")
@@ -863,36 +925,100 @@ def build_parser() -> argparse.ArgumentParser:
     create_webhook = webhooks_sub.add_parser(
         "create", help="an endpoint, and its signing secret (shown once)"
     )
-    create_webhook.add_argument("--tenant", required=True)
+    create_webhook.add_argument("--tenant", required=True, help="whose runs it reports")
     create_webhook.add_argument("--principal", default="cli", help="whose its deliveries are")
     create_webhook.add_argument("--url", required=True, help="on TURNSTILE_HTTP_ALLOWED_HOSTS")
     create_webhook.add_argument(
         "--events", default="", help="comma-separated run.succeeded,run.failed,... (all)"
     )
-    create_webhook.add_argument("--json", action="store_true")
+    create_webhook.add_argument("--json", action="store_true", help="print JSON rather than text")
     create_webhook.set_defaults(func=_runbook(webhooks_create))
-    list_webhooks = webhooks_sub.add_parser("list", help="a tenant's endpoints")
-    list_webhooks.add_argument("--tenant", required=True)
-    list_webhooks.add_argument("--json", action="store_true")
+    list_webhooks = webhooks_sub.add_parser("list", help="endpoints, every tenant's by default")
+    list_webhooks.add_argument("--tenant", help="only this tenant's")
+    list_webhooks.add_argument("--json", action="store_true", help="print JSON rather than text")
     list_webhooks.set_defaults(func=_runbook(webhooks_list))
     delete_webhook = webhooks_sub.add_parser(
         "delete", help="delete an endpoint and cancel its pending deliveries"
     )
-    delete_webhook.add_argument("webhook_id")
-    delete_webhook.add_argument("--tenant", required=True)
-    delete_webhook.add_argument("--json", action="store_true")
+    delete_webhook.add_argument("webhook_id", help="the endpoint's id")
+    delete_webhook.add_argument("--tenant", required=True, help="the endpoint's tenant")
+    delete_webhook.add_argument("--json", action="store_true", help="print JSON rather than text")
     delete_webhook.set_defaults(func=_runbook(webhooks_delete))
     enable_webhook = webhooks_sub.add_parser(
         "enable", help="re-enable an endpoint that failed deliveries disabled"
     )
-    enable_webhook.add_argument("webhook_id")
-    enable_webhook.add_argument("--tenant", required=True)
-    enable_webhook.add_argument("--json", action="store_true")
+    enable_webhook.add_argument("webhook_id", help="the endpoint's id")
+    enable_webhook.add_argument("--tenant", required=True, help="the endpoint's tenant")
+    enable_webhook.add_argument("--json", action="store_true", help="print JSON rather than text")
     enable_webhook.set_defaults(func=_runbook(webhooks_enable))
 
-    migrate = sub.add_parser("migrate", help="upgrade the database schema to this version")
+    migrate = sub.add_parser(
+        "migrate",
+        help="upgrade the database schema to this version",
+        description="Upgrade the database's schema (DATABASE_URL, or the embedded PostgreSQL "
+        "in TURNSTILE_DATA_DIR) to this version's, creating it on an empty database. Safe to "
+        "run again (nothing to do at this version), and while the release before serves "
+        "(docs/deployment.md). `turnstile serve` migrates by itself; `turnstile worker` "
+        "never does.",
+    )
     migrate.set_defaults(func=cmd_migrate)
+    _add_examples(parser)
     return parser
+
+
+AN_ID = "0193c4d2-5b6e-7a8f-9012-3456789abcde"
+EXAMPLES = {
+    "serve": "turnstile serve --port 8000",
+    "worker": "TURNSTILE_SLOTS=async:8 turnstile worker --metrics-port 9464",
+    "migrate": "DATABASE_URL=postgresql://turnstile@db:5432/turnstile turnstile migrate",
+    "keys create": "turnstile keys create --tenant acme --principal ops --operator",
+    "keys list": "turnstile keys list --tenant acme",
+    "keys revoke": f"turnstile keys revoke {AN_ID}",
+    "runs show": f"turnstile runs show {AN_ID}",
+    "runs cancel": f"turnstile runs cancel {AN_ID}",
+    "runs resubmit": f"turnstile runs resubmit {AN_ID}",
+    "runs dismiss": f"turnstile runs dismiss {AN_ID}",
+    "runs stuck": "turnstile runs stuck --queued-seconds 60 --json",
+    "queue stats": "turnstile queue stats --by-tenant --top 10",
+    "tenants get": "turnstile tenants get acme",
+    "tenants set": "turnstile tenants set acme --max-running interactive=4 --submit-rate 20",
+    "schedules create": (
+        "turnstile schedules create --tenant acme --cron '0 3 * * *' --input '{\"report\": 1}'"
+    ),
+    "schedules list": "turnstile schedules list --tenant acme",
+    "schedules show": f"turnstile schedules show {AN_ID}",
+    "schedules pause": f"turnstile schedules pause {AN_ID}",
+    "schedules resume": f"turnstile schedules resume {AN_ID}",
+    "schedules delete": f"turnstile schedules delete {AN_ID}",
+    "webhooks create": (
+        "TURNSTILE_SECRET_KEY=... turnstile webhooks create --tenant acme "
+        "--url https://hooks.example.com/turnstile --events run.succeeded,run.failed"
+    ),
+    "webhooks list": "turnstile webhooks list --json",
+    "webhooks delete": f"turnstile webhooks delete {AN_ID} --tenant acme",
+    "webhooks enable": f"turnstile webhooks enable {AN_ID} --tenant acme",
+}
+"""One example a command's --help ends with (ids stand for ones from a list)."""
+
+
+def _add_examples(parser: argparse.ArgumentParser, path: str = "") -> None:
+    """Give each command's --help its example, kept on a line of its own."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                _add_examples(child, f"{path} {name}".strip())
+    if path in EXAMPLES:
+        parser.epilog = f"example:\n  {EXAMPLES[path]}"
+        parser.formatter_class = _ExampleFormatter
+
+
+class _ExampleFormatter(argparse.HelpFormatter):
+    """argparse's help, but an example keeps its line (a description is still wrapped)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("example:"):
+            return "\n".join(indent + line for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
 
 
 def _normalise_names(args: argparse.Namespace) -> None:
@@ -923,6 +1049,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         _normalise_names(args)
         func(args)
+        sys.stdout.flush()  # here, so a closed pipe is met inside this try, not at exit
+    except BrokenPipeError:
+        # The reader went away (`turnstile ... | head`): nothing to say, and nothing more
+        # written, as any command-line tool whose output is no longer read. The interpreter's
+        # own flush at exit must not meet the closed pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)  # 128 + SIGPIPE, as a tool the signal ended
     except (
         CommandError,
         EmbeddedUnavailableError,
@@ -934,7 +1067,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     except (OperationalError, DBAPIError, OSError) as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        print(f"turnstile: database error: {reason}", file=sys.stderr)
+        where = database_place(
+            os.environ.get("DATABASE_URL", os.environ.get("TURNSTILE_DATABASE_URL"))
+        )
+        print(f"turnstile: database error at {where}: {reason}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
@@ -101,6 +108,11 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto",
+        description="Log lines as JSON (for a collector) or readable text (for a person); "
+        "auto: text when stderr is a terminal, JSON otherwise.",
+    )
     http_keep_alive_seconds: int = Field(
         default=75,
         ge=1,
@@ -396,7 +408,28 @@ class Settings(BaseSettings):
         description="Direct PostgreSQL URL for LISTEN when DATABASE_URL goes through PgBouncer.",
     )
 
-    @field_validator("log_level", mode="before")
+    @field_validator("database_url", "listen_database_url")
+    @classmethod
+    def _check_database_url(cls, value: str | None) -> str | None:
+        # Checked here, so a MySQL URL or a typo is one line at start, not a traceback from
+        # the first connection.
+        if value is None or not value.strip():
+            return None
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            backend = make_url(value).get_backend_name()
+        except ArgumentError:
+            backend = None
+        if backend not in ("postgresql", "postgres"):
+            raise ValueError(
+                "must be a PostgreSQL URL such as postgresql://user:password@host:5432/dbname"
+                + (f", not {backend}://" if backend else "")
+            )
+        return value
+
+    @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _any_case(cls, value: object) -> object:
         # People write INFO as often as info.
@@ -528,40 +561,71 @@ class Settings(BaseSettings):
             self.slot_groups  # noqa: B018 (validated for its error)
         except SlotLayoutError as exc:
             hint = "" if self.partial_layout else "; see TURNSTILE_PARTIAL_LAYOUT"
-            raise ValueError(f"slots: {exc}{hint}") from None
+            raise ValueError(f"TURNSTILE_SLOTS: {exc}{hint}") from None
         # A heartbeat must land well inside the lease, or a healthy but briefly delayed worker
         # loses its run to the sweeper; three heartbeats per lease leaves room for two misses.
         if self.heartbeat_seconds * 3 > self.lease_seconds:
             raise ValueError(
-                f"heartbeat_seconds ({self.heartbeat_seconds}) must be at most a third of "
-                f"lease_seconds ({self.lease_seconds})"
+                f"TURNSTILE_HEARTBEAT_SECONDS ({self.heartbeat_seconds:g}) must be at most a "
+                f"third of TURNSTILE_LEASE_SECONDS ({self.lease_seconds:g})"
             )
         if self.pgbouncer and not self.listen_database_url:
             raise ValueError(
-                "pgbouncer needs listen_database_url: LISTEN cannot work through transaction "
-                "pooling, so give a direct PostgreSQL URL for it"
+                "TURNSTILE_PGBOUNCER needs TURNSTILE_LISTEN_DATABASE_URL: LISTEN cannot work "
+                "through transaction pooling, so give a direct PostgreSQL URL for it"
             )
         if (
             self.max_streams_per_tenant is not None
             and self.max_streams_per_tenant > self.max_streams_per_process
         ):
             raise ValueError(
-                f"max_streams_per_tenant ({self.max_streams_per_tenant}) must not exceed "
-                f"max_streams_per_process ({self.max_streams_per_process}); it could never apply"
+                f"TURNSTILE_MAX_STREAMS_PER_TENANT ({self.max_streams_per_tenant}) must not "
+                f"exceed TURNSTILE_MAX_STREAMS_PER_PROCESS ({self.max_streams_per_process}); it "
+                "could never apply"
             )
         if self.secret_key is not None and len(self.secret_key.get_secret_value()) < 32:
-            raise ValueError("secret_key (TURNSTILE_SECRET_KEY) must be at least 32 characters")
+            raise ValueError("TURNSTILE_SECRET_KEY must be at least 32 characters")
         if self.webhook_backoff_max_seconds < self.webhook_backoff_base_seconds:
-            raise ValueError("webhook_backoff_max_seconds must be >= webhook_backoff_base_seconds")
+            raise ValueError(
+                "TURNSTILE_WEBHOOK_BACKOFF_MAX_SECONDS must be at least "
+                "TURNSTILE_WEBHOOK_BACKOFF_BASE_SECONDS"
+            )
         if self.retry_backoff_max_seconds < self.retry_backoff_base_seconds:
-            raise ValueError("retry_backoff_max_seconds must be >= retry_backoff_base_seconds")
+            raise ValueError(
+                "TURNSTILE_RETRY_BACKOFF_MAX_SECONDS must be at least "
+                "TURNSTILE_RETRY_BACKOFF_BASE_SECONDS"
+            )
         if (
             self.statement_timeout_ms
             and self.lock_timeout_ms
             and self.lock_timeout_ms > self.statement_timeout_ms
         ):
-            raise ValueError("lock_timeout_ms must not exceed statement_timeout_ms")
+            raise ValueError(
+                "TURNSTILE_LOCK_TIMEOUT_MS must not exceed TURNSTILE_STATEMENT_TIMEOUT_MS"
+            )
         return self
+
+
+def environment_name(field: str) -> str:
+    """The environment variable that sets a field: TURNSTILE_<FIELD>, or DATABASE_URL."""
+    return "DATABASE_URL" if field == "database_url" else f"TURNSTILE_{field.upper()}"
+
+
+def setting_error(exc: ValidationError) -> str:
+    """The first problem of invalid settings as one line a person can act on: the environment
+    variable to change (never the field's Python name), what is wrong, and the value given."""
+    first = exc.errors()[0]
+    field = str(first["loc"][0]) if first["loc"] else ""
+    message = str(first["msg"]).removeprefix("Value error, ")
+    if field.isupper():  # an alias (DATABASE_URL) is its own variable's name
+        return f"{field}: {message}"
+    if field not in Settings.model_fields:
+        return message  # a check across fields: its message names the variables itself
+    given = first.get("input")
+    # Never a key's or a URL's value (a password may be inside): logs and terminals are shared.
+    private = "key" in field or "url" in field
+    shown = f" (got {given!r})" if isinstance(given, str) and not private else ""
+    return f"{environment_name(field)}: {message}{shown}"
 
 
 @lru_cache(maxsize=1)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import RedirectResponse
 from fastapi_offline import FastAPIOffline
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -423,6 +424,12 @@ def create_app(
     from app.ui import routes as ui
 
     ui.install(app)
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        # A person who opens the bare address lands on the API's interactive reference.
+        return RedirectResponse("/docs", status_code=307)
+
     return app
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from types import FrameType
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from app.api.connections import head_deadline_protocol
@@ -23,6 +25,7 @@ from app.config import Settings
 from app.main import create_app, services
 from app.store.engine import create_engine
 from app.store.resolve import SchemaState, resolve_database, schema_state
+from app.worker.pool import WorkerPool
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -33,9 +36,31 @@ class WorkerStartError(Exception):
 
 
 def serve(settings: Settings) -> None:
-    """Serve the API (and its worker pool) until SIGINT or SIGTERM, then drain and return."""
+    """Serve the API (and its worker pool) until SIGINT or SIGTERM, then drain and return. A
+    second SIGINT (Ctrl-C again) ends the drain's grace: what still runs is released at once."""
     app = create_app(settings)
-    _server(server_config(settings, app), app.state.shutdown).run()
+
+    def pool() -> WorkerPool | None:
+        state = getattr(app.state, "turnstile", None)
+        return getattr(state, "pool", None)
+
+    _server(
+        server_config(settings, app),
+        app.state.shutdown,
+        pool=pool,
+        grace_seconds=settings.drain_grace_seconds,
+    ).run()
+
+
+def say_draining(pool: WorkerPool | None, grace_seconds: float) -> None:
+    """The one line a stop prints: what the drain waits for, and for how long at most."""
+    running = len(pool.held()) if pool is not None else 0
+    print(
+        f"turnstile: draining: {running} runs, up to {grace_seconds:g} s (Ctrl-C again to "
+        "release them now)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 T = TypeVar("T")
@@ -73,14 +98,33 @@ def server_config(settings: Settings, app: FastAPI) -> uvicorn.Config:
     )
 
 
-def _server(config: uvicorn.Config, shutdown: asyncio.Event) -> uvicorn.Server:
+def _server(
+    config: uvicorn.Config,
+    shutdown: asyncio.Event,
+    *,
+    pool: Callable[[], WorkerPool | None] = lambda: None,
+    grace_seconds: float = 0.0,
+) -> uvicorn.Server:
     """uvicorn's server, telling the app the moment a stop signal arrives: uvicorn waits for
     open connections before it runs the lifespan's shutdown, so long polls and event streams
-    must learn of the signal directly."""
+    must learn of the signal directly. The first signal says what the drain waits for; a
+    second SIGINT ends the pool's grace (its runs released at once) yet still lets the
+    lifespan's shutdown run, which releases them; a third is uvicorn's own forced exit."""
 
     class Server(uvicorn.Server):
+        stops = 0
+
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            shutdown.set()  # signal handlers run on the event loop's thread
+            # Signal handlers run on the event loop's thread.
+            self.stops += 1
+            if self.stops == 1:
+                say_draining(pool(), grace_seconds)
+            elif sig == signal.SIGINT and self.stops == 2:
+                running = pool()
+                if running is not None:
+                    running.hurry()
+                return  # not uvicorn's forced exit: it would skip the lifespan's release
+            shutdown.set()
             super().handle_exit(sig, frame)
 
         @contextlib.contextmanager
@@ -104,24 +148,36 @@ async def run_worker(
     on_ready: Callable[[str], None] | None = None,
     on_unreachable: Callable[[str, float], None] | None = None,
     on_draining: Callable[[], None] | None = None,
+    on_drain: Callable[[int, float], None] | None = None,
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
 ) -> bool:
     """Run a worker pool and the maintenance services until `stop` is set, then drain (no new
     claims; running steps get `drain_grace_seconds`; the rest are released, attempt given back).
 
-    Without `stop`, SIGTERM and SIGINT stop it (the process is the worker's). `on_ready` is
-    called with the worker's id once it claims; `on_unreachable(reason, retry_in)` for each
-    failed attempt to reach the database at start (a fleet may start before its database),
-    which is retried for `worker_start_timeout_seconds`; `on_draining()` once `stop` is set and
-    the drain begins. `metrics_port` serves this process's Prometheus metrics. Returns whether
-    the worker ran (False: stopped before its database answered). Raises WorkerStartError when
-    the worker cannot start."""
+    Without `stop`, SIGTERM and SIGINT stop it (the process is the worker's), and a second one
+    ends the drain's grace at once. `on_ready` is called with the worker's id once it claims;
+    `on_unreachable(reason, retry_in)` for each failed attempt to reach the database at start
+    (a fleet may start before its database), which is retried for
+    `worker_start_timeout_seconds`; `on_draining()` once `stop` is set and the drain begins, and
+    `on_drain(running, grace_seconds)` likewise, with what the drain waits for. `metrics_port`
+    serves this process's Prometheus metrics. Returns whether the worker ran (False: stopped
+    before its database answered). Raises WorkerStartError when the worker cannot start."""
+    started: list[WorkerPool] = []  # the pool, once there is one
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal(first: asyncio.Event = stop) -> None:
+            # The first signal drains; another ends the drain's grace (runs released now).
+            if not first.is_set():
+                first.set()
+            else:
+                for pool in started:
+                    pool.hurry()
+
         for sig in STOP_SIGNALS:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
     schema = await _reachable_schema(settings, stop, on_unreachable)
     if stop.is_set() or schema is None:
         return False
@@ -131,6 +187,7 @@ async def run_worker(
     async with services(settings, role="worker") as state:
         pool = state.pool
         assert pool is not None
+        started.append(pool)
         exporter = None
         if metrics_port is not None:
             from prometheus_client import start_http_server
@@ -148,6 +205,8 @@ async def run_worker(
                 exporter.shutdown()
         if on_draining is not None:
             on_draining()
+        if on_drain is not None:
+            on_drain(len(pool.held()), settings.drain_grace_seconds)
     return True
 
 
@@ -168,7 +227,11 @@ async def _reachable_schema(
         except (OSError, DBAPIError) as exc:
             reason = str(getattr(exc, "orig", None) or exc).splitlines()[0][:200]
             if time.monotonic() + delay > deadline:
-                raise WorkerStartError(f"database unreachable: {reason}") from None
+                place = make_url(database.url)
+                raise WorkerStartError(
+                    f"database unreachable at DATABASE_URL ({place.host}:{place.port or 5432}/"
+                    f"{place.database}): {reason}"
+                ) from None
             if on_unreachable is not None:
                 on_unreachable(reason, delay)
         finally:

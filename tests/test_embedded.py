@@ -205,7 +205,7 @@ async def test_a_service_on_the_embedded_server_stops_cleanly_on_a_group_signal(
         drained = text.index("worker pool stopped")
         finished = text.index("Application shutdown complete")
         if pgserver_bin_dir() is not None:
-            released = text.index("cleaning last handle for server")
+            released = text.index("embedded PostgreSQL released")
             assert drained < finished < released, text
             pgdata = LocalCluster(
                 bin_dir=pgserver_bin_dir() or Path(), data_dir=data_dir / "pgdata"
@@ -259,7 +259,9 @@ async def test_a_worker_on_the_embedded_server_releases_it_after_draining(
         text = log.decode(errors="replace")
         assert error_lines(text) == [], text
         if pgserver_bin_dir() is not None:
-            assert text.index("worker pool stopped") < text.index("cleaning last handle"), text
+            assert text.index("worker pool stopped") < text.index("embedded PostgreSQL released"), (
+                text
+            )
             pgdata = LocalCluster(
                 bin_dir=pgserver_bin_dir() or Path(), data_dir=tmp_path / "data/pgdata"
             )

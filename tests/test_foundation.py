@@ -22,7 +22,7 @@ from tests.support.servers import running_server
 
 
 def test_heartbeat_must_fit_three_times_in_the_lease() -> None:
-    with pytest.raises(ValidationError, match="at most a third of lease_seconds"):
+    with pytest.raises(ValidationError, match="at most a third of TURNSTILE_LEASE_SECONDS"):
         Settings(lease_seconds=10, heartbeat_seconds=5)
     assert Settings(lease_seconds=30, heartbeat_seconds=10).heartbeat_seconds == 10
 
@@ -103,7 +103,7 @@ async def test_cli_migrate_and_its_one_line_errors(database_url: str) -> None:
     )
     assert code == 2
     assert output.strip().count("\n") == 0, output
-    assert output.startswith("turnstile: invalid setting lease_seconds")
+    assert output.startswith("turnstile: invalid setting TURNSTILE_LEASE_SECONDS")
 
 
 async def test_throwaway_cluster_restarts_without_touching_the_main_server(

@@ -25,6 +25,7 @@ from app.api.schemas import (
 from app.api.services import state_of
 from app.api.sessions import IdempotencyHeader, idempotency_of
 from app.queue.schedules import NewSchedule
+from app.runtime.agents import unknown_agent
 
 router = APIRouter(tags=["schedules"])
 
@@ -69,7 +70,7 @@ async def create_schedule(
     if agent not in state.agents:
         raise ApiProblem(
             "invalid-request",
-            f"body.agent: unknown agent {agent!r} (known: {', '.join(sorted(state.agents))})",
+            f"body.agent: {unknown_agent(agent, state.agents)}",
             errors=[{"loc": ["body", "agent"], "msg": "unknown agent", "type": "unknown_agent"}],
         )
     new = NewSchedule(

@@ -32,6 +32,7 @@ from app.observability import tracing
 from app.queue.errors import SessionNotFoundError
 from app.queue.reads import Reads, SessionView
 from app.queue.submit import IdempotencyKey, RunSpec, Submitted, request_hash
+from app.runtime.agents import unknown_agent
 from app.security.api_keys import Caller
 from app.vocabulary.classes import PriorityClass
 
@@ -65,7 +66,7 @@ def spec_from(
     if body.agent is not None and body.agent not in agents:
         raise ApiProblem(
             "invalid-request",
-            f"body.agent: unknown agent {body.agent!r} (known: {', '.join(sorted(agents))})",
+            f"body.agent: {unknown_agent(body.agent, agents)}",
             errors=[{"loc": ["body", "agent"], "msg": "unknown agent", "type": "unknown_agent"}],
         )
     priority = PriorityClass(body.priority) if body.priority else None

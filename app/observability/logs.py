@@ -29,7 +29,14 @@ run_context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.Context
     "turnstile_run_context", default=None
 )
 # Attributes every LogRecord has; anything else was passed with `extra=` and is printed.
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+# uvicorn's `color_message` (its message again, with ANSI colour codes) is never printed: the
+# colours mean nothing in JSON, and on a terminal the plain message says the same.
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {
+    "message",
+    "asctime",
+    "taskName",
+    "color_message",
+}
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -98,9 +105,15 @@ class ReadableFormatter(logging.Formatter):
         return text
 
 
-def configure_logging(level: str, *, json_lines: bool | None = None) -> None:
-    """Route every logger (uvicorn's too) through one handler on stderr."""
-    use_json = (not sys.stderr.isatty()) if json_lines is None else json_lines
+def configure_logging(
+    level: str, *, json_lines: bool | None = None, log_format: str = "auto"
+) -> None:
+    """Route every logger (uvicorn's too) through one handler on stderr: JSON lines, or
+    readable ones, as `log_format` (TURNSTILE_LOG_FORMAT) says; `auto` chooses readable lines
+    when stderr is a terminal (a person reads them) and JSON otherwise (a collector does)."""
+    if json_lines is None:
+        json_lines = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
+    use_json = json_lines
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if use_json else ReadableFormatter())
     root = logging.getLogger()

@@ -124,7 +124,8 @@ class Webhooks:
             )
         return Endpoint.from_row(row)
 
-    async def list(self, tenant_id: str) -> list[Endpoint]:
+    async def list(self, tenant_id: str | None) -> list[Endpoint]:
+        """A tenant's endpoints, or every tenant's (None: the operator CLI's view)."""
         async with self.queue.engine.connect() as conn:
             rows = (await conn.execute(q("webhook_list"), {"tenant_id": tenant_id})).mappings()
             return [Endpoint.from_row(row) for row in rows]

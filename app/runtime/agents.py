@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,6 +55,18 @@ class AgentError(Exception):
     def __init__(self, message: str, *, permanent: bool) -> None:
         super().__init__(message)
         self.permanent = permanent
+
+
+def unknown_agent(name: str, known: Iterable[str]) -> str:
+    """Why a run cannot name this agent, and, for the built-in one left unconfigured, the
+    setting that enables it."""
+    text = f"unknown agent {name!r} (known: {', '.join(sorted(known))})"
+    if name == "openai":
+        text += (
+            "; the 'openai' agent is enabled by setting TURNSTILE_OPENAI_BASE_URL on the server "
+            "(an OpenAI-compatible endpoint, e.g. https://api.openai.com/v1)"
+        )
+    return text
 
 
 class Agent(Protocol):

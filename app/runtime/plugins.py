@@ -1,9 +1,16 @@
 """Your own agents and tools: `TURNSTILE_PLUGINS=package.module:register,...` names callables
-that receive the registry at start and add to it (see docs/runtime.md)."""
+that receive the registry at start and add to it (see docs/runtime.md).
+
+A plugin module is looked for where Python looks (an installed package) and then in the
+folder the server was started from, so `TURNSTILE_PLUGINS=my_agent:register turnstile serve`
+finds ./my_agent.py with no PYTHONPATH. That folder comes last on the path, never first: a file
+there cannot shadow an installed module (the server's own `app` among them)."""
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 
 from app.runtime.executor import Registry
@@ -16,6 +23,10 @@ class PluginError(RuntimeError):
 
 
 def load_plugins(spec: str, registry: Registry) -> None:
+    if spec.strip():
+        here = os.getcwd()
+        if here not in sys.path and "" not in sys.path:
+            sys.path.append(here)
     for entry in (part.strip() for part in spec.split(",")):
         if not entry:
             continue
@@ -25,7 +36,10 @@ def load_plugins(spec: str, registry: Registry) -> None:
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise PluginError(f"cannot import plugin module {module_name!r}: {exc}") from None
+            raise PluginError(
+                f"cannot import plugin module {module_name!r} of TURNSTILE_PLUGINS: {exc} "
+                f"(looked in the installed packages and in {os.getcwd()})"
+            ) from None
         register = getattr(module, attribute, None)
         if not callable(register):
             raise PluginError(f"plugin {entry!r}: {attribute!r} is not a function in the module")

@@ -12,12 +12,17 @@ so a signal to the service's process group (Ctrl-C in a terminal, SIGTERM from a
 never reaches it: the service drains its pool and disposes its engine first, then releases the
 server (`EmbeddedDatabase.release`), which pgserver stops once no process holds it.
 
+pgserver narrates every command it runs (initdb's whole output included) through its logger at
+info level: that goes to a file of its own in the data folder (`embedded-postgres.log`), not
+among the service's log lines; its warnings and errors still reach them.
+
 `LocalCluster` is also what tests use to start throwaway clusters they may stop, restart or break
 without touching the machine's own server.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import re
@@ -30,6 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+
+log = logging.getLogger("turnstile.embedded")
+
+EMBEDDED_LOG = "embedded-postgres.log"
+"""The embedded server's own narration (pgserver's), in the data folder."""
 
 SET_DATABASE_URL_HINT = (
     "set DATABASE_URL=postgresql://USER@HOST:5432/DATABASE to use an existing PostgreSQL"
@@ -248,6 +258,7 @@ class EmbeddedDatabase:
         if self._handle is not None:
             handle, self._handle = self._handle, None
             handle.cleanup()  # pgserver's own release: a no-op again at exit
+            log.info("embedded PostgreSQL released", extra={"data_dir": str(self.data_dir)})
 
     def stop(self) -> None:
         """Stop the server now (pgserver would otherwise stop it when this process exits)."""
@@ -255,11 +266,34 @@ class EmbeddedDatabase:
             self._cluster.stop()
 
 
+class _ProblemsToService(logging.Handler):
+    """Hands pgserver's warnings and errors on to the service's own log."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger().handle(record)
+
+
+def _pgserver_log_to(path: Path) -> None:
+    """pgserver's logger writes to `path` (its info lines only there), once per process."""
+    logger = logging.getLogger("pgserver")
+    if any(getattr(handler, "baseFilename", None) == str(path) for handler in logger.handlers):
+        return
+    to_file = logging.FileHandler(path, encoding="utf-8")
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.handlers[:] = [to_file, _ProblemsToService()]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def start_embedded(data_dir: Path) -> EmbeddedDatabase:
     """Start (or reuse) the embedded PostgreSQL whose data lives in `data_dir`."""
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     if pgserver_bin_dir() is not None:
+        _pgserver_log_to(data_dir / EMBEDDED_LOG)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             import pgserver

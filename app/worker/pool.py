@@ -156,6 +156,7 @@ class WorkerPool:
         self._stopping = asyncio.Event()
         self._heartbeats: HeartbeatThread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._hurry = asyncio.Event()  # a second stop signal: the drain's grace ends now
         self.started = False
         self.claimed_total = 0
         self.heartbeat_failures = 0
@@ -168,6 +169,21 @@ class WorkerPool:
 
     def held(self) -> list[ExecutionContext]:
         return [e.ctx for g in self.groups for e in g.running.values()]
+
+    def hurry(self) -> None:
+        """End a drain's grace period now (a second Ctrl-C): what still runs is released at
+        once, as at the grace's end, rather than awaited."""
+        self._hurry.set()
+
+    async def _within_grace(self, tasks: list[asyncio.Task[None]], grace_seconds: float) -> None:
+        """Wait for every task, at most `grace_seconds`, and no longer once `hurry()` is called."""
+        every = asyncio.ensure_future(asyncio.wait(tasks))
+        hurried = asyncio.ensure_future(self._hurry.wait())
+        await asyncio.wait(
+            [every, hurried], timeout=grace_seconds, return_when=asyncio.FIRST_COMPLETED
+        )
+        every.cancel()  # the wait, not the tasks
+        hurried.cancel()
 
     async def start(self) -> None:
         try:
@@ -217,9 +233,9 @@ class WorkerPool:
         await asyncio.gather(*self._advancing, return_exceptions=True)
         executions = [e for g in self.groups for e in g.running.values() if e.task is not None]
         if executions:
-            _, pending = await asyncio.wait(
-                [e.task for e in executions if e.task is not None], timeout=grace_seconds
-            )
+            tasks = [e.task for e in executions if e.task is not None]
+            await self._within_grace(tasks, grace_seconds)
+            pending = {task for task in tasks if not task.done()}
             # An execution whose ending write is in flight is let finish it (one statement): an
             # interrupted one would leave the run's fate unknown to this process.
             in_flight = [

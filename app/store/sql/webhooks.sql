@@ -11,7 +11,7 @@ RETURNING id, tenant_id, url, events, consecutive_failures, disabled_at, created
 -- name: webhook_list
 SELECT id, tenant_id, url, events, consecutive_failures, disabled_at, created_at
 FROM webhook_endpoints
-WHERE tenant_id = :tenant_id AND deleted_at IS NULL
+WHERE (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id) AND deleted_at IS NULL
 ORDER BY created_at, id;
 
 
