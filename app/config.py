@@ -415,12 +415,13 @@ class Settings(BaseSettings):
         # the first connection.
         if value is None or not value.strip():
             return None
-        from sqlalchemy.engine import make_url
-        from sqlalchemy.exc import ArgumentError
+        from urllib.parse import urlsplit
 
+        # The scheme only (`postgresql`, `postgresql+asyncpg`...): the rest, a libpq multi-host
+        # list of hosts included, is app/store/engine.py's to read, with its own one-line errors.
         try:
-            backend = make_url(value).get_backend_name()
-        except ArgumentError:
+            backend = urlsplit(value).scheme.partition("+")[0].lower() or None
+        except ValueError:
             backend = None
         if backend not in ("postgresql", "postgres"):
             raise ValueError(

@@ -22,6 +22,7 @@ without touching the machine's own server.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pwd
@@ -276,12 +277,22 @@ class _ProblemsToService(logging.Handler):
         logging.getLogger().handle(record)
 
 
+class _NarrationFile(logging.FileHandler):
+    """pgserver's narration file. pgserver still narrates from its exit hook, when the data
+    folder (a throwaway one in tests and tools) may be gone: a line with nowhere to go is
+    dropped, not raised from the interpreter's exit."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(OSError):
+            super().emit(record)
+
+
 def _pgserver_log_to(path: Path) -> None:
     """pgserver's logger writes to `path` (its info lines only there), once per process."""
     logger = logging.getLogger("pgserver")
     if any(getattr(handler, "baseFilename", None) == str(path) for handler in logger.handlers):
         return
-    to_file = logging.FileHandler(path, encoding="utf-8")
+    to_file = _NarrationFile(path, encoding="utf-8")
     to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logger.handlers[:] = [to_file, _ProblemsToService()]
     logger.setLevel(logging.INFO)
