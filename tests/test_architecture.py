@@ -145,8 +145,8 @@ def test_only_the_store_and_its_callers_in_transition_load_statements(path: Path
 @pytest.mark.parametrize("path", CLIENT_MODULES, ids=lambda p: str(p.relative_to(CLIENT)))
 def test_the_python_client_imports_nothing_of_the_server(path: Path) -> None:
     """The client is a distribution of its own for programs that only call the API: nothing of
-    `app`, so it costs httpx and httpx-sse alone (tests/test_client.py checks the modules it
-    loads) and a program with its own `app` package can use it."""
+    `app`, so it costs httpx and httpx-sse alone (tests/clients/test_python_client.py checks the
+    modules it loads) and a program with its own `app` package can use it."""
     source = path.read_text(encoding="utf-8")
     broken = [
         f"{path.relative_to(ROOT)}:{line}: imports {imported}"

@@ -74,7 +74,7 @@ sessions = Table(
 
 # runs, run_events and run_inputs carry storage parameters (fillfactor, per-table autovacuum)
 # set by migration 0008; Table has no option for them and autogenerate does not compare them,
-# so tests/test_migrations.py reads them back from pg_class.
+# so tests/store/test_migrations.py reads them back from pg_class.
 runs = Table(
     "runs",
     metadata,

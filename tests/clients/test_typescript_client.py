@@ -36,7 +36,7 @@ from tests.support.system_tools import require_tool
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "clients" / "typescript"
 README = ROOT / "README.md"
 

@@ -2,7 +2,7 @@
 all); with origins set, preflights answered for what our clients send (the key, Idempotency-Key,
 Last-Event-ID), refused for other origins, no credentials ever allowed, and every answer a page
 may read (a new run, a replay, a problem, a 413) carrying the headers its script needs exposed.
-A real browser on another loopback origin: tests/test_typescript_client.py."""
+A real browser on another loopback origin: tests/clients/test_typescript_client.py."""
 
 from __future__ import annotations
 

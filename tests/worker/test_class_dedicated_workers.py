@@ -16,11 +16,11 @@ from app.queue.core import Queue
 from app.queue.reads import Reads
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import NewRun
+from tests.observability.test_metrics import samples, value
 from tests.support.api import running_api
 from tests.support.processes import run_cli, turnstile
 from tests.support.waiting import eventually
-from tests.test_metrics import samples, value
-from tests.test_ui import signed_in
+from tests.ui.test_dashboard_http import signed_in
 
 INTERACTIVE, ASYNC, MAINTENANCE = PriorityClass
 STALE_SECONDS = 30.0

@@ -83,7 +83,7 @@ async def test_a_plan_made_on_an_empty_queue_stays_bounded_as_the_queue_grows(
         assert claimed == limit
         outer = [p for p in plans if "FROM turnstile_claim(" in p.query]
         assert outer
-        # A bounded claim touches some hundreds of pages at most (tests/test_claim_cost.py); a
+        # A bounded claim touches some hundreds of pages at most (tests/store/test_claim_cost.py); a
         # walk over the tenant's queue touches thousands.
         assert outer[-1].buffers < 1000, [(p.buffers, p.query[:80]) for p in plans]
         # The UPDATE's lookup of the chosen runs (alias r): by primary key.

@@ -1,6 +1,6 @@
-"""The dashboard over plain HTTP (the browser tests are tests/test_ui_browser.py): the session
-cookie's attributes, CSRF and cross-site refusals, bad input answered with a page and never a
-traceback, escaping, tenant scoping, and the timeline's wording of events."""
+"""The dashboard over plain HTTP (the browser tests are tests/ui/test_dashboard_browser.py): the
+session cookie's attributes, CSRF and cross-site refusals, bad input answered with a page and
+never a traceback, escaping, tenant scoping, and the timeline's wording of events."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ from tests.support.processes import turnstile
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SERVER_SOURCES = (
     "pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "alembic.ini", "alembic", "app",
 )  # fmt: skip

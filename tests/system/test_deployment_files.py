@@ -15,7 +15,7 @@ import yaml
 from app.cli import build_parser
 from tests.support.system_tools import require_tool
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_the_dockerfile_passes_hadolint() -> None:

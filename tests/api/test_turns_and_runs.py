@@ -681,7 +681,7 @@ async def test_streams_and_long_polls_are_capped_per_key_and_per_process(
         database_url,
         engine,
         max_streams_per_key=2,
-        max_streams_per_tenant=3,  # alice and bob are one tenant (tests/test_open_streams.py)
+        max_streams_per_tenant=3,  # alice and bob are one tenant (tests/api/test_open_streams.py)
         max_streams_per_process=3,
     ) as api:
         alice = await api.client("acme", "alice")

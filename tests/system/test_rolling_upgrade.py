@@ -43,7 +43,7 @@ from tests.support.invariants import check_all_runs
 from tests.support.processes import Child, run_cli, turnstile
 from tests.support.waiting import eventually
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 MIGRATIONS = ("0015", "0016")
 """Every migration added since this test exists; a new migration joins the list."""

@@ -7,7 +7,7 @@ own server settings (app/roles.py) on loopback, with raw sockets where a client 
   waited forever).
 - A request's body must arrive within TURNSTILE_HTTP_BODY_TIMEOUT_SECONDS of the app's first
   read: a trickled body is answered 408 `request-timeout`, the connection closed, nothing
-  written. Streams that outlive that time are not touched (tests/test_open_streams.py runs
+  written. Streams that outlive that time are not touched (tests/api/test_open_streams.py runs
   its session streams with a body timeout shorter than they stay open).
 - TURNSTILE_MAX_CONNECTIONS bounds the connections one process takes (uvicorn's
   limit_concurrency): beyond, 503, so the process keeps file descriptors for its database.

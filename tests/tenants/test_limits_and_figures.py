@@ -22,10 +22,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.maintenance.queue_metrics import QueueMetrics
 from app.observability.metrics import Metrics
 from app.queue.core import Queue
+from tests.observability.test_metrics import samples
 from tests.support.api import Api, running_api
 from tests.support.processes import run_cli
-from tests.test_metrics import samples
-from tests.test_ui import signed_in
+from tests.ui.test_dashboard_http import signed_in
 
 
 @pytest.fixture

@@ -38,12 +38,12 @@ from app.security.api_keys import create_key
 from app.store.embedded import free_port
 from app.vocabulary.records import NewRun
 from app.worker.execution import ExecutionContext
+from tests.runtime.test_openai_agent import FakeModel, executor
 from tests.support.api import running_api
 from tests.support.processes import turnstile
 from tests.support.runtime import execute_once
 from tests.support.servers import running_server
 from tests.support.waiting import eventually
-from tests.test_openai_agent import FakeModel, executor
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"

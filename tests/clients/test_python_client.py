@@ -60,7 +60,7 @@ SLOW_SCRIPT = {
         {"final": "done"},
     ]
 }
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 FAST_RETRIES = RetryPolicy(attempts=5, base_delay=0.05, max_delay=0.2)
 
 

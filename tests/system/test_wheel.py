@@ -17,7 +17,7 @@ import pytest
 from app.store.engine import plain_url
 from app.store.migrate import head_revision
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = (
     "pyproject.toml",
     "setup.py",

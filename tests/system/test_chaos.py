@@ -23,7 +23,7 @@ no unsafe call reached the counting server twice; every unsafe call left without
 are failed with a failure. A report is printed at the end of the pytest session.
 
 `TURNSTILE_CHAOS_SCALE` (default 1) multiplies the load and the chaos duration for a soak, e.g.
-`TURNSTILE_CHAOS_SCALE=10 pytest tests/test_chaos.py`.
+`TURNSTILE_CHAOS_SCALE=10 pytest tests/system/test_chaos.py`.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from tests.support.waiting import eventually
 from tests.support.webhook_receiver import Receiver, receiver
 
 SECRET_KEY = "k" * 40
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def readme_verify() -> Callable[[str, dict[str, str], bytes], bool]:
