@@ -618,7 +618,7 @@ async def schedules_delete(runbook: Runbook, args: argparse.Namespace) -> object
 async def webhooks_create(runbook: Runbook, args: argparse.Namespace) -> object:
     from app.queue.webhooks import EVENTS, Webhooks
     from app.runtime.http_tool import HttpRequestTool
-    from app.runtime.webhooks import DestinationRefusedError, register_endpoint
+    from app.runtime.webhook_delivery import DestinationRefusedError, register_endpoint
     from app.security.secret_box import SecretBox, SecretKeyMissingError
 
     settings = runbook.settings

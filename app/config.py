@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.vocabulary.allowed_hosts import parse_allowed
+
 if TYPE_CHECKING:
     from app.vocabulary.classes import ClassLimits
     from app.vocabulary.layout import SlotGroup
@@ -344,8 +346,6 @@ class Settings(BaseSettings):
     @field_validator("http_allowed_hosts")
     @classmethod
     def _check_allowed_hosts(cls, value: str) -> str:
-        from app.runtime.http_tool import parse_allowed
-
         for entry in value.split(","):
             if entry.strip():
                 parse_allowed(entry)  # its ValueError names the entry and what is wrong

@@ -36,9 +36,9 @@ from app.runtime.http_tool import HttpRequestTool
 from app.runtime.openai_agent import OpenAIAgent
 from app.runtime.outbound import ClientShards
 from app.runtime.plugins import load_plugins
-from app.runtime.webhooks import AGENT as WEBHOOK_AGENT
-from app.runtime.webhooks import TOOL as WEBHOOK_TOOL
-from app.runtime.webhooks import WebhookAgent, WebhookDeliveryTool
+from app.runtime.webhook_delivery import AGENT as WEBHOOK_AGENT
+from app.runtime.webhook_delivery import TOOL as WEBHOOK_TOOL
+from app.runtime.webhook_delivery import WebhookAgent, WebhookDeliveryTool
 from app.security.api_keys import active_keys
 from app.security.secret_box import SecretBox
 from app.store.engine import create_claim_engine, create_engine

@@ -29,9 +29,9 @@ from typing import Any
 
 import asyncpg
 
-from app.queue.deltas import CHANNEL as DELTA_CHANNEL
-from app.queue.deltas import Delta, unpack
 from app.store.engine import plain_url
+from app.vocabulary.live_deltas import CHANNEL as DELTA_CHANNEL
+from app.vocabulary.live_deltas import Delta, unpack
 
 log = logging.getLogger("turnstile.notifier")
 

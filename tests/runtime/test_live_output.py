@@ -30,11 +30,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from turnstile_client import AsyncTurnstile, Delta, Event, LiveText, Turnstile
 
 from app.api.watch import Inbox, LiveWatch
-from app.queue.deltas import CHANNEL, MAX_PAYLOAD_BYTES, DeltaChannel, pack, unpack
-from app.queue.deltas import Delta as WireDelta
 from app.security.api_keys import create_key
+from app.store.delta_channel import DeltaChannel
 from app.store.embedded import LocalCluster, free_port
 from app.store.engine import plain_url
+from app.vocabulary.live_deltas import CHANNEL, MAX_PAYLOAD_BYTES, pack, unpack
+from app.vocabulary.live_deltas import Delta as WireDelta
 from app.worker.deltas import DeltaPublisher
 from tests.support.api import running_api
 from tests.support.processes import turnstile

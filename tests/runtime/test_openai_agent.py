@@ -20,11 +20,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from app.queue.core import Queue
-from app.queue.deltas import Delta
 from app.queue.reads import Reads
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, SimulatedCrash, default_registry
 from app.runtime.history import chat_messages, exchanges, trim_history
 from app.runtime.openai_agent import OpenAIAgent
+from app.vocabulary.live_deltas import Delta
 from app.vocabulary.records import NewRun, Run
 from tests.support.clock import ManualClock
 from tests.support.invariants import check_all_runs

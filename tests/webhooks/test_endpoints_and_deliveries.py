@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.queue.core import Queue
 from app.queue.webhooks import Webhooks
 from app.runtime.http_tool import HttpRequestTool
-from app.runtime.webhooks import register_endpoint
+from app.runtime.webhook_delivery import register_endpoint
 from app.security.secret_box import SecretBox
 from app.store.embedded import free_port
 from app.vocabulary.classes import PriorityClass

@@ -11,9 +11,8 @@ Wire format (channel `turnstile_deltas`): `{"d": [[run_id, session_id, epoch, me
 text], ...]}`, compact JSON, at most `MAX_PAYLOAD_BYTES` once encoded in UTF-8 (`pack` cuts a
 long text into pieces that fit; PostgreSQL refuses a payload of 8,000 bytes or more).
 
-`DeltaChannel` is the publisher's hold on its connection: a dedicated asyncpg connection in
-autocommit (each statement its own transaction), never one of the engine's pooled connections,
-so sending a delta shares nothing with the fenced writes of the runs it reports.
+The publisher's connection is the store's (app/store/delta_channel.py); this module is the
+wire format every side shares, and nothing here talks to the database.
 """
 
 from __future__ import annotations
@@ -21,11 +20,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from uuid import UUID
-
-import asyncpg
-
-from app.store.database import positional
-from app.store.engine import plain_url
 
 CHANNEL = "turnstile_deltas"
 MAX_PAYLOAD_BYTES = 4_000
@@ -123,34 +117,3 @@ def unpack(payload: str) -> list[Delta]:
         ]
     except (ValueError, KeyError, TypeError, IndexError):
         return []
-
-
-class DeltaChannel:
-    """A dedicated autocommit connection that sends delta payloads and reads the cluster's
-    notification queue usage."""
-
-    def __init__(self, conn: asyncpg.Connection) -> None:
-        self.conn = conn
-        self._publish, _ = positional("publish_deltas")
-        self._usage, _ = positional("notification_queue_usage")
-
-    @classmethod
-    async def connect(cls, url: str, *, application_name: str) -> DeltaChannel:
-        conn = await asyncpg.connect(
-            plain_url(url), timeout=10, server_settings={"application_name": application_name}
-        )
-        return cls(conn)
-
-    async def send(self, payload: str) -> None:
-        await self.conn.execute(self._publish, payload, timeout=5)
-
-    async def usage(self) -> float:
-        return float(await self.conn.fetchval(self._usage, timeout=5))
-
-    @property
-    def closed(self) -> bool:
-        return bool(self.conn.is_closed())
-
-    async def close(self) -> None:
-        if not self.conn.is_closed():
-            await self.conn.close(timeout=2)
