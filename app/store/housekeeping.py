@@ -3,19 +3,34 @@ registry (each process registers, refreshes its row with its heartbeats, and mar
 stopped), the maintenance leases (one holder of each service at a time), the prunes of expired
 idempotency keys, of finished sessionless runs past retention and of sessions idle past
 theirs, the clearing of stale has_work flags of tenants' counts, and the NOTIFY queue's fill
-level. The
-worker pool and app/maintenance call these; the statements are in workers.sql."""
+level. The worker pool and app/maintenance call these; the statements are in
+app/store/sql/workers.sql. Each takes the queue (anything with an engine and a clock) as it is
+built, so its callers never hold a connection."""
 
 from __future__ import annotations
 
-from app.queue.core import Queue
+from typing import Protocol
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.store.database import Clock
 from app.store.statements import q
+
+
+class Bound(Protocol):
+    """What the store's typed calls need of their caller's queue: its engine and its clock."""
+
+    @property
+    def engine(self) -> AsyncEngine: ...
+
+    @property
+    def clock(self) -> Clock: ...
 
 
 class WorkerRegistry:
     """The `workers` table: one row per process that ever ran a pool, API-only ones included."""
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: Bound) -> None:
         self.queue = queue
 
     async def register(
@@ -49,7 +64,7 @@ class WorkerRegistry:
 class Housekeeping:
     """Maintenance leases and the prunes; each call is a transaction of its own."""
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: Bound) -> None:
         self.queue = queue
 
     async def _rowcount(self, statement: str, **params: object) -> int:
