@@ -318,6 +318,7 @@ def _runbook(command: RunbookCommand) -> Callable[[argparse.Namespace], None]:
         from app.main import limit_defaults, queue_config, submissions_for
         from app.queue.core import Queue
         from app.queue.errors import TurnstileError
+        from app.queue.holdings import Holdings
         from app.queue.reads import Reads
         from app.queue.schedules import Schedules
         from app.queue.submit import Submitter
@@ -336,7 +337,7 @@ def _runbook(command: RunbookCommand) -> Callable[[argparse.Namespace], None]:
                 submissions=submissions_for(queue, settings),
                 actor=Submitter("cli", "cli", actor=f"cli:{os.environ.get('USER', 'operator')}"),
                 stale_seconds=settings.lease_seconds,
-                schedules=Schedules(queue),
+                schedules=Schedules(queue, holdings=Holdings(limit_defaults(settings))),
                 settings=settings,
                 tenants=Tenants(queue, limit_defaults(settings)),
             )
@@ -447,12 +448,16 @@ async def tenants_set(runbook: Runbook, args: argparse.Namespace) -> object:
         ("--max-queued", "max_queued", int),
         ("--submit-rate", "submit_rate_per_second", float),
         ("--submit-burst", "submit_burst", int),
+        ("--max-schedules", "max_schedules", int),
+        ("--max-webhook-endpoints", "max_webhook_endpoints", int),
+        ("--min-schedule-interval", "min_schedule_interval_seconds", int),
     ):
         given = getattr(args, key)
         changes[key] = KEEP if given is None else _limit_value(flag, given, kind)
     if not args.max_running and all(v is KEEP for v in changes.values()):
         raise CommandError(
-            "nothing to set: give --max-running, --max-queued, --submit-rate or --submit-burst"
+            "nothing to set: give --max-running, --max-queued, --submit-rate, --submit-burst, "
+            "--max-schedules, --max-webhook-endpoints or --min-schedule-interval"
         )
     limits = await runbook.tenants.set_limits(args.tenant, **changes)
     return _limits_result(runbook, args.tenant, limits)
@@ -616,6 +621,8 @@ async def schedules_delete(runbook: Runbook, args: argparse.Namespace) -> object
 
 
 async def webhooks_create(runbook: Runbook, args: argparse.Namespace) -> object:
+    from app.main import limit_defaults
+    from app.queue.holdings import Holdings
     from app.queue.webhooks import EVENTS, Webhooks
     from app.runtime.http_tool import HttpRequestTool
     from app.runtime.webhook_delivery import DestinationRefusedError, register_endpoint
@@ -630,7 +637,7 @@ async def webhooks_create(runbook: Runbook, args: argparse.Namespace) -> object:
     box = SecretBox(settings.secret_key.get_secret_value()) if settings.secret_key else None
     try:
         endpoint, secret = await register_endpoint(
-            Webhooks(runbook.queue),
+            Webhooks(runbook.queue, holdings=Holdings(limit_defaults(settings))),
             HttpRequestTool(allowed, timeout_seconds=settings.http_timeout_seconds),
             box,
             tenant_id=args.tenant,
@@ -791,6 +798,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     set_limits.add_argument(
         "--submit-burst", metavar="B", help="submissions at once after a pause, or default"
+    )
+    set_limits.add_argument(
+        "--max-schedules", metavar="N", help="at most N schedules (paused included), or default"
+    )
+    set_limits.add_argument(
+        "--max-webhook-endpoints", metavar="N", help="at most N webhook endpoints, or default"
+    )
+    set_limits.add_argument(
+        "--min-schedule-interval",
+        dest="min_schedule_interval_seconds",
+        metavar="S",
+        help="seconds at least between two fire times of one schedule, or default",
     )
     set_limits.add_argument("--json", action="store_true")
     set_limits.set_defaults(func=_runbook(tenants_set))

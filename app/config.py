@@ -194,6 +194,28 @@ class Settings(BaseSettings):
         description="At most this many queued runs per tenant, unless its own quota says "
         "otherwise; new runs over it answer 429 queue-quota. Unset: no quota.",
     )
+    tenant_max_schedules: int = Field(
+        default=100,
+        ge=0,
+        le=2**31 - 1,
+        description="At most this many schedules per tenant (paused ones included), unless its "
+        "own limit says otherwise; one more answers 409 limit-reached.",
+    )
+    tenant_max_webhook_endpoints: int = Field(
+        default=20,
+        ge=0,
+        le=2**31 - 1,
+        description="At most this many webhook endpoints per tenant, unless its own limit says "
+        "otherwise; one more answers 409 limit-reached.",
+    )
+    schedule_min_interval_seconds: int = Field(
+        default=60,
+        ge=1,
+        le=2**31 - 1,
+        description="The shortest time between two fire times of one schedule, unless its "
+        "tenant's own minimum says otherwise; a cron expression firing more often is refused "
+        "(422). 1: any cron expression, every second included.",
+    )
     fair_claim: bool = Field(
         default=True,
         description="Test-only: off, claims ignore tenants (priority, then eligibility, across "
@@ -221,6 +243,14 @@ class Settings(BaseSettings):
     webhook_max_attempts: int = Field(default=12, ge=1, le=100)
     webhook_backoff_base_seconds: float = Field(default=30.0, ge=0)
     webhook_backoff_max_seconds: float = Field(default=3600.0, ge=0)
+    webhook_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="A webhook delivery's total deadline: connecting, sending and reading the "
+        "receiver's whole answer (a receiver trickling its answer byte by byte is cut off at "
+        "it, and the delivery retried like a timeout).",
+    )
     webhook_disable_after: int = Field(
         default=20,
         ge=1,

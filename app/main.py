@@ -26,6 +26,7 @@ from app.maintenance.maintainer import Maintainer
 from app.observability import tracing
 from app.observability.metrics import HttpMetrics, Metrics
 from app.queue.core import Clock, Queue, QueueConfig
+from app.queue.holdings import Holdings
 from app.queue.reads import Reads
 from app.queue.schedules import Schedules
 from app.queue.submit import Submissions
@@ -116,7 +117,9 @@ def submissions_for(queue: Queue, settings: Settings) -> Submissions:
 
 def limit_defaults(settings: Settings) -> LimitDefaults:
     """Every tenant's limits where it has no override of its own (TURNSTILE_TENANT_MAX_RUNNING,
-    TURNSTILE_TENANT_MAX_QUEUED, TURNSTILE_SUBMIT_RATE_PER_SECOND, TURNSTILE_SUBMIT_BURST)."""
+    TURNSTILE_TENANT_MAX_QUEUED, TURNSTILE_SUBMIT_RATE_PER_SECOND, TURNSTILE_SUBMIT_BURST,
+    TURNSTILE_TENANT_MAX_SCHEDULES, TURNSTILE_TENANT_MAX_WEBHOOK_ENDPOINTS,
+    TURNSTILE_SCHEDULE_MIN_INTERVAL_SECONDS)."""
     running = settings.tenant_running_limits  # by class band: interactive, async, maintenance
     return LimitDefaults(
         max_running={
@@ -127,6 +130,9 @@ def limit_defaults(settings: Settings) -> LimitDefaults:
         max_queued=settings.tenant_max_queued,
         submit_rate_per_second=settings.submit_rate_per_second,
         submit_burst=settings.submit_burst,
+        max_schedules=settings.tenant_max_schedules,
+        max_webhook_endpoints=settings.tenant_max_webhook_endpoints,
+        min_schedule_interval_seconds=settings.schedule_min_interval_seconds,
     )
 
 
@@ -161,10 +167,16 @@ async def services(
     allowed_hosts = [h for h in settings.http_allowed_hosts.split(",") if h.strip()]
     registry = default_registry(allowed_hosts, settings.http_timeout_seconds)
     # Webhooks: the endpoints in the core, the secrets' box (None without TURNSTILE_SECRET_KEY)
-    # and the `webhook` agent that delivers, through the same egress checks as http_request.
-    egress = HttpRequestTool(allowed_hosts, timeout_seconds=settings.http_timeout_seconds)
+    # and the `webhook` agent that delivers, through the same egress checks as http_request,
+    # each delivery within its total deadline. Endpoints are capped per tenant (holdings).
+    egress = HttpRequestTool(
+        allowed_hosts,
+        timeout_seconds=settings.http_timeout_seconds,
+        deadline_seconds=settings.webhook_timeout_seconds,
+    )
     secret_box = SecretBox(settings.secret_key.get_secret_value()) if settings.secret_key else None
-    webhooks = Webhooks(queue, disable_after=settings.webhook_disable_after)
+    holdings = Holdings(limit_defaults(settings))
+    webhooks = Webhooks(queue, disable_after=settings.webhook_disable_after, holdings=holdings)
     registry.internal_agents[WEBHOOK_AGENT] = WebhookAgent()
     registry.internal_tools[WEBHOOK_AGENT] = {
         WEBHOOK_TOOL: WebhookDeliveryTool(
@@ -257,7 +269,7 @@ async def services(
             pool=pool,
             submissions=submissions,
             reads=Reads(queue),
-            schedules=Schedules(queue, keys=submissions),
+            schedules=Schedules(queue, keys=submissions, holdings=holdings),
             tenants=Tenants(queue, limit_defaults(settings)),
             agents=registry.agent_names(),
             metrics=metrics,

@@ -18,6 +18,10 @@ in one place each (issue 32; docs/adr/0009 and 0010).
 
 * `ix_runs_waiting` (new): the runs waiting for their users, which the depth reads count
   instead of scanning every active run.
+* `tenant_limits` gains three nullable overrides (issue 40 item 2): `max_schedules` and
+  `max_webhook_endpoints` (how many a tenant may hold) and `min_schedule_interval_seconds` (the
+  shortest gap between two fire times of one of its schedules). NULL is the process default.
+  The older release reads the table by column name and never sees them.
 * `schema_compatibility` (new, one row): the oldest release whose code still works on the
   schema. A process whose code is older than the schema runs when its release is at least
   that (readiness and worker start ask; docs/deployment.md); every later migration sets it.
@@ -61,6 +65,12 @@ NEW_FUNCTIONS = (
     "turnstile_deliver_input",
     "turnstile_claim_key",
 )
+# The holdings' overrides and what each must be (a minimum interval of 0 would mean none).
+HOLDING_LIMITS = {
+    "max_schedules": ">= 0",
+    "max_webhook_endpoints": ">= 0",
+    "min_schedule_interval_seconds": ">= 1",
+}
 REPLACED = ("turnstile_add_queued", "turnstile_clear_work", "turnstile_submit")
 
 SIGNATURES = {
@@ -105,6 +115,17 @@ def upgrade() -> None:
         "CREATE INDEX ix_runs_waiting ON runs (tenant_id, priority) "
         "WHERE status = 'waiting_for_user'"
     )
+    op.add_column("tenant_limits", sa.Column("max_schedules", sa.Integer(), nullable=True))
+    op.add_column("tenant_limits", sa.Column("max_webhook_endpoints", sa.Integer(), nullable=True))
+    op.add_column(
+        "tenant_limits", sa.Column("min_schedule_interval_seconds", sa.Integer(), nullable=True)
+    )
+    for column, rule in HOLDING_LIMITS.items():
+        op.create_check_constraint(
+            op.f(f"ck_tenant_limits_{column}"),
+            "tenant_limits",
+            f"{column} IS NULL OR {column} {rule}",
+        )
     op.create_table(
         "schema_compatibility",
         sa.Column("id", sa.SmallInteger(), server_default=sa.text("1"), nullable=False),
@@ -152,6 +173,8 @@ def downgrade() -> None:
         """
     )
     op.drop_table("schema_compatibility")
+    for column in HOLDING_LIMITS:  # their CHECKs go with them
+        op.drop_column("tenant_limits", column)
     op.drop_index("ix_runs_waiting", table_name="runs")
     op.drop_index("ix_tenant_class_counts_due", table_name="tenant_class_counts")
     op.drop_column("tenant_class_counts", "due_at")

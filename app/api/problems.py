@@ -22,6 +22,7 @@ from app.api.json_responses import FastJSONResponse
 from app.api.rate_limits import rate_limit_headers
 from app.queue.errors import (
     AnswerConflictError,
+    HoldingLimitError,
     IdempotencyKeyInFlightError,
     IdempotencyKeyReusedError,
     InvalidCursorError,
@@ -139,6 +140,13 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
         "The tenant has as many queued runs as its quota allows (TURNSTILE_TENANT_MAX_QUEUED or "
         "its own limit); new runs are refused until some of them start. An answer to a run "
         "waiting for the user is never refused. `max_queued` and `queued` give the figures.",
+    ),
+    "limit-reached": (
+        409,
+        "The tenant holds as many as its limit allows",
+        "A tenant holds at most TURNSTILE_TENANT_MAX_SCHEDULES schedules and "
+        "TURNSTILE_TENANT_MAX_WEBHOOK_ENDPOINTS webhook endpoints, or its own limits. Nothing "
+        "was written; delete one first. `kind`, `limit` and `held` give the figures.",
     ),
     "database-busy": (
         503,
@@ -264,6 +272,10 @@ def _core_problem(exc: TurnstileError, request: Request) -> JSONResponse:
     if isinstance(exc, QueueQuotaError):
         return problem_response(
             "queue-quota", str(exc), instance=path, max_queued=exc.max_queued, queued=exc.queued
+        )
+    if isinstance(exc, HoldingLimitError):
+        return problem_response(
+            "limit-reached", str(exc), instance=path, kind=exc.kind, limit=exc.limit, held=exc.held
         )
     if isinstance(exc, IdempotencyKeyInFlightError):
         return problem_response(

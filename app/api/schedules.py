@@ -38,7 +38,9 @@ router = APIRouter(tags=["schedules"])
         "Exactly one run per tick, whatever the number of processes: the next tick is queued "
         "ahead (`scheduled_for` = its fire time) and unique in the database. After downtime a "
         "schedule fires once for the ticks it missed, not once per missed tick. A bad `cron` "
-        "or `timezone` is 422 naming the field. With `Idempotency-Key`, a retry of the same "
+        "or `timezone` is 422 naming the field, as is one firing more often than the tenant's "
+        "minimum interval (TURNSTILE_SCHEDULE_MIN_INTERVAL_SECONDS); a tenant at its cap of "
+        "schedules gets 409 limit-reached. With `Idempotency-Key`, a retry of the same "
         "request replays the first answer (`Idempotent-Replayed: true`), never a second schedule."
     ),
     responses={
@@ -51,6 +53,7 @@ router = APIRouter(tags=["schedules"])
             "request-timeout",
             "idempotency-key-reused",
             "idempotency-key-in-flight",
+            "limit-reached",
         ),
         201: {"headers": {"Location": {"schema": {"type": "string"}}}},
     },

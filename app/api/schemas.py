@@ -285,6 +285,18 @@ class TenantLimitsRequest(Strict):
     submit_burst: StrictInt | None = Field(
         default=None, description="Submissions at once after a pause (the bucket's size)."
     )
+    max_schedules: StrictInt | None = Field(
+        default=None,
+        description="At most this many schedules, paused ones included (one more: 409).",
+    )
+    max_webhook_endpoints: StrictInt | None = Field(
+        default=None, description="At most this many webhook endpoints (one more: 409)."
+    )
+    min_schedule_interval_seconds: StrictInt | None = Field(
+        default=None,
+        description="The shortest time between two fire times of one of the tenant's "
+        "schedules, at least 1 (a cron expression firing more often: 422).",
+    )
 
 
 class TenantLimitValues(BaseModel):
@@ -292,6 +304,9 @@ class TenantLimitValues(BaseModel):
     max_queued: int | None
     submit_rate_per_second: float | None
     submit_burst: int | None
+    max_schedules: int | None
+    max_webhook_endpoints: int | None
+    min_schedule_interval_seconds: int | None
 
 
 class TenantLimitsDocument(BaseModel):

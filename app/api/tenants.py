@@ -72,7 +72,9 @@ async def get_limits(tenant: TenantPath, request: Request, caller: AdminDep) -> 
         "`max_running`, returns to the service's default. Takes effect at the next claim and "
         "submission in every process, without a restart. Running counts are per class "
         "(interactive, async, maintenance), whole numbers from 0; `submit_rate_per_second` "
-        "is from 1/86400 (one a day) to 1,000,000, `submit_burst` at least 1. The tenant's "
+        "is from 1/86400 (one a day) to 1,000,000, `submit_burst` at least 1; "
+        "`max_schedules` and `max_webhook_endpoints` from 0, `min_schedule_interval_seconds` "
+        "at least 1. The tenant's "
         "name is taken in NFKC form."
     ),
     responses=responses(
@@ -95,5 +97,8 @@ async def put_limits(
         max_queued=body.max_queued,
         submit_rate_per_second=body.submit_rate_per_second,
         submit_burst=body.submit_burst,
+        max_schedules=body.max_schedules,
+        max_webhook_endpoints=body.max_webhook_endpoints,
+        min_schedule_interval_seconds=body.min_schedule_interval_seconds,
     )
     return limits_document(tenants, tenant, limits)

@@ -97,6 +97,7 @@ def _box(state: ServiceState) -> SecretBox:
         "invalid-request",
         "destination-refused",
         "secret-key-missing",
+        "limit-reached",
         "malformed-json",
         "body-too-large",
         "request-timeout",

@@ -19,13 +19,15 @@ them the database's time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, CroniterError, croniter
 
 MAX_EXPRESSION_LENGTH = 200
 MAX_TIMEZONE_LENGTH = 64
+GAP_SAMPLES = 128
+"""Fire times `shortest_gap` looks at (a few milliseconds of iteration)."""
 
 
 class InvalidCronError(ValueError):
@@ -98,6 +100,34 @@ class CronSchedule:
             after = self.next_after(after)
             times.append(after)
         return times
+
+    def shortest_gap(
+        self, after: datetime, *, below: timedelta | None = None, samples: int = GAP_SAMPLES
+    ) -> timedelta | None:
+        """The shortest time between two consecutive fire times among the first `samples`
+        after `after` (None when it fires fewer than twice); with `below`, the first gap
+        shorter than that as soon as one shows. An expression is a product of its fields'
+        sets, so its shortest gap shows within the first cycles of its finest field with more
+        than one value (at most 60 fire times each), crossings into the next minute or hour
+        included. One iterator for all of them: a new one per fire time would parse again."""
+        wall = after.astimezone(self.zone).replace(tzinfo=None)
+        times = croniter(self.expression, wall, second_at_beginning=self.with_seconds)
+        shortest: timedelta | None = None
+        previous: datetime | None = None
+        for _ in range(samples):
+            try:
+                fire = self.place(times.get_next(datetime))
+            except CroniterBadDateError:  # no further fire time (a year field ran out)
+                break
+            if previous is not None and fire > previous:
+                # Equal instants (several wall times of one DST gap) fire once: no gap.
+                gap = fire - previous
+                shortest = gap if shortest is None else min(shortest, gap)
+                if below is not None and shortest < below:
+                    break
+            if previous is None or fire > previous:
+                previous = fire
+        return shortest
 
     def place(self, wall: datetime) -> datetime:
         """A naive wall time of the zone as a UTC instant, by the module's DST rules."""

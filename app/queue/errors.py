@@ -152,3 +152,18 @@ class QueueQuotaError(TurnstileError):
         self.tenant_id = tenant_id
         self.max_queued = max_queued
         self.queued = queued
+
+
+class HoldingLimitError(TurnstileError):
+    """The tenant holds as many schedules (or webhook endpoints) as its limit allows; a new one
+    is refused until one is deleted. `kind` is "schedules" or "webhook_endpoints"."""
+
+    def __init__(self, tenant_id: str, kind: str, limit: int, held: int) -> None:
+        noun = kind.replace("_", " ")
+        super().__init__(
+            f"tenant {tenant_id!r} holds {held} {noun}, its limit is {limit}: delete one first"
+        )
+        self.tenant_id = tenant_id
+        self.kind = kind
+        self.limit = limit
+        self.held = held

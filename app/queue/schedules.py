@@ -22,6 +22,8 @@ How a schedule fires:
   schedule and its ticks not started yet: it leaves no queued tick behind. Runs that already
   started are real work and go on (a retry after a failure included); they keep the schedule's
   id.
+- Holdings: a tenant holds at most its cap of schedules, each firing at most once per its
+  minimum interval (app/queue/holdings.py), checked at creation.
 - Quotas: a tick is created without any per-tenant queued-run quota check (issue 21 adds
   TURNSTILE_TENANT_MAX_QUEUED): a schedule holds at most one queued tick at a time, and a
   quota that skipped ticks would silently break "exactly one run per tick". Ticks count toward
@@ -35,7 +37,7 @@ import logging
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 from uuid import UUID
@@ -46,6 +48,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.queue.core import Queue, dump_json
 from app.queue.cron import CronSchedule, InvalidCronError
 from app.queue.errors import InvalidScheduleError, ScheduleNotFoundError
+from app.queue.holdings import Holdings
 from app.queue.pages import RunsPage, decode_cursor, encode_cursor, fetch_runs_page
 from app.queue.submit import IdempotencyKey, Submissions, Submitter
 from app.store.statements import q
@@ -156,9 +159,13 @@ class Schedules:
     """The one way in to schedules for the API, the CLI, the worker pool and the scheduler.
     `keys` (the submissions' idempotency keys) lets `create` honour an `Idempotency-Key`."""
 
-    def __init__(self, queue: Queue, keys: Submissions | None = None) -> None:
+    def __init__(
+        self, queue: Queue, keys: Submissions | None = None, holdings: Holdings | None = None
+    ) -> None:
         self.queue = queue
         self.keys = keys
+        # Without the process defaults, a tenant's own overrides still apply.
+        self.holdings = holdings or Holdings()
 
     def _params(self, **params: Any) -> dict[str, Any]:
         return {"now": self.queue.clock(), **params}
@@ -192,7 +199,11 @@ class Schedules:
         return document, False
 
     async def _create(self, conn: AsyncConnection, new: NewSchedule) -> Schedule:
-        parse_cron(new.cron, new.timezone)
+        cron = parse_cron(new.cron, new.timezone)
+        # The cap and the minimum interval; it holds the tenant's holdings lock to the commit.
+        await self.holdings.admit_schedule(
+            conn, new.tenant_id, cron, self.queue.clock() or datetime.now(UTC)
+        )
         rows = await self._rows(
             conn,
             "create_schedule",

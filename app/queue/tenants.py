@@ -2,7 +2,9 @@
 metrics (no HTTP here).
 
 - `TenantLimits`: an admin's overrides of one tenant's limits (`tenant_limits`): at most N
-  running runs per class, a queued quota, a submission rate and burst. None, or a class left
+  running runs per class, a queued quota, a submission rate and burst, and its holdings: how
+  many schedules and webhook endpoints it may hold and how often one of its schedules may fire
+  (app/queue/holdings.py checks them). None, or a class left
   out, means the process default (`LimitDefaults`, from the environment); `effective()` merges
   the two, and None there means no limit.
 - `Tenants.set_limits` validates and upserts the overrides in one statement; a change applies
@@ -55,12 +57,17 @@ _T = TypeVar("_T")
 class LimitDefaults:
     """The process defaults every tenant without an override gets (None: no limit). The
     concurrency defaults come from TURNSTILE_TENANT_MAX_RUNNING and TURNSTILE_TENANT_MAX_QUEUED,
-    the rate from TURNSTILE_SUBMIT_RATE_PER_SECOND and TURNSTILE_SUBMIT_BURST."""
+    the rate from TURNSTILE_SUBMIT_RATE_PER_SECOND and TURNSTILE_SUBMIT_BURST, the holdings
+    from TURNSTILE_TENANT_MAX_SCHEDULES, TURNSTILE_TENANT_MAX_WEBHOOK_ENDPOINTS and
+    TURNSTILE_SCHEDULE_MIN_INTERVAL_SECONDS."""
 
     max_running: Mapping[PriorityClass, int] = field(default_factory=dict)
     max_queued: int | None = None
     submit_rate_per_second: float | None = None
     submit_burst: int | None = None
+    max_schedules: int | None = None
+    max_webhook_endpoints: int | None = None
+    min_schedule_interval_seconds: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,9 @@ class TenantLimits:
     max_queued: int | None = None
     submit_rate_per_second: float | None = None
     submit_burst: int | None = None
+    max_schedules: int | None = None
+    max_webhook_endpoints: int | None = None
+    min_schedule_interval_seconds: int | None = None
     updated_at: datetime | None = None
 
     def effective(self, defaults: LimitDefaults) -> TenantLimits:
@@ -90,6 +100,13 @@ class TenantLimits:
             max_queued=_first(self.max_queued, defaults.max_queued),
             submit_rate_per_second=rate,
             submit_burst=burst,
+            max_schedules=_first(self.max_schedules, defaults.max_schedules),
+            max_webhook_endpoints=_first(
+                self.max_webhook_endpoints, defaults.max_webhook_endpoints
+            ),
+            min_schedule_interval_seconds=_first(
+                self.min_schedule_interval_seconds, defaults.min_schedule_interval_seconds
+            ),
             updated_at=self.updated_at,
         )
 
@@ -100,6 +117,9 @@ class TenantLimits:
             "max_queued": self.max_queued,
             "submit_rate_per_second": self.submit_rate_per_second,
             "submit_burst": self.submit_burst,
+            "max_schedules": self.max_schedules,
+            "max_webhook_endpoints": self.max_webhook_endpoints,
+            "min_schedule_interval_seconds": self.min_schedule_interval_seconds,
         }
 
     @classmethod
@@ -109,6 +129,9 @@ class TenantLimits:
             max_queued=row["max_queued"],
             submit_rate_per_second=row["submit_rate_per_second"],
             submit_burst=row["submit_burst"],
+            max_schedules=row["max_schedules"],
+            max_webhook_endpoints=row["max_webhook_endpoints"],
+            min_schedule_interval_seconds=row["min_schedule_interval_seconds"],
             updated_at=row["updated_at"],
         )
 
@@ -182,6 +205,9 @@ class Tenants:
         max_queued: int | Keep | None = KEEP,
         submit_rate_per_second: float | Keep | None = KEEP,
         submit_burst: int | Keep | None = KEEP,
+        max_schedules: int | Keep | None = KEEP,
+        max_webhook_endpoints: int | Keep | None = KEEP,
+        min_schedule_interval_seconds: int | Keep | None = KEEP,
     ) -> TenantLimits:
         """Validate and upsert the tenant's overrides. None returns a value (or a class, in
         `max_running`) to the default; KEEP leaves it as it is. `max_running` names classes to
@@ -195,6 +221,14 @@ class Tenants:
             _check_rate(submit_rate_per_second)
         if not isinstance(submit_burst, Keep) and submit_burst is not None:
             _check_count("submit_burst", submit_burst, minimum=1)
+        holdings = {
+            "max_schedules": (max_schedules, 0),
+            "max_webhook_endpoints": (max_webhook_endpoints, 0),
+            "min_schedule_interval_seconds": (min_schedule_interval_seconds, 1),
+        }
+        for name, (value, minimum) in holdings.items():
+            if not isinstance(value, Keep) and value is not None:
+                _check_count(name, value, minimum=minimum)
         params = {
             "tenant_id": tenant_id,
             "now": self.queue.clock(),
@@ -210,6 +244,18 @@ class Tenants:
             "keep_submit_rate": isinstance(submit_rate_per_second, Keep),
             "submit_burst": None if isinstance(submit_burst, Keep) else submit_burst,
             "keep_submit_burst": isinstance(submit_burst, Keep),
+            "max_schedules": None if isinstance(max_schedules, Keep) else max_schedules,
+            "keep_max_schedules": isinstance(max_schedules, Keep),
+            "max_webhook_endpoints": (
+                None if isinstance(max_webhook_endpoints, Keep) else max_webhook_endpoints
+            ),
+            "keep_max_webhook_endpoints": isinstance(max_webhook_endpoints, Keep),
+            "min_schedule_interval_seconds": (
+                None
+                if isinstance(min_schedule_interval_seconds, Keep)
+                else min_schedule_interval_seconds
+            ),
+            "keep_min_schedule_interval": isinstance(min_schedule_interval_seconds, Keep),
         }
         async with self.queue.engine.begin() as conn:
             row = (await conn.execute(q("tenant_limits_set"), params)).mappings().one()

@@ -7,11 +7,12 @@ transitions they report (runs.sql's `webhook_deliveries` fragment); deleting an 
 cancels the pending ones; `delivery_failed` counts failed deliveries in a row and disables the
 endpoint at `disable_after`.
 
-Quotas: deliveries are inserted by the transition statements, never through submission, so no
-per-tenant submission limit or queued-run quota (issue 21) applies to them, and none must: a
-refused delivery would break "a committed transition always has its delivery". They count as
-the tenant's queued async runs in the queue views like any run; the number of endpoints (and the
-events each takes) is the operator's lever.
+Limits: deliveries are inserted by the transition statements, never through submission, so no
+per-tenant submission rate or queued-run quota applies to them, and none must: a refused
+delivery would break "a committed transition always has its delivery". They run under the
+tenant's running limit like any async run of theirs (fairness holds), each within its total
+deadline (TURNSTILE_WEBHOOK_TIMEOUT_SECONDS), and a tenant holds at most its cap of endpoints
+(TURNSTILE_TENANT_MAX_WEBHOOK_ENDPOINTS or its own, app/queue/holdings.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from uuid import UUID
 
 from app.queue.core import Queue
 from app.queue.errors import TurnstileError
+from app.queue.holdings import Holdings
 from app.store.statements import q
 
 log = logging.getLogger("turnstile.webhooks")
@@ -86,14 +88,24 @@ class DeliveryTarget:
 
 
 class Webhooks:
-    def __init__(self, queue: Queue, *, disable_after: int = DISABLE_AFTER) -> None:
+    def __init__(
+        self,
+        queue: Queue,
+        *,
+        disable_after: int = DISABLE_AFTER,
+        holdings: Holdings | None = None,
+    ) -> None:
         self.queue = queue
         self.disable_after = disable_after
+        # Without the process defaults, a tenant's own cap still applies.
+        self.holdings = holdings or Holdings()
 
     async def create(
         self, *, tenant_id: str, principal: str, url: str, events: list[str], secret: bytes
     ) -> Endpoint:
         async with self.queue.engine.begin() as conn:
+            # The tenant's cap; it holds the tenant's holdings lock to the commit.
+            await self.holdings.admit_webhook_endpoint(conn, tenant_id)
             row = (
                 (
                     await conn.execute(

@@ -88,13 +88,18 @@ class HttpRequestTool:
         allowed_hosts: list[str],
         *,
         timeout_seconds: float = 10.0,
+        deadline_seconds: float | None = None,
         client: httpx.AsyncClient | None = None,
         resolve: Resolver | None = None,
     ) -> None:
         """`allowed_hosts`: the allow-list's entries; ValueError names one that is malformed
-        (a bad port, a broken `[IPv6]` literal), which would otherwise never match."""
+        (a bad port, a broken `[IPv6]` literal), which would otherwise never match.
+        `timeout_seconds` bounds each step (connect, each read, each write); `deadline_seconds`,
+        when given, the whole request: a peer trickling its answer a byte at a time never
+        trips a per-read timeout, so only a total deadline bounds it."""
         self.allowed = [parse_allowed(h) for h in allowed_hosts if h.strip()]
         self.timeout = timeout_seconds
+        self.deadline = deadline_seconds
         self._client = client
         self._resolve = resolve or _resolve
 
@@ -154,7 +159,27 @@ class HttpRequestTool:
         content: bytes | None = None,
     ) -> JSON:
         """Send to a checked, pinned address (see the module's docstring): `headers` as given
-        (the caller filters them), the body as `json_body` or as exact bytes in `content`."""
+        (the caller filters them), the body as `json_body` or as exact bytes in `content`.
+        Past the deadline (if any) the request is abandoned as a transient failure that may
+        have been sent."""
+        if self.deadline is None:
+            return await self._request(method, url, headers, json_body, content)
+        try:
+            async with asyncio.timeout(self.deadline):
+                return await self._request(method, url, headers, json_body, content)
+        except TimeoutError:
+            raise TransientToolError(
+                f"no complete answer within the deadline of {self.deadline:g} s"
+            ) from None
+
+    async def _request(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        json_body: JSON,
+        content: bytes | None,
+    ) -> JSON:
         parts, host, addresses = await self._destination(url)
         headers = dict(headers)
         headers["Host"] = parts.netloc.rsplit("@", 1)[-1]

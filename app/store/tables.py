@@ -441,12 +441,25 @@ tenant_limits = Table(
     Column("max_queued", Integer),
     Column("submit_rate_per_second", Float),
     Column("submit_burst", Integer),
+    # How many schedules and webhook endpoints the tenant may hold, and the shortest gap
+    # between two fire times of one of its schedules (migration 0016).
+    Column("max_schedules", Integer),
+    Column("max_webhook_endpoints", Integer),
+    Column("min_schedule_interval_seconds", Integer),
     _ts("updated_at", nullable=False, default_now=True),
     CheckConstraint("max_queued IS NULL OR max_queued >= 0", name="max_queued"),
     CheckConstraint(
         "submit_rate_per_second IS NULL OR submit_rate_per_second > 0", name="submit_rate"
     ),
     CheckConstraint("submit_burst IS NULL OR submit_burst >= 1", name="submit_burst"),
+    CheckConstraint("max_schedules IS NULL OR max_schedules >= 0", name="max_schedules"),
+    CheckConstraint(
+        "max_webhook_endpoints IS NULL OR max_webhook_endpoints >= 0", name="max_webhook_endpoints"
+    ),
+    CheckConstraint(
+        "min_schedule_interval_seconds IS NULL OR min_schedule_interval_seconds >= 1",
+        name="min_schedule_interval_seconds",
+    ),
 )
 
 tenant_class_counts = Table(

@@ -108,6 +108,8 @@ async def test_two_processes_fire_each_tick_once_catch_up_once_and_pause(
         # the next due run.
         "TURNSTILE_POLL_INTERVAL_SECONDS": "30",
         "TURNSTILE_SCHEDULE_INTERVAL_SECONDS": "1",
+        # Ticks two seconds apart, below the default minimum interval of a schedule.
+        "TURNSTILE_SCHEDULE_MIN_INTERVAL_SECONDS": "1",
     }
     ports = [free_port(), free_port()]
     async with AsyncExitStack() as stack:

@@ -60,6 +60,11 @@ async def limits_rows(engine: AsyncEngine) -> list[tuple[Any, ...]]:
 
 
 NO_CLASSES = {"interactive": None, "async": None, "maintenance": None}
+NO_HOLDINGS = {
+    "max_schedules": None,
+    "max_webhook_endpoints": None,
+    "min_schedule_interval_seconds": None,
+}
 
 
 # --- the admin API ----------------------------------------------------------------------------
@@ -74,13 +79,18 @@ async def test_limits_are_read_and_replaced_by_admins(api: Api) -> None:
             "max_queued": None,
             "submit_rate_per_second": None,
             "submit_burst": None,
+            **NO_HOLDINGS,
         },
-        # The process defaults: a rate of 10 with no burst set is a burst of 10.
+        # The process defaults: a rate of 10 with no burst set is a burst of 10; the holdings'
+        # defaults (TURNSTILE_TENANT_MAX_SCHEDULES and the rest).
         "effective": {
             "max_running": NO_CLASSES,
             "max_queued": None,
             "submit_rate_per_second": 10.0,
             "submit_burst": 10,
+            "max_schedules": 100,
+            "max_webhook_endpoints": 20,
+            "min_schedule_interval_seconds": 60,
         },
         "updated_at": None,
     }
@@ -109,6 +119,7 @@ async def test_limits_are_read_and_replaced_by_admins(api: Api) -> None:
         "max_queued": None,
         "submit_rate_per_second": None,
         "submit_burst": None,
+        **NO_HOLDINGS,
     }
     assert await limits_rows(api.engine) == [("acme", {"interactive": 2}, None, None, None)]
     # A class set to null is the same as one left out.

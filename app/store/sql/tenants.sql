@@ -6,7 +6,8 @@
 
 
 -- name: tenant_limits_get
-SELECT tenant_id, max_running, max_queued, submit_rate_per_second, submit_burst, updated_at
+SELECT tenant_id, max_running, max_queued, submit_rate_per_second, submit_burst,
+       max_schedules, max_webhook_endpoints, min_schedule_interval_seconds, updated_at
 FROM tenant_limits
 WHERE tenant_id = :tenant_id;
 
@@ -19,9 +20,11 @@ WHERE tenant_id = :tenant_id;
 -- column as it is (a CLI flag not given). Reads of the row (claims, submissions) see the new
 -- values from their next statement on: no restart.
 INSERT INTO tenant_limits AS l (tenant_id, max_running, max_queued, submit_rate_per_second,
-                                submit_burst, updated_at)
+                                submit_burst, max_schedules, max_webhook_endpoints,
+                                min_schedule_interval_seconds, updated_at)
 VALUES (:tenant_id, jsonb_strip_nulls(CAST(:max_running AS jsonb)), :max_queued,
-        :submit_rate_per_second, :submit_burst, {{now}})
+        :submit_rate_per_second, :submit_burst, :max_schedules, :max_webhook_endpoints,
+        :min_schedule_interval_seconds, {{now}})
 ON CONFLICT (tenant_id) DO UPDATE
 SET max_running = CASE WHEN :replace_classes THEN excluded.max_running
                        ELSE jsonb_strip_nulls(l.max_running || CAST(:max_running AS jsonb))
@@ -31,8 +34,45 @@ SET max_running = CASE WHEN :replace_classes THEN excluded.max_running
                                   ELSE excluded.submit_rate_per_second END,
     submit_burst = CASE WHEN :keep_submit_burst THEN l.submit_burst
                         ELSE excluded.submit_burst END,
+    max_schedules = CASE WHEN :keep_max_schedules THEN l.max_schedules
+                         ELSE excluded.max_schedules END,
+    max_webhook_endpoints = CASE WHEN :keep_max_webhook_endpoints THEN l.max_webhook_endpoints
+                                 ELSE excluded.max_webhook_endpoints END,
+    min_schedule_interval_seconds = CASE WHEN :keep_min_schedule_interval
+                                         THEN l.min_schedule_interval_seconds
+                                         ELSE excluded.min_schedule_interval_seconds END,
     updated_at = excluded.updated_at
-RETURNING tenant_id, max_running, max_queued, submit_rate_per_second, submit_burst, updated_at;
+RETURNING tenant_id, max_running, max_queued, submit_rate_per_second, submit_burst,
+          max_schedules, max_webhook_endpoints, min_schedule_interval_seconds, updated_at;
+
+
+-- name: lock_tenant_holdings
+-- Taken first by a creation of a schedule or a webhook endpoint, in its transaction: two
+-- creations of one tenant's holdings count one after the other, so the caps below are exact
+-- (without it two concurrent creations would each see one under the cap and both insert).
+-- The class id is this one's own (turnstile_mark_work's is 1953724267); tenants whose names
+-- hash alike only wait for each other.
+SELECT pg_advisory_xact_lock(1953724268, hashtext(:tenant_id));
+
+
+-- name: tenant_holdings
+-- The tenant's overrides of the holdings' limits (NULL: the process default), and how many
+-- schedules and live webhook endpoints it holds, each counted through its tenant index up to
+-- the cap that applies (the override, else the default given): a tenant at its cap is refused, and a
+-- read never grows past the cap it is compared with. Without any cap nothing is counted (0).
+SELECT l.max_schedules, l.max_webhook_endpoints, l.min_schedule_interval_seconds,
+       (SELECT count(*)
+        FROM (SELECT 1 FROM schedules WHERE tenant_id = :tenant_id
+              LIMIT coalesce(l.max_schedules, CAST(:default_max_schedules AS integer), 0)) AS s
+       ) AS schedules,
+       (SELECT count(*)
+        FROM (SELECT 1 FROM webhook_endpoints
+              WHERE tenant_id = :tenant_id AND deleted_at IS NULL
+              LIMIT coalesce(l.max_webhook_endpoints,
+                             CAST(:default_max_webhook_endpoints AS integer), 0)) AS e
+       ) AS webhook_endpoints
+FROM (SELECT 1) AS one
+LEFT JOIN tenant_limits l ON l.tenant_id = :tenant_id;
 
 
 -- name: submit_allowance

@@ -870,6 +870,12 @@ export interface components {
             max_running: {
                 [key: string]: number | null;
             };
+            /** Max Schedules */
+            max_schedules: number | null;
+            /** Max Webhook Endpoints */
+            max_webhook_endpoints: number | null;
+            /** Min Schedule Interval Seconds */
+            min_schedule_interval_seconds: number | null;
             /** Submit Burst */
             submit_burst: number | null;
             /** Submit Rate Per Second */
@@ -892,6 +898,12 @@ export interface components {
             max_running?: {
                 [key: string]: number | null;
             };
+            /** Max Schedules */
+            max_schedules?: number | null;
+            /** Max Webhook Endpoints */
+            max_webhook_endpoints?: number | null;
+            /** Min Schedule Interval Seconds */
+            min_schedule_interval_seconds?: number | null;
             /** Submit Burst */
             submit_burst?: number | null;
             /** Submit Rate Per Second */

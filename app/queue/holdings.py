@@ -1,0 +1,78 @@
+"""A tenant's holdings: the schedules and webhook endpoints it keeps, which act on its behalf
+without a submission (a schedule's ticks, an endpoint's deliveries).
+
+Each is capped per tenant (TURNSTILE_TENANT_MAX_SCHEDULES, TURNSTILE_TENANT_MAX_WEBHOOK_ENDPOINTS,
+or the tenant's own `max_schedules` and `max_webhook_endpoints`), and a schedule may fire at most
+once per TURNSTILE_SCHEDULE_MIN_INTERVAL_SECONDS (or the tenant's
+`min_schedule_interval_seconds`). The check runs inside the creating transaction after the
+tenant's holdings lock (`lock_tenant_holdings`), so concurrent creations of one tenant count one
+after the other and the cap is exact. The runs they make are limited elsewhere: ticks and
+deliveries count against the tenant's running limit like any run of their class (docs/adr/0006).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.queue.cron import CronSchedule
+from app.queue.errors import HoldingLimitError, InvalidScheduleError
+from app.queue.tenants import LimitDefaults
+from app.store.statements import q
+
+SCHEDULES = "schedules"
+WEBHOOK_ENDPOINTS = "webhook_endpoints"
+MINUTE = 60
+
+
+class Holdings:
+    """The holdings' checks, on the process defaults every tenant without overrides gets."""
+
+    def __init__(self, defaults: LimitDefaults | None = None) -> None:
+        self.defaults = defaults or LimitDefaults()
+
+    async def admit_schedule(
+        self, conn: AsyncConnection, tenant_id: str, schedule: CronSchedule, now: datetime
+    ) -> None:
+        """Refuse a new schedule over the tenant's cap (HoldingLimitError) or firing more often
+        than its minimum interval (InvalidScheduleError on `cron`). Call it in the creating
+        transaction, before the insert: it holds the tenant's holdings lock to the commit."""
+        held = await self._holdings(conn, tenant_id)
+        limit = _first(held["max_schedules"], self.defaults.max_schedules)
+        if limit is not None and int(held[SCHEDULES] or 0) >= limit:
+            raise HoldingLimitError(tenant_id, SCHEDULES, limit, int(held[SCHEDULES] or 0))
+        minimum = _first(
+            held["min_schedule_interval_seconds"], self.defaults.min_schedule_interval_seconds
+        )
+        # Five fields fire at most once a minute: only a shorter minimum needs a look.
+        if minimum is not None and (schedule.with_seconds or minimum > MINUTE):
+            gap = schedule.shortest_gap(now, below=timedelta(seconds=minimum))
+            if gap is not None and gap.total_seconds() < minimum:
+                raise InvalidScheduleError(
+                    "cron",
+                    f"fires {gap.total_seconds():g} s apart; this tenant's schedules may fire "
+                    f"at most once every {minimum} s",
+                )
+
+    async def admit_webhook_endpoint(self, conn: AsyncConnection, tenant_id: str) -> None:
+        """Refuse a new endpoint over the tenant's cap (HoldingLimitError), as above."""
+        held = await self._holdings(conn, tenant_id)
+        limit = _first(held["max_webhook_endpoints"], self.defaults.max_webhook_endpoints)
+        if limit is not None and int(held[WEBHOOK_ENDPOINTS] or 0) >= limit:
+            raise HoldingLimitError(
+                tenant_id, WEBHOOK_ENDPOINTS, limit, int(held[WEBHOOK_ENDPOINTS] or 0)
+            )
+
+    async def _holdings(self, conn: AsyncConnection, tenant_id: str) -> dict[str, int | None]:
+        await conn.execute(q("lock_tenant_holdings"), {"tenant_id": tenant_id})
+        params = {
+            "tenant_id": tenant_id,
+            "default_max_schedules": self.defaults.max_schedules,
+            "default_max_webhook_endpoints": self.defaults.max_webhook_endpoints,
+        }
+        return dict((await conn.execute(q("tenant_holdings"), params)).mappings().one())
+
+
+def _first(override: int | None, default: int | None) -> int | None:
+    return override if override is not None else default
