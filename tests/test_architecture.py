@@ -257,6 +257,7 @@ RUNS_SQL_OUTSIDE_THE_STORE: dict[str, str] = {
     "app/worker/deltas.py": "asyncpg's error classes for the delta publisher's reconnect",
     "app/queue/pages.py": "fetch_runs_page keeps its statement argument for app/queue/schedules.py "
     "until that module moves (runs_page and transcript_page go through the store)",
+    "app/queue/holdings.py": "pending: moves to the store",
     "app/queue/schedules.py": "pending: moves to the store",
     "app/queue/submit.py": "pending: moves to the store",
     "app/queue/tenants.py": "pending: moves to the store",
