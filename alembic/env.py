@@ -42,11 +42,12 @@ def _run_sync(connection: Connection) -> None:
 
 
 async def _run_online() -> None:
-    from app.store.engine import async_url, pgbouncer_options
+    from app.store.engine import async_url, connect_timeout, pgbouncer_options
 
-    url, connect_args = async_url(_url()), {}
+    url, connect_args = async_url(_url()), {"timeout": connect_timeout(_url())}
     if config.attributes.get("pgbouncer"):
-        url, connect_args = pgbouncer_options(url)
+        url, options = pgbouncer_options(url)
+        connect_args.update(options)
     engine = create_async_engine(url, poolclass=pool.NullPool, connect_args=connect_args)
     try:
         async with engine.connect() as connection:

@@ -26,6 +26,7 @@ from app.config import Settings
 from app.observability.logs import configure_logging
 from app.runtime.plugins import PluginError
 from app.store.embedded import EmbeddedDatabase, EmbeddedUnavailableError
+from app.store.engine import DatabaseUrlError
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -922,7 +923,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         _normalise_names(args)
         func(args)
-    except (CommandError, EmbeddedUnavailableError, PluginError, InvalidNameError) as exc:
+    except (
+        CommandError,
+        EmbeddedUnavailableError,
+        PluginError,
+        InvalidNameError,
+        DatabaseUrlError,
+    ) as exc:
         print(f"turnstile: {exc}", file=sys.stderr)
         sys.exit(2)
     except (OperationalError, DBAPIError, OSError) as exc:

@@ -266,6 +266,18 @@ class Settings(BaseSettings):
     openai_api_key: SecretStr | None = None
     openai_timeout_seconds: float = Field(default=60.0, gt=0)
     openai_system_prompt: str | None = None
+    openai_max_response_bytes: int = Field(
+        default=8_388_608,
+        ge=1024,
+        description="The largest answer body the 'openai' agent reads from its endpoint (a "
+        "streamed answer's bytes in all); beyond it the run fails, nothing more is read.",
+    )
+    openai_max_line_bytes: int = Field(
+        default=1_048_576,
+        ge=1024,
+        description="The longest line of a streamed answer the 'openai' agent reads (one SSE "
+        "event); beyond it the run fails, nothing more is read.",
+    )
     openai_stream: bool = Field(
         default=True,
         description="Ask the endpoint to stream (`stream: true`) and show the text live as "
@@ -355,6 +367,25 @@ class Settings(BaseSettings):
     )
     run_workers: bool = Field(default=True, description="Run the worker pool inside serve.")
     poll_interval_seconds: float = Field(default=2.0, gt=0)
+    claim_batch_max: int = Field(
+        default=128,
+        ge=1,
+        description="At most this many runs in one claim of a slot group, however many slots "
+        "are free: a 5,000-slot pool fills in steps it can start, not in one batch it cannot.",
+    )
+    backpressure_max_lag_ms: float = Field(
+        default=200.0,
+        gt=0,
+        description="The pool stops claiming while its event loop runs this late (a ticker "
+        "measures it) and starts again once it catches up (turnstile_worker_holding_back).",
+    )
+    backpressure_max_cpu: float = Field(
+        default=0.95,
+        gt=0,
+        le=1,
+        description="The pool stops claiming while its event loop's thread uses more than this "
+        "share of one core (over the last second); 1: CPU alone never holds claims back.",
+    )
     drain_grace_seconds: float = Field(default=10.0, ge=0)
     worker_start_timeout_seconds: float = Field(
         default=300.0,
@@ -475,8 +506,9 @@ class Settings(BaseSettings):
         slot group a completion batch, and its claim loop unless claims have their own
         connections (`claim_pool_size`; not behind PgBouncer); for the runs' own writes (tool
         journal, checkpoints, waits, failures) up to ten at once, fewer with fewer slots; and
-        two for the heartbeat, the registry, maintenance and the API's requests. A 2,000-slot
-        worker needs 18 in all (plus the engines' overflow), not 2,000."""
+        two for the registry, maintenance and the API's requests (the heartbeats have their
+        own thread's connection). A 2,000-slot worker needs 19 in all (plus the engines'
+        overflow), not 2,000."""
         if self.db_pool_size is not None:
             return self.db_pool_size
         per_group = 2 if self.pgbouncer else 1

@@ -35,7 +35,7 @@ from app.queue.webhooks import Webhooks
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
 from app.runtime.http_tool import HttpRequestTool
 from app.runtime.openai_agent import OpenAIAgent
-from app.runtime.outbound import ClientShards
+from app.runtime.outbound import ModelClient
 from app.runtime.plugins import load_plugins
 from app.runtime.webhook_delivery import AGENT as WEBHOOK_AGENT
 from app.runtime.webhook_delivery import TOOL as WEBHOOK_TOOL
@@ -45,6 +45,7 @@ from app.security.secret_box import SecretBox
 from app.store.engine import create_claim_engine, create_engine
 from app.store.resolve import ResolvedDatabase, resolve_database
 from app.vocabulary.classes import PriorityClass
+from app.worker.backpressure import Backpressure
 from app.worker.deltas import DeltaPublisher
 from app.worker.execution import Executor
 from app.worker.notifier import Notifier
@@ -150,11 +151,21 @@ async def services(
     Shared by the HTTP service's lifespan and by `turnstile worker`, which runs no HTTP server.
     """
     database = await asyncio.to_thread(resolve_database, settings)
+    # A worker's writes wait up to half a lease for a primary (a failover: docs/deployment.md),
+    # rather than give up the runs they were for; the API answers 503 at once instead.
+    patience = settings.lease_seconds / 2 if role == "worker" else 0.0
     engine = create_engine(
-        settings, database.url, pool_size=settings.pool_size, application_name=f"turnstile {role}"
+        settings,
+        database.url,
+        pool_size=settings.pool_size,
+        application_name=f"turnstile {role}",
+        connect_patience_seconds=patience,
     )
     claim_engine = create_claim_engine(
-        settings, database.url, application_name=f"turnstile {role} claims"
+        settings,
+        database.url,
+        application_name=f"turnstile {role} claims",
+        connect_patience_seconds=patience,
     )
     metrics = metrics or Metrics()
     queue = Queue(
@@ -188,7 +199,7 @@ async def services(
         )
     }
     # Shared, and sized so every slot can have its model call in flight at once.
-    http_client = ClientShards(max(settings.total_slots, 1))
+    http_client = ModelClient(max(settings.total_slots, 1))
     if settings.openai_base_url:
         registry.agents["openai"] = OpenAIAgent(
             base_url=settings.openai_base_url,
@@ -204,6 +215,8 @@ async def services(
             history_max_messages=settings.history_max_messages,
             history_max_chars=settings.history_max_chars,
             stream=settings.openai_stream,
+            max_response_bytes=settings.openai_max_response_bytes,
+            max_line_bytes=settings.openai_max_line_bytes,
         )
     load_plugins(settings.plugins, registry)
     runtime = RuntimeExecutor(
@@ -250,6 +263,19 @@ async def services(
             notifier=notifier,
             role=role if settings.run_workers else "api",
             deltas=deltas,
+            claim_batch_max=settings.claim_batch_max,
+            backpressure=Backpressure(
+                max_lag_seconds=settings.backpressure_max_lag_ms / 1000,
+                max_cpu=settings.backpressure_max_cpu,
+            ),
+            metrics=metrics,
+            # Its own connection, with every setting of the process's (timeouts, PgBouncer's).
+            heartbeat_engine=lambda: create_engine(
+                settings,
+                database.url,
+                pool_size=1,
+                application_name=f"turnstile {role} heartbeat",
+            ),
         )
         await pool.start()
         if pool.groups:

@@ -38,8 +38,10 @@ class Endpoint:
         self.inflight = 0
         self.peak = 0
         self.served = 0
+        self.connections = 0  # accepted: a client that reuses its connections opens few
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -51,7 +53,12 @@ class Endpoint:
                     await reader.readexactly(length)
                 if head.startswith(b"GET /stats"):
                     body = json.dumps(
-                        {"inflight": self.inflight, "peak": self.peak, "served": self.served}
+                        {
+                            "inflight": self.inflight,
+                            "peak": self.peak,
+                            "served": self.served,
+                            "connections": self.connections - 1,  # this /stats one aside
+                        }
                     ).encode()
                 else:
                     self.inflight += 1

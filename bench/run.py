@@ -32,7 +32,9 @@ their own (`latest-ceiling-api.json` and `.md`), the table whenever the ceiling 
    shares of pgbench, with CPU per operation of the role and of PostgreSQL's backends.
 6. Peak RSS (VmHWM) of every worker process.
 7. In flight (bench/inflight.py): one worker with 100, 500, 2,000 and 5,000 async slots serving
-   as many `openai` runs against a loopback endpoint answering after 1 s (bench/fake_model.py).
+   three times as many `openai` runs against a loopback endpoint answering after 1 s
+   (bench/fake_model.py), lease 6 s and heartbeat 2 s: runs/s, worker CPU per run, connections
+   the endpoint accepted, the heartbeat's lag, runs past their lease, leases lost.
 8. Streaming (bench/streaming.py): no-op throughput and interactive latency with 50 runs
    writing text live beside them, against the same without; the delta notifications and the
    notification queue usage.

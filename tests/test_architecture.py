@@ -254,7 +254,6 @@ RUNS_SQL_OUTSIDE_THE_STORE: dict[str, str] = {
     "the statement names `Queue` hands to the store's `Database`; moved with the core's rework",
     "app/worker/notifier.py": "the worker's dedicated LISTEN connection (asyncpg, a keepalive "
     "SELECT 1): moved with the worker's rework",
-    "app/worker/deltas.py": "asyncpg's error classes for the delta publisher's reconnect",
     "app/queue/pages.py": "fetch_runs_page keeps its statement argument for app/queue/schedules.py "
     "until that module moves (runs_page and transcript_page go through the store)",
     "app/queue/holdings.py": "pending: moves to the store",

@@ -14,6 +14,7 @@ from app.api.auth import bearer, current_caller
 from app.api.problems import ApiProblem, responses
 from app.api.services import state_of
 from app.store.migrate import head_revision
+from app.store.primary import DriverStateError, primary_answers
 from app.store.resolve import schema_state
 
 router = APIRouter(tags=["health"])
@@ -35,14 +36,17 @@ async def readyz(request: Request) -> JSONResponse:
     ready = True
     try:
         schema = await schema_state(state.engine)
-        checks["database"] = "ok"
+        # A standby answers reads but refuses every write (a single-host URL naming a node
+        # that was demoted, or a failover under way): not ready until a primary answers.
+        primary = await primary_answers(state.engine)
+        checks["database"] = "ok" if primary else "read-only: a standby, no primary"
         checks["schema"] = {"current": schema.revision, "expected": head_revision()}
         # A newer schema whose migrations keep this release working (a rolling upgrade).
-        ready = schema.problem() is None
+        ready = primary and schema.problem() is None
         if state.pool is not None and state.pool.groups:
             checks["workers"] = "up" if state.pool.started else "stopped"
             ready = ready and state.pool.started
-    except (SQLAlchemyError, OSError) as exc:
+    except (SQLAlchemyError, OSError, DriverStateError) as exc:
         checks["database"] = f"unreachable: {type(exc).__name__}"
         ready = False
     return JSONResponse(

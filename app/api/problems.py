@@ -39,6 +39,7 @@ from app.queue.errors import (
     SessionNotFoundError,
     TurnstileError,
 )
+from app.store.primary import READ_ONLY, DriverStateError
 
 log = logging.getLogger("turnstile.api")
 MEDIA_TYPE = "application/problem+json"
@@ -432,6 +433,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(OperationalError)
     @app.exception_handler(InterfaceError)
     @app.exception_handler(OSError)
+    # A failover (app/store/primary.py): no host takes writes yet, or the driver's connection
+    # was left unusable by its server's death, on a path that did not translate it.
+    @app.exception_handler(DriverStateError)
     async def database_down(request: Request, exc: Exception) -> JSONResponse:
         log.warning("database unavailable", exc_info=exc)
         return problem_response(
@@ -451,6 +455,8 @@ def install(app: FastAPI) -> None:
             exc.connection_invalidated
             or state.startswith("08")
             or state in ("57P01", "57P02", "57P03")
+            # A session on an old primary that became a standby: nothing was written.
+            or state == READ_ONLY
         ):
             return problem_response(
                 "database-unavailable",

@@ -6,11 +6,12 @@ context variable for the task executing it, so every log line from the runtime, 
 the queue core during that execution carries it without passing it around. Secrets never go
 into log records: the API key of a model endpoint is held by the agent and never formatted.
 
-Outbound requests: httpx logs each one at info level with its full URL, and a URL's query
-string (`?token=...`) or user info (`user:password@`) may carry a credential that a tenant's
-tool call, a webhook endpoint or the model endpoint's settings put there. Those lines keep the
-method, the host, the path and the status, with the query and the user info replaced by
-`[redacted]` (`OutboundUrlRedaction`). httpcore's own debug traces (headers as sent and
+Outbound requests: at the default level nothing is logged per request (the HTTP clients'
+loggers are quiet below debug). At debug, httpx logs each one with its full URL, and a URL's
+query string (`?token=...`) or user info (`user:password@`) may carry a credential that a
+tenant's tool call, a webhook endpoint or the model endpoint's settings put there. Those
+lines keep the method, the host, the path and the status, with the query and the user info
+replaced by `[redacted]` (`OutboundUrlRedaction`). httpcore's own debug traces (headers as sent and
 received) stay off whatever the level.
 """
 
@@ -69,6 +70,9 @@ class OutboundUrlRedaction(logging.Filter):
 
 REDACTED_LOGGERS = ("httpx",)
 
+QUIET_LOGGERS = ("httpx", "aiohttp")
+"""HTTP clients that log each request: heard at debug level only."""
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -114,3 +118,7 @@ def configure_logging(level: str, *, json_lines: bool | None = None) -> None:
             logger.addFilter(OutboundUrlRedaction())
     # Wire-level traces of the HTTP client, response headers included: never in our logs.
     logging.getLogger("httpcore").setLevel("WARNING")
+    # A line per outbound request (httpx's, at info) only at debug: a worker's own line per
+    # run transition is enough, and thousands of model calls a second made thousands of lines.
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel("DEBUG" if level.lower() == "debug" else "WARNING")

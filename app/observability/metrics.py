@@ -200,6 +200,30 @@ class Metrics:
             registry=self.registry,
         )
 
+        # The worker pool's own load (app/worker/backpressure.py, app/worker/heartbeat.py).
+        self.worker_holding_back = Gauge(
+            "turnstile_worker_holding_back",
+            "1 while this process's worker pool claims nothing because its event loop lags or "
+            "its CPU is saturated (TURNSTILE_BACKPRESSURE_MAX_LAG_MS, _MAX_CPU), else 0.",
+            registry=self.registry,
+        )
+        self.worker_held_back_rounds = Counter(
+            "turnstile_worker_held_back_rounds",
+            "Claim rounds a slot group skipped because the pool was holding back.",
+            registry=self.registry,
+        )
+        self.worker_loop_lag = Gauge(
+            "turnstile_worker_loop_lag_seconds",
+            "How late the worker's event loop ran its last tick.",
+            registry=self.registry,
+        )
+        self.worker_heartbeat_lag = Gauge(
+            "turnstile_worker_heartbeat_lag_seconds",
+            "How late the last heartbeat of held leases started (its own thread and "
+            "connection), plus how long its statement took.",
+            registry=self.registry,
+        )
+
     def webhook_attempt(self, outcome: str) -> None:
         self.webhook_attempts.labels(outcome).inc()
 

@@ -589,6 +589,7 @@ class Queue:
                 "reason": reason,
                 "tenant_id": tenant_id,
                 "principal": principal,
+                "unknown": UNKNOWN_OUTCOME,
                 **self._hook_attempts(),
             },
             conn,
@@ -623,6 +624,7 @@ class Queue:
                 "reason": reason,
                 "tenant_id": tenant_id,
                 "principal": None,
+                "unknown": UNKNOWN_OUTCOME,
                 **self._hook_attempts(),
             },
         )

@@ -24,6 +24,10 @@ breaks off is retried like a failed call, its partial text voided (`restart`). A
 answer ends with the durable `message.completed` event before the run's next durable event. An
 endpoint that answers a streaming request with plain JSON is taken as is (nothing live, no
 `message.completed`: its text is in the result, as with streaming off).
+
+Bounds: the answer is read through `ModelClient` (aiohttp, app/runtime/outbound.py) within
+`max_response_bytes` in all and `max_line_bytes` per streamed line; an answer past either fails
+the run (permanent: the same request would get the same answer) and is not read further.
 """
 
 from __future__ import annotations
@@ -33,14 +37,16 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
+import orjson
 
 from app.observability import tracing
 from app.runtime.agents import AgentError, Ask, CallTool, Decision, Finish
 from app.runtime.history import UNKNOWN_RESULT, chat_messages, trim_history
 from app.runtime.live import LiveOutput
-from app.runtime.outbound import ClientShards
+from app.runtime.outbound import ModelClient, TooLarge, lines, read_body, read_excerpt
 from app.runtime.state import RunState
 from app.runtime.tools import Tool
 from app.vocabulary.records import JSON
@@ -51,6 +57,12 @@ ASK_USER = "ask_user"
 EXCERPT_CHARS = 500
 # What the model is told of an `uncertain` call, in the run and in a later run's history alike.
 UNKNOWN = UNKNOWN_RESULT
+# What is read of an answer at most (TURNSTILE_OPENAI_MAX_RESPONSE_BYTES, _MAX_LINE_BYTES): the
+# whole body, and one line of a stream; past either the run fails and nothing more is read.
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+MAX_LINE_BYTES = 1024 * 1024
+# What is read of a failed answer, for its excerpt.
+ERROR_READ_BYTES = 16 * 1024
 
 
 class OpenAIAgent:
@@ -69,10 +81,12 @@ class OpenAIAgent:
         backoff_seconds: float = 0.5,
         max_retry_after_seconds: float = 30.0,
         system_prompt: str | None = None,
-        client: httpx.AsyncClient | ClientShards | None = None,
+        client: ModelClient | None = None,
         history_max_messages: int = 50,
         history_max_chars: int = 32_000,
         stream: bool = True,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+        max_line_bytes: int = MAX_LINE_BYTES,
     ) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
@@ -86,6 +100,8 @@ class OpenAIAgent:
         self.history_max_messages = history_max_messages
         self.history_max_chars = history_max_chars
         self.stream = stream
+        self.max_response_bytes = max_response_bytes
+        self.max_line_bytes = max_line_bytes
         # Clients shared by the process: connections to the endpoint are reused across runs.
         self._client = client
 
@@ -100,7 +116,9 @@ class OpenAIAgent:
         deferred = self._deferred_question(state, turns)
         if deferred is not None:
             return deferred
-        with tracing.model_call("openai", "chat", self.model, httpx.URL(self.url).host) as span:
+        with tracing.model_call(
+            "openai", "chat", self.model, urlsplit(self.url).hostname or ""
+        ) as span:
             reply = await self._complete(self._messages(state, turns), state)
             span.set(_genai_attributes(reply))
         usage = reply.get("usage") or {}
@@ -356,56 +374,37 @@ class OpenAIAgent:
         if self.stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
+        payload = _encode(body)
         output = state.output if state is not None else None
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        if isinstance(self._client, ClientShards):
-            client = self._client.next()
-        else:
-            client = self._client or httpx.AsyncClient()
+        headers = {"Content-Type": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        client = self._client or ModelClient(1)
         attempt = 0
         try:
             while True:
                 attempt += 1
                 wait = self.backoff * 2 ** (attempt - 1)
                 try:
-                    if self.stream:
-                        response, streamed = await self._stream(client, body, headers, output)
-                    else:
-                        response = await client.post(
-                            self.url, json=body, headers=headers, timeout=self.timeout
-                        )
-                        streamed = None
-                except httpx.TimeoutException:
+                    answer = await self._attempt(client, payload, headers, output)
+                except TimeoutError:
                     problem = f"the endpoint did not answer within {self.timeout:g}s"
-                except httpx.TransportError as exc:
+                except aiohttp.ClientError as exc:
                     problem = f"cannot reach the endpoint: {type(exc).__name__}"
+                except TooLarge as exc:
+                    raise AgentError(str(exc), permanent=True) from None
                 else:
-                    if response.status_code == 429 or response.status_code >= 500:
-                        problem = f"the endpoint answered {response.status_code}: " + (
-                            self._excerpt(response.text)
-                        )
-                        wait = max(wait, _retry_after(response, self.max_retry_after))
-                    elif response.status_code >= 400:
+                    status, retry_after, text, reply = answer
+                    if status == 429 or status >= 500:
+                        problem = f"the endpoint answered {status}: " + self._excerpt(text)
+                        wait = max(wait, _retry_after(retry_after, self.max_retry_after))
+                    elif status >= 400:
                         raise AgentError(
-                            f"the endpoint answered {response.status_code}: "
-                            + self._excerpt(response.text),
+                            f"the endpoint answered {status}: " + self._excerpt(text),
                             permanent=True,
                         )
-                    elif streamed is not None:
-                        return streamed
                     else:
-                        try:
-                            reply = response.json()
-                        except ValueError:
-                            raise AgentError(
-                                "the endpoint's answer is not JSON: "
-                                + self._excerpt(response.text),
-                                permanent=True,
-                            ) from None
-                        if not isinstance(reply, dict):
-                            raise AgentError(
-                                "the endpoint's answer is not a JSON object", permanent=True
-                            )
+                        assert reply is not None
                         return reply
                 if output is not None:
                     output.restart()  # what this attempt showed is void; the next starts over
@@ -420,51 +419,88 @@ class OpenAIAgent:
             if self._client is None:
                 await client.aclose()
 
-    async def _stream(
+    async def _attempt(
         self,
-        client: httpx.AsyncClient,
-        body: dict[str, JSON],
+        client: ModelClient,
+        payload: bytes,
         headers: dict[str, str],
         output: LiveOutput | None,
-    ) -> tuple[httpx.Response, dict[str, JSON] | None]:
-        """One streaming request: the response, and the reply assembled from its chunks (None
-        when the status says it failed: the caller classifies it from the read body)."""
-        request = client.build_request(
-            "POST", self.url, json=body, headers=headers, timeout=self.timeout
+    ) -> tuple[int, str | None, str, dict[str, JSON] | None]:
+        """One request: its status, Retry-After, the text of a failed answer (for its excerpt)
+        and the reply (None when the status says it failed). Every read is bounded
+        (app/runtime/outbound.py); a connection whose answer was not read to its end is closed,
+        never reused."""
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self.timeout, sock_read=self.timeout
         )
-        response = await client.send(request, stream=True)
+        response = await client.session().post(
+            self.url, data=payload, headers=headers, timeout=timeout, allow_redirects=False
+        )
+        complete = False
         try:
-            if response.status_code >= 400:
-                await response.aread()
-                return response, None
-            if "text/event-stream" not in response.headers.get("content-type", ""):
-                # The endpoint ignored `stream`: a plain answer.
-                await response.aread()
-                return response, None
-            assembly = _Assembly()
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue  # comments, event names, blank separators
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    raise AgentError(
-                        "the endpoint streamed a chunk that is not JSON: " + self._excerpt(data),
-                        permanent=True,
-                    ) from None
-                if not isinstance(chunk, dict):
-                    raise AgentError(
-                        "the endpoint streamed a chunk that is not an object", permanent=True
-                    )
-                text = assembly.add(chunk)
-                if text and output is not None:
-                    output.delta(text)
-            return response, assembly.reply()
+            status = response.status
+            if status >= 400:
+                text = (await read_excerpt(response, ERROR_READ_BYTES)).decode(errors="replace")
+                return status, response.headers.get("Retry-After"), text, None
+            if self.stream and "text/event-stream" in response.headers.get("Content-Type", ""):
+                reply = await self._read_stream(response, output)
+            else:
+                # Streaming off, or the endpoint ignored `stream`: a plain answer.
+                raw = await read_body(response, self.max_response_bytes)
+                reply = self._plain_reply(raw)
+            complete = True
+            return status, None, "", reply
         finally:
-            await response.aclose()
+            if complete:
+                response.release()  # read to its end: the connection goes back to the pool
+            else:
+                response.close()
+
+    def _plain_reply(self, raw: bytes) -> dict[str, JSON]:
+        try:
+            reply = json.loads(raw)
+        except ValueError:
+            raise AgentError(
+                "the endpoint's answer is not JSON: "
+                + self._excerpt(raw[:ERROR_READ_BYTES].decode(errors="replace")),
+                permanent=True,
+            ) from None
+        if not isinstance(reply, dict):
+            raise AgentError("the endpoint's answer is not a JSON object", permanent=True)
+        return reply
+
+    async def _read_stream(
+        self, response: aiohttp.ClientResponse, output: LiveOutput | None
+    ) -> dict[str, JSON]:
+        """The reply assembled from a streamed answer's chunks, read to the stream's end (so
+        its connection can be reused) within the bounds."""
+        assembly = _Assembly()
+        done = False
+        async for raw in lines(
+            response, max_bytes=self.max_response_bytes, max_line=self.max_line_bytes
+        ):
+            if done or not raw.startswith(b"data:"):
+                continue  # comments, event names, blank separators, whatever follows [DONE]
+            data = raw[5:].strip()
+            if data == b"[DONE]":
+                done = True
+                continue
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                raise AgentError(
+                    "the endpoint streamed a chunk that is not JSON: "
+                    + self._excerpt(data.decode(errors="replace")),
+                    permanent=True,
+                ) from None
+            if not isinstance(chunk, dict):
+                raise AgentError(
+                    "the endpoint streamed a chunk that is not an object", permanent=True
+                )
+            text = assembly.add(chunk)
+            if text and output is not None:
+                output.delta(text)
+        return assembly.reply()
 
     def _excerpt(self, text: str, limit: int = EXCERPT_CHARS) -> str:
         """What the endpoint said, for a failure the tenant sees: the configured key redacted
@@ -489,8 +525,19 @@ class OpenAIAgent:
         return message
 
 
-def _retry_after(response: httpx.Response, ceiling: float) -> float:
-    value = response.headers.get("retry-after", "")
+def _encode(body: dict[str, JSON]) -> bytes:
+    """The request body: orjson (the json module's encoder was 9 % of a 2,000-slot worker's
+    CPU); the json module for what orjson refuses (integers beyond 64 bits in a tool's
+    result, which JSON itself allows)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _retry_after(value: str | None, ceiling: float) -> float:
+    if value is None:
+        return 0.0
     try:
         return min(max(float(value), 0.0), ceiling)
     except ValueError:

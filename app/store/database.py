@@ -35,6 +35,7 @@ from app.store.outcomes import (
     driver_error,
     lost_connection,
 )
+from app.store.primary import no_primary, on_standby
 from app.store.statements import q, statements
 from app.vocabulary.records import JSON
 
@@ -259,8 +260,21 @@ class Database:
                 try:
                     rows: list[Any] = await driver.fetch(sql, *args)
                     return rows
-                except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
-                    if isinstance(exc, asyncpg.InterfaceError) and not closed_before_send(exc):
+                except (
+                    asyncpg.PostgresError,
+                    asyncpg.InterfaceError,
+                    asyncpg.InternalClientError,
+                    OSError,
+                ) as exc:
+                    if on_standby(exc):
+                        # A session left on an old primary that came back as a standby (a
+                        # failover): refused, nothing written; the fresh connection the retry
+                        # draws goes to whichever host takes writes now.
+                        await conn.invalidate()
+                        raise NotCommitted(sql, None, exc, connection_invalidated=True) from exc
+                    if no_primary(exc) or (
+                        isinstance(exc, asyncpg.InterfaceError) and not closed_before_send(exc)
+                    ):
                         # The driver's state is not to be trusted (an operation left running).
                         await conn.invalidate()
                         raise OperationalError(sql, None, exc, connection_invalidated=True) from exc

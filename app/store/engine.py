@@ -1,5 +1,13 @@
 """The database engine: URL normalisation, pool sizing and safety timeouts on every connection.
 
+A DATABASE_URL may name several hosts, as libpq spells it (`postgresql://u@h1:5432,h2:5432/db
+?target_session_attrs=read-write`): the pool, the migrations and the LISTEN connections then
+try the hosts in turn and keep the first that takes writes, so every process finds a new
+primary by itself after a failover (docs/deployment.md, "Failover"). SQLAlchemy's URL parser
+refuses that spelling (a port list is no integer), so it is translated here into the one
+SQLAlchemy's asyncpg dialect takes (`?host=h1:5432&host=h2:5432`), and back into libpq's for
+the plain asyncpg connections (asyncpg keeps only the last of repeated `host` parameters).
+
 Every transaction Turnstile runs has a statement, a lock and an idle-in-transaction timeout, so
 a stuck query or a forgotten transaction cannot hold a run's row forever. Connected directly,
 they are startup parameters of each connection: free, with no round trip per transaction.
@@ -10,29 +18,117 @@ cost of one statement per transaction.
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 from sqlalchemy import event
-from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.engine import URL, Connection, ExceptionContext, make_url
+from sqlalchemy.exc import ArgumentError, DisconnectionError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.util import await_
 
 from app.config import Settings
+from app.store.primary import no_primary, waiting_for_primary
 
 
-def async_url(url: str) -> URL:
-    """The URL with the asyncpg driver, whatever PostgreSQL spelling it was given in."""
-    parsed = make_url(url)
+class DatabaseUrlError(ValueError):
+    """DATABASE_URL cannot be used; the message says why (the CLI prints it in one line)."""
+
+
+DEFAULT_CONNECT_TIMEOUT_SECONDS = 10.0
+"""How long one connection attempt may take when the URL gives no `connect_timeout` (asyncpg's
+own default is 60 s): a host that is down but does not refuse (a dead machine, a dropped route)
+costs this much before the next host of a multi-host URL is tried."""
+
+
+def _multi_host(url: str) -> URL | None:
+    """A libpq multi-host URL (`scheme://user@h1:p1,h2:p2/db?...`) as SQLAlchemy spells it
+    (`scheme://user@/db?host=h1:p1&host=h2:p2&...`); None for a URL with one host."""
+    parts = urlsplit(url)
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    if "," not in hostlist:
+        return None
+    entries = [h for h in hostlist.split(",") if h]
+    for entry in entries:
+        port = entry.rpartition(":")[2] if ":" in entry and not entry.endswith("]") else ""
+        if port and not (port.isascii() and port.isdigit()):
+            raise DatabaseUrlError(f"DATABASE_URL's host {entry!r} has a port that is no number")
+    hosts = "&".join(f"host={quote(h, safe='')}" for h in entries)
+    at = f"{userinfo}@" if userinfo else ""
+    query = f"{hosts}&{parts.query}" if parts.query else hosts
+    return make_url(f"{parts.scheme}://{at}{parts.path}?{query}")
+
+
+def parse_url(url: str | URL) -> URL:
+    """`url` as a SQLAlchemy URL, a libpq multi-host one included (see `_multi_host`). A URL of
+    several hosts, in either spelling, asks for `target_session_attrs=read-write` unless it
+    says otherwise: every process writes, and a standby is of no use to it."""
+    try:
+        parsed = url if isinstance(url, URL) else (_multi_host(url) or make_url(url))
+    except (ArgumentError, ValueError) as exc:
+        raise DatabaseUrlError(f"DATABASE_URL cannot be read: {exc}") from None
+    hosts = parsed.query.get("host")
+    if isinstance(hosts, tuple) and len(hosts) > 1 and "target_session_attrs" not in parsed.query:
+        parsed = parsed.update_query_dict({"target_session_attrs": "read-write"})
+    return parsed
+
+
+def async_url(url: str | URL) -> URL:
+    """The URL with the asyncpg driver, whatever PostgreSQL spelling it was given in (without
+    `connect_timeout`: pass `connect_timeout(url)` as the driver's `timeout`)."""
+    parsed = _driver_url(url)
     if parsed.get_backend_name() not in ("postgresql", "postgres"):
-        raise ValueError(f"DATABASE_URL must be a PostgreSQL URL, got {parsed.drivername!r}")
+        raise DatabaseUrlError(f"DATABASE_URL must be a PostgreSQL URL, got {parsed.drivername!r}")
     return parsed.set(drivername="postgresql+asyncpg")
 
 
+def hosts_of(url: str | URL) -> list[str]:
+    """The `host:port` entries of a multi-host URL, in the order they are tried; [] for one host."""
+    found = parse_url(url).query.get("host")
+    if isinstance(found, tuple) and len(found) > 1:
+        return list(found)
+    return []
+
+
+def connect_timeout(url: str | URL) -> float:
+    """Seconds one connection attempt may take: the URL's libpq `connect_timeout`, else
+    `DEFAULT_CONNECT_TIMEOUT_SECONDS`."""
+    given = parse_url(url).query.get("connect_timeout")
+    if not isinstance(given, str) or not given.strip():
+        return DEFAULT_CONNECT_TIMEOUT_SECONDS
+    try:
+        return max(float(given), 0.5)
+    except ValueError:
+        raise DatabaseUrlError(
+            f"DATABASE_URL's connect_timeout must be a number of seconds, got {given!r}"
+        ) from None
+
+
+def _driver_url(url: str | URL) -> URL:
+    """The URL without `connect_timeout`, which asyncpg does not know as a URL parameter (it
+    would send it to the server as a setting): it becomes the driver's `timeout` instead."""
+    parsed = parse_url(url)
+    if "connect_timeout" not in parsed.query:
+        return parsed
+    return parsed.difference_update_query(["connect_timeout"])
+
+
 def plain_url(url: str | URL) -> str:
-    """The URL as libpq and asyncpg spell it (no SQLAlchemy driver suffix)."""
-    parsed = make_url(url) if isinstance(url, str) else url
-    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+    """The URL as libpq and asyncpg spell it (no SQLAlchemy driver suffix; several hosts in the
+    authority, where asyncpg reads them all, rather than as repeated `host` parameters, of
+    which it keeps the last), without `connect_timeout` (see `connect_timeout`)."""
+    parsed = _driver_url(url).set(drivername="postgresql")
+    hosts = hosts_of(parsed)
+    if not hosts:
+        return parsed.render_as_string(hide_password=False)
+    rest = parsed.difference_update_query(["host"]).set(host=None, port=None)
+    # `postgresql://user@/db?...`: the hosts go where the empty authority's host is.
+    scheme, _, tail = rest.render_as_string(hide_password=False).partition("://")
+    authority, slash, path = tail.partition("/")
+    return f"{scheme}://{authority}{','.join(unquote(h) for h in hosts)}{slash}{path}"
 
 
 def timeout_parameters(settings: Settings) -> dict[str, str]:
@@ -77,11 +173,14 @@ def create_engine(
     pool_size: int = 5,
     application_name: str = "turnstile",
     planner_settings: dict[str, str] | None = None,
+    connect_patience_seconds: float = 0.0,
     **engine_options: Any,
 ) -> AsyncEngine:
     """An asyncpg engine whose every transaction runs under the configured timeouts. Direct
     connections carry `application_name` (the process's role) into pg_stat_activity, and
-    `planner_settings` (see `create_claim_engine`)."""
+    `planner_settings` (see `create_claim_engine`). With `connect_patience_seconds`, a new
+    connection that finds no primary (refused, none of the hosts taking writes, the server
+    starting) is tried again for that long before its error is raised (see `_patient`)."""
     target = async_url(url)
     if settings.pgbouncer:
         target, connect_args = pgbouncer_options(target)
@@ -93,6 +192,7 @@ def create_engine(
                 **(planner_settings or {}),
             }
         }
+    connect_args["timeout"] = connect_timeout(url)
     engine_options["connect_args"] = {**engine_options.get("connect_args", {}), **connect_args}
     engine = create_async_engine(
         target,
@@ -112,6 +212,25 @@ def create_engine(
         if dbapi_connection.driver_connection.is_closed():
             raise DisconnectionError("the server closed this connection")
 
+    # A failover's errors that are not the driver's connection errors (app/store/primary.py):
+    # a session on a standby refusing a write, no host taking writes yet, the driver's state
+    # broken by its server's death. The connection is dropped from the pool (on a standby it
+    # would refuse every write after), and the error is an OperationalError with its
+    # connection invalidated, as a lost connection's is: the API's 503, the replays' retry.
+    @event.listens_for(engine.sync_engine, "handle_error")
+    def _primary_lost(context: ExceptionContext) -> None:
+        original = context.original_exception
+        cause = getattr(original, "__cause__", None)
+        if not (no_primary(original) or no_primary(cause)):
+            return
+        context.is_disconnect = True
+        raise OperationalError(
+            context.statement, context.parameters, original, connection_invalidated=True
+        ) from original
+
+    if connect_patience_seconds > 0:
+        _patient(engine, connect_patience_seconds)
+
     if settings.pgbouncer:
         statement = timeout_statement(settings)
 
@@ -120,6 +239,30 @@ def create_engine(
             conn.exec_driver_sql(statement)
 
     return engine
+
+
+def _patient(engine: AsyncEngine, patience: float) -> None:
+    """Connections of `engine` wait up to `patience` seconds for a primary: a failover's few
+    seconds without one cost a worker's writes that long instead of failing them (a run whose
+    journal entry or completion failed is given up, and requeued only when its lease expires).
+    Only the connection is retried, never a statement: nothing was sent on a connection that
+    could not be had. Statements on a connection lost under them fail as before, and their
+    retries (a statement nothing of which committed; a fenced write's replay) draw a new
+    connection, which waits here for the new primary."""
+
+    @event.listens_for(engine.sync_engine, "do_connect")
+    def _connect(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        deadline = time.monotonic() + patience
+        pause = 0.1
+        while True:
+            try:
+                return dialect.connect(*cargs, **cparams)
+            except Exception as exc:
+                if not waiting_for_primary(exc) or time.monotonic() + pause > deadline:
+                    raise
+            # Inside the pool's greenlet: the event loop runs on while this one waits.
+            await_(asyncio.sleep(pause))
+            pause = min(pause * 2, 1.0)
 
 
 CLAIM_PLANNER_SETTINGS = {
@@ -138,6 +281,7 @@ def create_claim_engine(
     *,
     pool_size: int | None = None,
     application_name: str = "turnstile",
+    connect_patience_seconds: float = 0.0,
 ) -> AsyncEngine | None:
     """The small engine the queue claims on (`Queue(claim_engine=...)`), whose connections reuse
     one generic plan per claim statement (docs/adr/0006). The fair claim is a large statement:
@@ -153,6 +297,7 @@ def create_claim_engine(
     return create_engine(
         settings,
         url,
+        connect_patience_seconds=connect_patience_seconds,
         pool_size=pool_size or settings.claim_pool_size,
         application_name=application_name,
         planner_settings=CLAIM_PLANNER_SETTINGS,

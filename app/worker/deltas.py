@@ -27,10 +27,9 @@ import time
 from collections import deque
 from uuid import UUID
 
-import asyncpg
-
 from app.observability.metrics import Metrics
 from app.store.delta_channel import DeltaChannel
+from app.store.primary import LOST_PRIMARY
 from app.vocabulary.live_deltas import MAX_PAYLOAD_BYTES, Delta, pack
 
 log = logging.getLogger("turnstile.deltas")
@@ -145,7 +144,7 @@ class DeltaPublisher:
                 if await self.tick():
                     self.send_starts.append(started)
                 reconnect = 0.05
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            except LOST_PRIMARY as exc:
                 log.warning("delta publishing failed; dropping", extra={"error": repr(exc)})
                 self._drop_all("disconnected")
                 if self._channel is not None:

@@ -4,6 +4,9 @@ One dedicated asyncpg connection per process (never a pooled one: a pooled conne
 back to the pool and stops listening, and PgBouncer in transaction mode cannot hold a LISTEN).
 When the connection drops it is re-established with backoff, and every subscriber is woken
 once, since notifications sent while nobody listened are lost; polling stays the fallback.
+With a multi-host DATABASE_URL the connection is made to whichever host takes writes (the
+URL's `target_session_attrs`, app/store/engine.py), so after a failover it listens again on the
+new primary: NOTIFY is sent where the queue writes, and a standby never delivers one.
 
 Payloads are JSON written by the queue's statements (app/store/sql/runs.sql), bounded whatever
 the number of rows: `{"work": [priority, ...]}` when runs became claimable,
@@ -29,7 +32,8 @@ from typing import Any
 
 import asyncpg
 
-from app.store.engine import plain_url
+from app.store.engine import connect_timeout, plain_url
+from app.store.primary import LOST_PRIMARY
 from app.vocabulary.live_deltas import CHANNEL as DELTA_CHANNEL
 from app.vocabulary.live_deltas import Delta, unpack
 
@@ -54,6 +58,7 @@ class Notifier:
         listen_deltas: bool = False,
     ) -> None:
         self.url = plain_url(url)
+        self.connect_timeout = connect_timeout(url)
         self.application_name = application_name
         self.reconnect_min = reconnect_min_seconds
         self.reconnect_max = reconnect_max_seconds
@@ -146,7 +151,7 @@ class Notifier:
             try:
                 conn = await asyncpg.connect(
                     self.url,
-                    timeout=10,
+                    timeout=self.connect_timeout,
                     # Always a direct connection (never PgBouncer): startup parameters pass.
                     server_settings={"application_name": self.application_name},
                 )
@@ -167,7 +172,7 @@ class Notifier:
                     if not self._lost.is_set() and not self._stopping.is_set():
                         # A half-open TCP connection never reports itself; a query does.
                         await conn.execute("SELECT 1", timeout=self.keepalive)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            except LOST_PRIMARY as exc:
                 if not self._stopping.is_set():
                     log.warning(
                         "LISTEN connection lost; reconnecting",

@@ -15,11 +15,15 @@
   connection (an AsyncSession or connection is never shared between tasks).
 - Completions of a slot group's runs are group-committed (`completions.py`): the runs that
   finish while one batch commits go together in the next statement, each fenced on its own.
-- One heartbeat statement per process per interval extends every held lease. A lease reported
-  lost cancels its execution at once and records `run.fenced`. When heartbeats fail with errors
-  (not fencing) until the lease deadline by this process's monotonic clock, the execution is
-  stopped (self-fencing): the sweeper will give the run to someone else, and this process must
-  not act on it meanwhile.
+- One heartbeat statement per process per interval extends every held lease, sent from a thread
+  of its own with a connection of its own (app/worker/heartbeat.py), so work that keeps the
+  event loop busy never delays it. A lease reported lost cancels its execution at once and
+  records `run.fenced`. When heartbeats fail with errors (not fencing) until the lease deadline
+  by this process's monotonic clock, the execution is stopped (self-fencing): the sweeper will
+  give the run to someone else, and this process must not act on it meanwhile.
+- A pool claims only what it can serve: at most `claim_batch_max` runs per claim, and nothing
+  while its event loop lags or its thread's CPU is saturated (app/worker/backpressure.py;
+  `turnstile_worker_holding_back` says so).
 - `stop()` drains: no new claims, running executions get a grace period, the rest are released
   gracefully (requeued at once, attempt given back), and the worker row is marked stopped.
 """
@@ -34,25 +38,39 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 from uuid import UUID
+
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.observability import tracing
 from app.observability.logs import run_context
+from app.observability.metrics import Metrics
 from app.queue.core import Queue
 from app.queue.schedules import Schedules
 from app.store.housekeeping import WorkerRegistry
 from app.vocabulary.classes import priorities_of
 from app.vocabulary.layout import SlotGroup
 from app.vocabulary.records import ClaimedRun
+from app.worker.backpressure import Backpressure
 from app.worker.completions import CompletionBatcher
 from app.worker.execution import DeltaSink, ExecutionContext, Executor, StopExecution
+from app.worker.heartbeat import HeartbeatThread
 from app.worker.notifier import Notifier
 
 log = logging.getLogger("turnstile.worker")
 
 DUE_MARGIN_SECONDS = 0.005
 """Added to the wait for the next due run, so the claim after it finds the run eligible."""
+
+CLAIM_BATCH_MAX = 128
+"""At most this many runs per claim (TURNSTILE_CLAIM_BATCH_MAX): a large pool fills in steps,
+each started before the next is claimed, so backpressure sees their load before claiming more."""
+
+HOLD_BACK_PAUSE_SECONDS = 0.05
+"""How long a claim loop waits before asking again while the pool holds back."""
 
 
 @dataclass
@@ -100,8 +118,22 @@ class WorkerPool:
         role: str = "serve",
         worker_id: str | None = None,
         deltas: DeltaSink | None = None,
+        claim_batch_max: int = CLAIM_BATCH_MAX,
+        backpressure: Backpressure | None = None,
+        metrics: Metrics | None = None,
+        heartbeat_engine: Callable[[], AsyncEngine] | None = None,
     ) -> None:
         self.queue = queue
+        self.claim_batch_max = claim_batch_max
+        self.metrics = metrics
+        # Builds the heartbeat thread's engine, in that thread (None: the queue's engine's twin).
+        self.heartbeat_engine = heartbeat_engine
+        self.backpressure = backpressure or Backpressure()
+        if metrics is not None:
+            self.backpressure._on_lag = metrics.worker_loop_lag.set
+        self.holding_back = False
+        self.held_back_rounds = 0
+        self.held_back_ever = False
         self.deltas = deltas
         self.registry = WorkerRegistry(queue)
         self.schedules = Schedules(queue)
@@ -122,8 +154,8 @@ class WorkerPool:
         self.role = role
         self.worker_id = worker_id or new_worker_id()
         self._stopping = asyncio.Event()
-        self._heartbeat_stop = asyncio.Event()
-        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._heartbeats: HeartbeatThread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.started = False
         self.claimed_total = 0
         self.heartbeat_failures = 0
@@ -146,11 +178,21 @@ class WorkerPool:
             # An API-only process registers on a best-effort basis: it must start even on an
             # unmigrated database, to answer /readyz with what is wrong.
             log.warning("could not register this API process", exc_info=True)
+        self._loop = asyncio.get_running_loop()
+        if self.groups:
+            self.backpressure.start()
         for group in self.groups:
             group.task = asyncio.create_task(
                 self._claim_loop(group), name=f"turnstile-claim-{group.spec.name}"
             )
-        self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(), name="turnstile-beat")
+        self._heartbeats = HeartbeatThread(
+            self.queue,
+            self._beat_from_thread,
+            interval=self.heartbeat_seconds,
+            on_lag=self.metrics.worker_heartbeat_lag.set if self.metrics is not None else None,
+            engine=self.heartbeat_engine,
+        )
+        self._heartbeats.start()
         self.started = True
         log.info(
             "worker pool started",
@@ -191,9 +233,10 @@ class WorkerPool:
                 if execution.task is not None and not execution.task.done():
                     self._interrupt(execution, "drain")
             await asyncio.gather(*pending, return_exceptions=True)
-        self._heartbeat_stop.set()
-        if self._heartbeat_task is not None:
-            await self._heartbeat_task
+        if self._heartbeats is not None:
+            await self._heartbeats.stop()
+        await self.backpressure.stop()
+        self._set_holding_back(False)
         with contextlib.suppress(Exception):
             await self._deregister()
         log.info("worker pool stopped", extra={"worker_id": self.worker_id})
@@ -210,13 +253,23 @@ class WorkerPool:
             # Cleared before claiming, so a notification that lands during the claim is kept.
             group.wake.clear()
             free = group.free
+            if free > 0 and self.backpressure.holding_back():
+                # The loop cannot serve what it holds on time: a run claimed now would sit
+                # unserved under its lease while another process could run it.
+                self._set_holding_back(True)
+                self.held_back_rounds += 1
+                if self.metrics is not None:
+                    self.metrics.worker_held_back_rounds.inc()
+                await self._pause(HOLD_BACK_PAUSE_SECONDS)
+                continue
+            self._set_holding_back(False)
             if free > 0:
                 sent = time.monotonic()
                 try:
                     claimed = await self.queue.claim(
                         self.worker_id,
                         group.spec.classes,
-                        limit=free,
+                        limit=min(free, self.claim_batch_max),
                         lease_seconds=self.lease_seconds,
                     )
                     failures = 0
@@ -246,6 +299,13 @@ class WorkerPool:
                 wait = await self._until_due(group, wait)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(group.wake.wait(), timeout=wait)
+
+    def _set_holding_back(self, value: bool) -> None:
+        if value != self.holding_back:
+            self.holding_back = value
+            self.held_back_ever = self.held_back_ever or value
+            if self.metrics is not None:
+                self.metrics.worker_holding_back.set(1 if value else 0)
 
     async def _until_due(self, group: _Group, poll: float) -> float:
         """How long the loop may sleep: until the earliest run of its classes that is not
@@ -384,25 +444,35 @@ class WorkerPool:
             )
 
     # --- heartbeats ---------------------------------------------------------------------------
-    async def _heartbeat_loop(self) -> None:
-        while not self._heartbeat_stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._heartbeat_stop.wait(), timeout=self.heartbeat_seconds)
-            if self._heartbeat_stop.is_set():
-                return
-            await self.beat()
+    @property
+    def heartbeat_lag_max(self) -> float:
+        """The largest lag of a heartbeat so far (late start plus its statement), seconds."""
+        return self._heartbeats.max_lag if self._heartbeats is not None else 0.0
 
-    async def beat(self) -> None:
-        """One heartbeat for every held lease, in one statement."""
-        executions = [
-            e
-            for g in self.groups
-            for e in g.running.values()
-            if e.stop_reason is None and not e.ctx.finishing
-        ]
+    async def _beat_from_thread(self, queue: Queue) -> None:
+        """One beat, in the heartbeat thread on its own connection: what it finds about a
+        lease is acted on in the pool's loop."""
+        loop = self._loop
+        assert loop is not None
+
+        def dispatch(action: Callable[..., Any], *args: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the pool's loop is gone: nothing to stop
+                loop.call_soon_threadsafe(action, *args)
+
+        await self.beat(queue, dispatch)
+
+    async def beat(
+        self, queue: Queue | None = None, dispatch: Callable[..., None] | None = None
+    ) -> None:
+        """One heartbeat for every held lease, in one statement (on `queue`, the heartbeat
+        thread's; by default the pool's own, in its loop). Renewals take effect at once;
+        fences and self-fences go through `dispatch` (by default run here)."""
+        queue = queue or self.queue
+        act: Callable[..., None] = dispatch or (lambda action, *args: action(*args))
+        executions = self._holding()
         sent = time.monotonic()
         try:
-            held = await self.queue.heartbeat_many(
+            held = await queue.heartbeat_many(
                 [e.ctx.lease for e in executions], lease_seconds=self.lease_seconds
             )
         except Exception:
@@ -410,19 +480,43 @@ class WorkerPool:
             log.warning("heartbeat failed", exc_info=self.heartbeat_failures == 1)
             now = time.monotonic()
             for execution in executions:
-                if now >= execution.ctx.trusted_until and not execution.ctx.finishing:
-                    self._interrupt(execution, "self_fenced")
+                if now >= execution.ctx.trusted_until:
+                    act(self._stop_unless_finishing, execution, "self_fenced")
             return
-        self.heartbeat_failures = 0
-        try:
-            await self._touch()  # the registry row; its failure does not touch any lease
-        except Exception:
-            log.warning("worker registration refresh failed", exc_info=True)
+        if executions:  # a beat with nothing to renew sent nothing: it proves nothing either
+            self.heartbeat_failures = 0
         for execution in executions:
             if execution.ctx.lease.key in held:
                 execution.ctx.renewed(until=sent + self.lease_seconds)
-            elif not execution.ctx.finishing:
-                self._interrupt(execution, "fenced")
+            else:
+                act(self._stop_unless_finishing, execution, "fenced")
+        try:
+            # The registry row, after the leases; its failure does not touch any lease.
+            await WorkerRegistry(queue).touch(self.worker_id, slot_groups=self._slot_groups_json())
+        except Exception:
+            log.warning("worker registration refresh failed", exc_info=True)
+
+    def _holding(self) -> list[_Execution]:
+        """The executions whose leases a beat renews. Read from the heartbeat thread while the
+        pool's loop changes the groups: a copy of each group's entries is taken at once, and
+        taken again in the rare case that a change landed during it."""
+        for _ in range(10):
+            try:
+                return [
+                    e
+                    for g in self.groups
+                    for e in list(g.running.values())
+                    if e.stop_reason is None and not e.ctx.finishing
+                ]
+            except RuntimeError:  # changed size during iteration
+                continue
+        return []
+
+    def _stop_unless_finishing(self, execution: _Execution, reason: str) -> None:
+        # Decided in the pool's loop: the ending write may have started since the beat began,
+        # and then its own fence decides.
+        if not execution.ctx.finishing:
+            self._interrupt(execution, reason)
 
     # --- registration -------------------------------------------------------------------------
     def _slot_groups_json(self) -> str:
@@ -436,9 +530,6 @@ class WorkerPool:
             role=self.role,
             slot_groups=self._slot_groups_json(),
         )
-
-    async def _touch(self) -> None:
-        await self.registry.touch(self.worker_id, slot_groups=self._slot_groups_json())
 
     async def _deregister(self) -> None:
         await self.registry.deregister(self.worker_id)

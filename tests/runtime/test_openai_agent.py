@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -24,6 +23,7 @@ from app.queue.reads import Reads
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, SimulatedCrash, default_registry
 from app.runtime.history import chat_messages, exchanges, trim_history
 from app.runtime.openai_agent import OpenAIAgent
+from app.runtime.outbound import ModelClient
 from app.vocabulary.live_deltas import Delta
 from app.vocabulary.records import NewRun, Run
 from tests.support.clock import ManualClock
@@ -140,13 +140,14 @@ async def effects() -> AsyncIterator[tuple[list[str], str]]:
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
+async def http() -> AsyncIterator[ModelClient]:
+    client = ModelClient(8)
+    yield client
+    await client.aclose()
 
 
 def executor(
-    base: str, client: httpx.AsyncClient, crash: Any = None, *, stream: bool = True
+    base: str, client: ModelClient, crash: Any = None, *, stream: bool = True
 ) -> RuntimeExecutor:
     registry = default_registry(["127.0.0.1"], http_timeout_seconds=5)
     registry.agents["openai"] = OpenAIAgent(
@@ -166,7 +167,7 @@ def turn(text: str = "What is 2+2?") -> NewRun:
 
 
 async def test_a_conversation_with_tool_calls_and_a_final_answer(
-    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+    queue: Queue, http: ModelClient, model: tuple[FakeModel, str]
 ) -> None:
     fake, base = model
     fake.call(("c1", "echo", {"a": 1}), ("c2", "echo", {"b": 2}))  # two calls in one response
@@ -206,7 +207,7 @@ async def test_a_conversation_with_tool_calls_and_a_final_answer(
 
 async def test_an_unsafe_call_lost_in_a_crash_reaches_the_model_as_unknown(
     queue: Queue,
-    http: httpx.AsyncClient,
+    http: ModelClient,
     clock: ManualClock,
     model: tuple[FakeModel, str],
     effects: tuple[list[str], str],
@@ -239,7 +240,7 @@ async def test_an_unsafe_call_lost_in_a_crash_reaches_the_model_as_unknown(
 
 async def test_a_keyed_call_lost_in_a_crash_is_repeated_with_the_same_key(
     queue: Queue,
-    http: httpx.AsyncClient,
+    http: ModelClient,
     clock: ManualClock,
     model: tuple[FakeModel, str],
     effects: tuple[list[str], str],
@@ -265,7 +266,7 @@ async def test_a_keyed_call_lost_in_a_crash_is_repeated_with_the_same_key(
 
 
 async def test_503_then_success(
-    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+    queue: Queue, http: ModelClient, model: tuple[FakeModel, str]
 ) -> None:
     fake, base = model
     fake.fail(503, {"error": "overloaded"})
@@ -277,7 +278,7 @@ async def test_503_then_success(
 
 
 async def test_429_honours_retry_after(
-    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+    queue: Queue, http: ModelClient, model: tuple[FakeModel, str]
 ) -> None:
     fake, base = model
     fake.fail(429, {"error": "slow down"}, {"Retry-After": "1"})
@@ -289,7 +290,7 @@ async def test_429_honours_retry_after(
 
 
 async def test_transient_failures_that_persist_release_the_run(
-    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+    queue: Queue, http: ModelClient, model: tuple[FakeModel, str]
 ) -> None:
     fake, base = model
     for _ in range(4):
@@ -327,7 +328,7 @@ async def test_transient_failures_that_persist_release_the_run(
     ],
 )
 async def test_permanent_failures_fail_the_run_with_what_the_endpoint_said(
-    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str], reply: Any, says: str
+    queue: Queue, http: ModelClient, model: tuple[FakeModel, str], reply: Any, says: str
 ) -> None:
     fake, base = model
     fake.replies.append(reply)
@@ -341,7 +342,7 @@ async def test_permanent_failures_fail_the_run_with_what_the_endpoint_said(
 
 
 async def test_asking_the_user_is_a_tool(
-    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+    queue: Queue, http: ModelClient, model: tuple[FakeModel, str]
 ) -> None:
     fake, base = model
     fake.call(("q1", "ask_user", {"question": "Which currency?"}))
@@ -360,7 +361,7 @@ async def test_asking_the_user_is_a_tool(
 
 
 async def test_a_call_never_started_is_run_before_the_model_is_asked_again(
-    queue: Queue, http: httpx.AsyncClient, clock: ManualClock, model: tuple[FakeModel, str]
+    queue: Queue, http: ModelClient, clock: ManualClock, model: tuple[FakeModel, str]
 ) -> None:
     fake, base = model
     fake.call(("a", "echo", {"x": "A"}), ("b", "echo", {"x": "B"}))
@@ -401,7 +402,7 @@ async def test_a_call_never_started_is_run_before_the_model_is_asked_again(
     ids=["401-echoing-the-key", "400-long", "200-without-choices"],
 )
 async def test_an_endpoints_error_body_is_capped_and_never_shows_the_key(
-    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str], reply: Any
+    queue: Queue, http: ModelClient, model: tuple[FakeModel, str], reply: Any
 ) -> None:
     """The failure is tenant-visible: what the endpoint said is cut to a short excerpt, and
     the configured API key is redacted from it wherever it appears."""
@@ -419,7 +420,7 @@ async def test_an_endpoints_error_body_is_capped_and_never_shows_the_key(
 
 
 async def test_a_transient_failure_message_never_shows_the_key(
-    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+    queue: Queue, http: ModelClient, model: tuple[FakeModel, str]
 ) -> None:
     fake, base = model
     for _ in range(4):
@@ -433,7 +434,7 @@ async def test_a_transient_failure_message_never_shows_the_key(
 
 # --- memory across turns -----------------------------------------------------------------------
 def remembering(
-    base: str, client: httpx.AsyncClient, crash: Any = None, **budget: int
+    base: str, client: ModelClient, crash: Any = None, **budget: int
 ) -> RuntimeExecutor:
     registry = default_registry(["127.0.0.1"], http_timeout_seconds=5)
     registry.agents["openai"] = OpenAIAgent(
@@ -461,7 +462,7 @@ async def session_turn(queue: Queue, session_id: Any, text: str) -> Run:
 
 
 async def test_the_second_turn_carries_the_first_turns_user_and_assistant_messages(
-    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+    queue: Queue, http: ModelClient, model: tuple[FakeModel, str]
 ) -> None:
     fake, base = model
     session = await Reads(queue).create_session(tenant_id="t", principal="p")
@@ -489,7 +490,7 @@ async def test_the_second_turn_carries_the_first_turns_user_and_assistant_messag
 
 
 async def test_the_history_budget_drops_the_oldest_whole_exchanges(
-    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+    queue: Queue, http: ModelClient, model: tuple[FakeModel, str]
 ) -> None:
     fake, base = model
     session = await Reads(queue).create_session(tenant_id="t", principal="p")
@@ -523,7 +524,7 @@ async def test_the_history_budget_drops_the_oldest_whole_exchanges(
 
 
 async def test_a_recovered_run_sees_the_history_it_started_with(
-    queue: Queue, http: httpx.AsyncClient, clock: ManualClock, model: tuple[FakeModel, str]
+    queue: Queue, http: ModelClient, clock: ManualClock, model: tuple[FakeModel, str]
 ) -> None:
     fake, base = model
     session = await Reads(queue).create_session(tenant_id="t", principal="p")
@@ -659,7 +660,7 @@ class Recorder:
 
 
 async def test_a_streamed_answer_shows_its_text_live_and_assembles_its_tool_calls(
-    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+    queue: Queue, http: ModelClient, model: tuple[FakeModel, str]
 ) -> None:
     fake, base = model
     fake.stream(
@@ -700,7 +701,7 @@ async def test_a_streamed_answer_shows_its_text_live_and_assembles_its_tool_call
 
 
 async def test_a_stream_cut_off_midway_is_retried_and_its_partial_text_replaced(
-    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+    queue: Queue, http: ModelClient, model: tuple[FakeModel, str]
 ) -> None:
     fake, base = model
     fake.stream(text_chunks("A first try that breaks off", 6) + ending(), cut_after=3)
@@ -718,7 +719,7 @@ async def test_a_stream_cut_off_midway_is_retried_and_its_partial_text_replaced(
 
 
 async def test_with_streaming_off_the_request_is_plain_and_nothing_is_live(
-    queue: Queue, http: httpx.AsyncClient, model: tuple[FakeModel, str]
+    queue: Queue, http: ModelClient, model: tuple[FakeModel, str]
 ) -> None:
     fake, base = model
     fake.say("Plain.")

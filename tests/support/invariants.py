@@ -106,6 +106,15 @@ async def read_log(conn: AsyncConnection, run_id: UUID) -> RunLog:
     )
 
 
+def settled_by_cancel(types: list[str]) -> bool:
+    """Whether these events (from a tool.finished on) are a cancel's settling of the calls it
+    left open: tool.finished events, then run.cancelled (runs.sql's cancel_runs)."""
+    rest = list(types)
+    while rest and rest[0] == "tool.finished":
+        rest.pop(0)
+    return bool(rest) and rest[0] == "run.cancelled"
+
+
 def check_log(log: RunLog) -> None:
     seqs = [seq for seq, _, _ in log.events]
     assert seqs == list(range(1, log.last_event_seq + 1)), f"{log.run_id}: gaps in {seqs}"
@@ -143,11 +152,14 @@ def check_log(log: RunLog) -> None:
             assert event_epoch == epoch, f"{log.run_id}: {kind} epoch {epoch} != {event_epoch}"
 
     status: str | None = None
-    for seq, type_, _ in log.events:
+    types = [type_ for _, type_, _ in log.events]
+    for index, (seq, type_, _) in enumerate(log.events):
         if type_ in TRANSITIONS:
             sources, target = TRANSITIONS[type_]
             assert status in sources, f"{log.run_id}: {type_} at {seq} from status {status}"
             status = target
+        elif type_ == "tool.finished" and settled_by_cancel(types[index:]):
+            pass  # a cancel settles the open calls it leaves, whatever the run's status
         elif type_ != "run.fenced" and not type_.startswith("operator."):
             # Tool records, checkpoints and agent notes are worker writes: only while running.
             assert status == "running", f"{log.run_id}: {type_} at {seq} while {status}"

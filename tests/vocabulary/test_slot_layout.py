@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.config import Settings
-from app.runtime.outbound import ClientShards
+from app.runtime.outbound import ModelClient
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.layout import SlotLayoutError, parse_slots
 
@@ -75,14 +75,14 @@ def test_pool_size_follows_the_statements_in_flight_not_the_slots() -> None:
     assert bounced.pool_size == 9 + 2 * 3 + 2
 
 
-async def test_model_clients_give_every_slot_a_connection_in_bounded_shards() -> None:
-    shards = ClientShards(2000)
+async def test_the_model_client_gives_every_slot_a_connection() -> None:
+    client = ModelClient(2000)
     try:
-        assert len(shards.clients) == 32
-        assert shards.capacity >= 2000
-        assert len({id(shards.next()) for _ in range(64)}) == 32  # handed out in turn
+        assert client.session().connector is not None
+        assert client.session().connector.limit == 2000
+        assert client.session() is client.session()  # one pooled session for every call
     finally:
-        await shards.aclose()
+        await client.aclose()
 
 
 @pytest.mark.parametrize(

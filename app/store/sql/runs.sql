@@ -726,6 +726,14 @@ FROM turnstile_deliver_input({{now}}, CAST(:run_id AS uuid), CAST(:input AS json
 -- written, the webhook deliveries it reports, its count row, one bounded notification. Runs
 -- not visible to :tenant_id and :principal (NULL: any), missing or finished are left alone
 -- and not returned; the caller reads which.
+-- An unsafe call left open (journal 'started' with no later entry for its step: in flight in
+-- a worker being fenced now, or left by a lost lease for a recovery that will never run) gets
+-- a journal outcome 'uncertain' and its own tool.finished event before run.cancelled, as a
+-- dead letter's does: nobody will settle it later, and without it the transcript and the
+-- session's next run would not know the call was made. The worker's own outcome for it, if
+-- it ever comes, is fenced. The entries carry the epoch the call was made in (the one before
+-- this cancel's bump), as the sweeper's do; having no checkpoint, they are never taken for
+-- the worker's own by recognise_tool_finished.
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
 locked AS MATERIALIZED (
     -- The runs' status as it is when locked (a claim may commit while this waits for a row):
@@ -738,6 +746,20 @@ locked AS MATERIALIZED (
     ORDER BY id
     FOR UPDATE
 ),
+open_calls AS MATERIALIZED (
+    -- Read after the rows are locked: every journal entry a worker committed before is seen.
+    SELECT j.run_id, j.step, j.tool, j.idempotency_class, j.idempotency_key,
+           row_number() OVER (PARTITION BY j.run_id ORDER BY j.event_seq) AS n
+    FROM locked
+    JOIN tool_journal j ON j.run_id = locked.id
+    WHERE j.entry = 'started' AND j.idempotency_class = 'unsafe'
+      AND NOT EXISTS (SELECT 1 FROM tool_journal later
+                      WHERE later.run_id = j.run_id AND later.step = j.step
+                        AND later.event_seq > j.event_seq)
+),
+open_per_run AS (
+    SELECT run_id, count(*) AS calls FROM open_calls GROUP BY run_id
+),
 run AS (
     UPDATE runs r
     SET status = 'cancelled',
@@ -746,11 +768,33 @@ run AS (
         lease_expires_at = NULL,
         question = NULL,
         finished_at = clock.now,
-        last_event_seq = r.last_event_seq + 1,
+        -- One event per open unsafe call, then run.cancelled.
+        last_event_seq = r.last_event_seq + 1 + coalesce(o.calls, 0),
         updated_at = clock.now
     FROM clock, locked
+    LEFT JOIN open_per_run o ON o.run_id = locked.id
     WHERE r.id = locked.id AND r.status IN ('queued', 'running', 'waiting_for_user')
-    RETURNING r.*
+    RETURNING r.*, coalesce(o.calls, 0) AS open_calls
+),
+uncertain_event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq - run.open_calls - 1 + c.n, 'tool.finished',
+           run.lease_epoch - 1,
+           jsonb_build_object('step', c.step, 'tool', c.tool,
+                              'idempotency_class', c.idempotency_class,
+                              'outcome_status', 'uncertain',
+                              'outcome', jsonb_build_object('message', CAST(:unknown AS text)),
+                              'by', 'cancel'),
+           clock.now
+    FROM run JOIN open_calls c ON c.run_id = run.id, clock
+),
+uncertain_journal AS (
+    INSERT INTO tool_journal (run_id, event_seq, epoch, step, entry, tool, idempotency_class,
+                              idempotency_key, outcome_status, outcome, created_at)
+    SELECT run.id, run.last_event_seq - run.open_calls - 1 + c.n, run.lease_epoch - 1, c.step,
+           'finished', c.tool, c.idempotency_class, c.idempotency_key, 'uncertain',
+           jsonb_build_object('message', CAST(:unknown AS text)), clock.now
+    FROM run JOIN open_calls c ON c.run_id = run.id, clock
 ),
 event AS (
     INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
