@@ -28,7 +28,7 @@ RUN_WRITE_CONNECTIONS = 10
 
 MIN_SUBMIT_RATE = 1 / 86_400
 MAX_SUBMIT_RATE = 1_000_000.0
-"""As app/queue/tenants.py's MIN_RATE and MAX_RATE: the same bounds for the default and the
+"""As app/queue/tenant_limits.py's MIN_RATE and MAX_RATE: the same bounds for the default and the
 overrides (one a day at least)."""
 
 

@@ -28,10 +28,10 @@ from app.observability.metrics import HttpMetrics, Metrics
 from app.queue.core import Clock, Queue, QueueConfig
 from app.queue.holdings import Holdings
 from app.queue.reads import Reads
-from app.queue.schedules import Schedules
+from app.queue.scheduling import Schedules
 from app.queue.submit import Submissions
-from app.queue.tenants import LimitDefaults, Tenants
-from app.queue.webhooks import Webhooks
+from app.queue.tenant_limits import LimitDefaults, Tenants
+from app.queue.webhook_endpoints import Webhooks
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
 from app.runtime.http_tool import HttpRequestTool
 from app.runtime.openai_agent import OpenAIAgent

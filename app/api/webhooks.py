@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api.auth import OperatorDep
 from app.api.problems import ApiProblem, responses
 from app.api.services import ServiceState, state_of
-from app.queue.webhooks import EVENTS, Endpoint, WebhookNotFoundError
+from app.queue.webhook_endpoints import EVENTS, Endpoint, WebhookNotFoundError
 from app.runtime.webhook_delivery import DestinationRefusedError, register_endpoint
 from app.security.secret_box import SecretBox, SecretKeyMissingError, new_signing_secret
 

@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.queue.errors import InvalidCursorError
@@ -48,43 +47,6 @@ def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
 class RunsPage:
     runs: list[Run]
     next_cursor: str | None  # None on the last page
-
-
-async def fetch_runs_page(
-    engine: AsyncEngine,
-    statement: TextClause,
-    params: dict[str, Any],
-    *,
-    cursor: str | None,
-    limit: int,
-    order_field: str,
-) -> RunsPage:
-    """Up to `limit` runs of a keyset statement ordered by (`order_field`, id) descending, after
-    `cursor`; the next cursor is the last run's (`order_field`, id)."""
-    before = decode_cursor(cursor) if cursor else (None, None)
-    async with engine.connect() as conn:
-        rows = (
-            (
-                await conn.execute(
-                    statement,
-                    {
-                        **params,
-                        BEFORE_PARAMETER[order_field]: before[0],
-                        "before_id": before[1],
-                        "limit": limit + 1,
-                    },
-                )
-            )
-            .mappings()
-            .all()
-        )
-    runs = [Run.from_row(row) for row in rows[:limit]]
-    next_cursor = None
-    if len(rows) > limit:
-        when = getattr(runs[-1], order_field)
-        if when is not None:
-            next_cursor = encode_cursor(when, runs[-1].id)
-    return RunsPage(runs, next_cursor)
 
 
 async def runs_page(

@@ -1,6 +1,6 @@
 """The queue's read models for the edges: the runbook (depth per class, stuck runs, the dead
 letter), sessions, and the operator dashboard (its overview lists the busiest tenants from
-app/queue/tenants.py). The API, the dashboard and the CLI call these;
+app/queue/tenant_limits.py). The API, the dashboard and the CLI call these;
 they never run a statement themselves, and each result is decoded here, once (the rows are
 the store's, app/store/read_rows.py).
 
@@ -18,7 +18,7 @@ from uuid import UUID
 
 from app.queue.core import Queue
 from app.queue.pages import RunsPage, TranscriptPage, runs_page, transcript_page
-from app.queue.tenants import MAX_COUNTED, TenantDepth, Tenants
+from app.queue.tenant_limits import MAX_COUNTED, TenantDepth, Tenants
 from app.store import read_rows
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import JSON, Run

@@ -19,7 +19,7 @@ A delivery is an async-class run that a transition inserted (app/store/sql/runs.
   answer is permanent. A failed delivery (a permanent refusal by the receiver, or its last
   attempt failing) is counted on the endpoint, a delivered one resets the count; at
   `DISABLE_AFTER` failed deliveries in a row the endpoint is disabled and the delivery that
-  disabled it records a `webhook.endpoint_disabled` event (app/queue/webhooks.py).
+  disabled it records a `webhook.endpoint_disabled` event (app/queue/webhook_endpoints.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import ClassVar, Protocol
 from uuid import UUID
 
-from app.queue.webhooks import WEBHOOK_AGENT, DeliveryTarget, Disabled, Endpoint, Webhooks
+from app.queue.webhook_endpoints import WEBHOOK_AGENT, DeliveryTarget, Disabled, Endpoint, Webhooks
 from app.runtime.agents import AgentError, CallTool, Decision, Finish
 from app.runtime.http_tool import HttpRequestTool
 from app.runtime.state import RunState
@@ -55,7 +55,7 @@ TOOL = "webhook_deliver"
 
 
 class WebhookTargets(Protocol):
-    """What a delivery needs of the core (app/queue/webhooks.py: Webhooks)."""
+    """What a delivery needs of the core (app/queue/webhook_endpoints.py: Webhooks)."""
 
     async def target(self, delivery_run_id: UUID, endpoint_id: UUID) -> DeliveryTarget | None: ...
 

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.queue.core import Queue, QueueConfig
 from app.queue.errors import QueueQuotaError
-from app.queue.schedules import NewSchedule, Schedules
+from app.queue.scheduling import NewSchedule, Schedules
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import ClaimedRun, NewRun
 from tests.support.api import running_api

@@ -1,4 +1,4 @@
-"""Schedules in the queue core (app/queue/schedules.py) against a real PostgreSQL, with the
+"""Schedules in the queue core (app/queue/scheduling.py) against a real PostgreSQL, with the
 clock injected: one run per tick whatever the number of concurrent advancers (the database's
 UNIQUE (schedule_id, fire_at)), a tick ahead created when the previous one starts, one catch-up
 run after downtime, pause, resume and delete, and the claim loop's wait for the next due run."""
@@ -19,7 +19,7 @@ from app.maintenance.scheduler import Scheduler
 from app.observability.metrics import Metrics
 from app.queue.core import Queue
 from app.queue.errors import InvalidScheduleError, ScheduleNotFoundError
-from app.queue.schedules import NewSchedule, Schedule, Schedules
+from app.queue.scheduling import NewSchedule, Schedule, Schedules
 from app.vocabulary.classes import PriorityClass
 from tests.support.clock import ManualClock
 from tests.support.invariants import check_all_runs

@@ -62,7 +62,10 @@ except ImportError:
     from app.queue.models import NewRun
 from app.config import Settings
 from app.queue.core import Queue
-from app.queue.schedules import NewSchedule, Schedules
+try:
+    from app.queue.scheduling import NewSchedule, Schedules
+except ImportError:
+    from app.queue.schedules import NewSchedule, Schedules
 
 async def main(url, tenant, count, schedule):
     engine = create_engine(Settings(database_url=url), url, pool_size=2)

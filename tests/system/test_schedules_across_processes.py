@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.queue.core import Queue
 from app.queue.cron import CronSchedule
-from app.queue.schedules import NewSchedule, Schedules
+from app.queue.scheduling import NewSchedule, Schedules
 from app.security.api_keys import create_key
 from app.store.embedded import free_port
 from app.vocabulary.classes import PriorityClass

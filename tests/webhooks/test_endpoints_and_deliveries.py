@@ -18,7 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.queue.core import Queue
-from app.queue.webhooks import Webhooks
+from app.queue.webhook_endpoints import Webhooks
 from app.runtime.http_tool import HttpRequestTool
 from app.runtime.webhook_delivery import register_endpoint
 from app.security.secret_box import SecretBox

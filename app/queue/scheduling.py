@@ -49,9 +49,10 @@ from app.queue.core import Queue, dump_json
 from app.queue.cron import CronSchedule, InvalidCronError
 from app.queue.errors import InvalidScheduleError, ScheduleNotFoundError
 from app.queue.holdings import Holdings
-from app.queue.pages import RunsPage, decode_cursor, encode_cursor, fetch_runs_page
+from app.queue.pages import RunsPage, decode_cursor, encode_cursor, runs_page
 from app.queue.submit import IdempotencyKey, Submissions, Submitter
-from app.store.statements import q
+from app.store import schedule_rows
+from app.store.transactions import reading, transaction
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import JSON, Run
 
@@ -171,12 +172,12 @@ class Schedules:
         return {"now": self.queue.clock(), **params}
 
     async def _rows(self, conn: AsyncConnection, name: str, **params: Any) -> list[RowMapping]:
-        return list((await conn.execute(q(name), self._params(**params))).mappings().all())
+        return await schedule_rows.rows(conn, name, self._params(**params))
 
     # --- changes ------------------------------------------------------------------------------
     async def create(self, new: NewSchedule) -> Schedule:
         """A new active schedule and its first tick, in one transaction."""
-        async with self.queue.engine.begin() as conn:
+        async with transaction(self.queue.engine) as conn:
             return await self._create(conn, new)
 
     async def create_once(
@@ -189,7 +190,7 @@ class Schedules:
         if self.keys is None:
             raise RuntimeError("Schedules built without idempotency keys")
         who = Submitter(new.tenant_id, new.principal)
-        async with self.queue.engine.begin() as conn:
+        async with transaction(self.queue.engine) as conn:
             replay = await self.keys.take_key(conn, who, idempotency)
             if replay is not None:
                 return replay.document, True
@@ -222,14 +223,14 @@ class Schedules:
 
     async def pause(self, schedule_id: UUID, *, tenant_id: str | None) -> Schedule:
         """Stop creating ticks and remove the ones created ahead (a no-op when paused)."""
-        async with self.queue.engine.begin() as conn:
+        async with transaction(self.queue.engine) as conn:
             await self._lock(conn, schedule_id, tenant_id)
             rows = await self._rows(conn, "pause_schedule", id=schedule_id)
         return Schedule.from_row(rows[0])
 
     async def resume(self, schedule_id: UUID, *, tenant_id: str | None) -> Schedule:
         """Fire again from now on (no catch-up for the paused stretch; a no-op when active)."""
-        async with self.queue.engine.begin() as conn:
+        async with transaction(self.queue.engine) as conn:
             current = await self._lock(conn, schedule_id, tenant_id)
             rows = await self._rows(conn, "resume_schedule", id=schedule_id)
             if not rows:
@@ -239,7 +240,7 @@ class Schedules:
 
     async def delete(self, schedule_id: UUID, *, tenant_id: str | None) -> int:
         """Delete the schedule and its ticks not started yet; returns how many ticks went."""
-        async with self.queue.engine.begin() as conn:
+        async with transaction(self.queue.engine) as conn:
             await self._lock(conn, schedule_id, tenant_id)
             rows = await self._rows(conn, "delete_schedule", id=schedule_id)
         return int(rows[0]["dropped"])
@@ -258,7 +259,7 @@ class Schedules:
         ahead; returns how many were created. Called when ticks start, and by the scheduler."""
         if not schedule_ids:
             return 0
-        async with self.queue.engine.begin() as conn:
+        async with transaction(self.queue.engine) as conn:
             locked = await self._rows(conn, "lock_schedules", ids=sorted(schedule_ids))
             return await self._create_next_ticks(conn, locked)
 
@@ -268,7 +269,7 @@ class Schedules:
         created = 0
         after: UUID | None = None
         while True:
-            async with self.queue.engine.connect() as conn:
+            async with reading(self.queue.engine) as conn:
                 rows = await self._rows(conn, "schedules_missing_a_tick", after=after, limit=batch)
             ids = [row["id"] for row in rows]
             created += await self.advance(ids)
@@ -329,7 +330,7 @@ class Schedules:
 
     # --- reads --------------------------------------------------------------------------------
     async def get(self, schedule_id: UUID, *, tenant_id: str | None) -> Schedule:
-        async with self.queue.engine.connect() as conn:
+        async with reading(self.queue.engine) as conn:
             rows = await self._rows(conn, "get_schedule", id=schedule_id, tenant_id=tenant_id)
         if not rows:
             raise ScheduleNotFoundError(schedule_id)
@@ -361,7 +362,7 @@ class Schedules:
     async def page(self, *, tenant_id: str | None, cursor: str | None, limit: int) -> SchedulePage:
         """Newest first, a keyset page."""
         before = decode_cursor(cursor) if cursor else (None, None)
-        async with self.queue.engine.connect() as conn:
+        async with reading(self.queue.engine) as conn:
             rows = await self._rows(
                 conn,
                 "list_schedules",
@@ -383,9 +384,9 @@ class Schedules:
         schedule. Once it is deleted its runs keep its id (GET /runs/{id} shows it) but are no
         longer listed here."""
         await self.get(schedule_id, tenant_id=tenant_id)
-        return await fetch_runs_page(
+        return await runs_page(
             self.queue.engine,
-            q("schedule_runs"),
+            "schedule_runs",
             {"id": schedule_id},
             cursor=cursor,
             limit=limit,
@@ -393,7 +394,7 @@ class Schedules:
         )
 
     async def stats(self) -> ScheduleStats:
-        async with self.queue.engine.connect() as conn:
+        async with reading(self.queue.engine) as conn:
             rows = await self._rows(conn, "schedule_stats")
         if not rows:
             return ScheduleStats()

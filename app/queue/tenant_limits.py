@@ -10,7 +10,8 @@ metrics (no HTTP here).
 - `Tenants.set_limits` validates and upserts the overrides in one statement; a change applies
   from the next claim or submission on, in every process.
 - A tenant's token bucket (`app.vocabulary.records.SubmitAllowance`) is taken in the submission's
-  own statement (`turnstile_submit`, migration 0012); `Submissions` reports it.
+  own statement (`turnstile_submit`, app/store/functions/turnstile_submit.sql); `Submissions`
+  reports it.
 - `Tenants.depth`: running and queued runs per tenant and class from `tenant_class_totals`, one
   tenant or the busiest N with the rest summed, so nothing here counts runs or grows with the
   number of tenants.
@@ -28,7 +29,7 @@ from sqlalchemy import RowMapping
 
 from app.queue.core import Queue, dump_json
 from app.queue.errors import InvalidLimitsError
-from app.store.statements import q
+from app.store import tenant_rows
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.names import InvalidNameError, tenant_name
 from app.vocabulary.records import JSON, MIN_SUBMIT_RATE
@@ -188,12 +189,7 @@ class Tenants:
     async def get_limits(self, tenant_id: str) -> TenantLimits:
         """The tenant's overrides (all None when it has none)."""
         tenant_id = _check_tenant(tenant_id)
-        async with self.queue.engine.connect() as conn:
-            row = (
-                (await conn.execute(q("tenant_limits_get"), {"tenant_id": tenant_id}))
-                .mappings()
-                .one_or_none()
-            )
+        row = await tenant_rows.limits_row(self.queue.engine, tenant_id)
         return TenantLimits() if row is None else TenantLimits.from_row(row)
 
     async def set_limits(
@@ -257,9 +253,7 @@ class Tenants:
             ),
             "keep_min_schedule_interval": isinstance(min_schedule_interval_seconds, Keep),
         }
-        async with self.queue.engine.begin() as conn:
-            row = (await conn.execute(q("tenant_limits_set"), params)).mappings().one()
-        return TenantLimits.from_row(row)
+        return TenantLimits.from_row(await tenant_rows.upsert_limits(self.queue.engine, params))
 
     def effective(
         self, limits: TenantLimits, defaults: LimitDefaults | None = None
@@ -275,17 +269,9 @@ class Tenants:
         queued figures are floors)."""
         if top < 1:
             raise ValueError("top must be at least 1")
-        async with self.queue.engine.connect() as conn:
-            rows = (
-                (
-                    await conn.execute(
-                        q("tenant_depth"),
-                        {"tenant_id": tenant_id, "top": top, "max_counted": MAX_COUNTED},
-                    )
-                )
-                .mappings()
-                .all()
-            )
+        rows = await tenant_rows.depth_rows(
+            self.queue.engine, tenant_id=tenant_id, top=top, max_counted=MAX_COUNTED
+        )
         classes = list(PriorityClass)
         found: dict[str | None, dict[PriorityClass, ClassCounts]] = {}
         for row in rows:

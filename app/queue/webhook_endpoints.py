@@ -26,7 +26,8 @@ from uuid import UUID
 from app.queue.core import Queue
 from app.queue.errors import TurnstileError
 from app.queue.holdings import Holdings
-from app.store.statements import q
+from app.store import webhook_rows
+from app.store.transactions import transaction
 
 log = logging.getLogger("turnstile.webhooks")
 
@@ -103,56 +104,35 @@ class Webhooks:
     async def create(
         self, *, tenant_id: str, principal: str, url: str, events: list[str], secret: bytes
     ) -> Endpoint:
-        async with self.queue.engine.begin() as conn:
+        async with transaction(self.queue.engine) as conn:
             # The tenant's cap; it holds the tenant's holdings lock to the commit.
             await self.holdings.admit_webhook_endpoint(conn, tenant_id)
-            row = (
-                (
-                    await conn.execute(
-                        q("webhook_create"),
-                        {
-                            "tenant_id": tenant_id,
-                            "principal": principal,
-                            "url": url,
-                            "events": events,
-                            "secret": secret,
-                        },
-                    )
-                )
-                .mappings()
-                .one()
+            row = await webhook_rows.insert_endpoint(
+                conn,
+                tenant_id=tenant_id,
+                principal=principal,
+                url=url,
+                events=events,
+                secret=secret,
             )
         return Endpoint.from_row(row)
 
     async def list(self, tenant_id: str) -> list[Endpoint]:
-        async with self.queue.engine.connect() as conn:
-            rows = (await conn.execute(q("webhook_list"), {"tenant_id": tenant_id})).mappings()
-            return [Endpoint.from_row(row) for row in rows]
+        rows = await webhook_rows.endpoint_rows(self.queue.engine, tenant_id)
+        return [Endpoint.from_row(row) for row in rows]
 
     async def rotate(self, *, tenant_id: str, endpoint_id: UUID, secret: bytes) -> None:
-        async with self.queue.engine.begin() as conn:
-            found = (
-                await conn.execute(
-                    q("webhook_rotate"),
-                    {"id": endpoint_id, "tenant_id": tenant_id, "secret": secret, "now": None},
-                )
-            ).first()
-        if found is None:
+        found = await webhook_rows.rotate_secret(
+            self.queue.engine, tenant_id=tenant_id, endpoint_id=endpoint_id, secret=secret
+        )
+        if not found:
             raise WebhookNotFoundError(endpoint_id)
 
     async def enable(self, *, tenant_id: str, endpoint_id: UUID) -> Endpoint:
         """Re-enable an endpoint (disabled after failed deliveries), its count reset."""
-        async with self.queue.engine.begin() as conn:
-            row = (
-                (
-                    await conn.execute(
-                        q("webhook_enable"),
-                        {"id": endpoint_id, "tenant_id": tenant_id, "now": None},
-                    )
-                )
-                .mappings()
-                .first()
-            )
+        row = await webhook_rows.enable_endpoint(
+            self.queue.engine, tenant_id=tenant_id, endpoint_id=endpoint_id
+        )
         if row is None:
             raise WebhookNotFoundError(endpoint_id)
         return Endpoint.from_row(row)
@@ -161,31 +141,20 @@ class Webhooks:
         """Delete the endpoint, then cancel its pending deliveries a batch at a time (each
         batch a transaction of its own, so a backlog of any size is deleted); how many were
         cancelled. A pending delivery a crash leaves behind fails at once when it runs."""
-        async with self.queue.engine.begin() as conn:
-            deleted = (
-                await conn.execute(
-                    q("webhook_delete"), {"id": endpoint_id, "tenant_id": tenant_id, "now": None}
-                )
-            ).first()
-        if deleted is None:
+        deleted = await webhook_rows.delete_endpoint(
+            self.queue.engine, tenant_id=tenant_id, endpoint_id=endpoint_id
+        )
+        if not deleted:
             raise WebhookNotFoundError(endpoint_id)
         cancelled = 0
         while True:
-            async with self.queue.engine.connect() as conn:
-                pending = (
-                    (
-                        await conn.execute(
-                            q("webhook_pending_deliveries"),
-                            {"id": endpoint_id, "limit": DELETE_BATCH},
-                        )
-                    )
-                    .scalars()
-                    .all()
-                )
+            pending = await webhook_rows.pending_delivery_ids(
+                self.queue.engine, endpoint_id, limit=DELETE_BATCH
+            )
             if not pending:
                 return cancelled
             cancelled += await self.queue.cancel_many(
-                list(pending),
+                pending,
                 actor=actor,
                 reason="webhook endpoint deleted",
                 tenant_id=tenant_id,
@@ -193,17 +162,9 @@ class Webhooks:
 
     async def target(self, delivery_run_id: UUID, endpoint_id: UUID) -> DeliveryTarget | None:
         """The endpoint a delivery run sends to, if it is of the run's tenant."""
-        async with self.queue.engine.connect() as conn:
-            row = (
-                (
-                    await conn.execute(
-                        q("webhook_for_delivery"),
-                        {"run_id": delivery_run_id, "endpoint_id": endpoint_id},
-                    )
-                )
-                .mappings()
-                .first()
-            )
+        row = await webhook_rows.endpoint_for_delivery(
+            self.queue.engine, run_id=delivery_run_id, endpoint_id=endpoint_id
+        )
         if row is None:
             return None
         return DeliveryTarget(
@@ -214,22 +175,13 @@ class Webhooks:
         )
 
     async def delivery_succeeded(self, endpoint_id: UUID) -> None:
-        async with self.queue.engine.begin() as conn:
-            await conn.execute(q("webhook_delivery_succeeded"), {"id": endpoint_id})
+        await webhook_rows.delivery_succeeded(self.queue.engine, endpoint_id)
 
     async def delivery_failed(self, endpoint_id: UUID) -> Disabled | None:
         """Count a failed delivery; what disabled the endpoint when this one did."""
-        async with self.queue.engine.begin() as conn:
-            row = (
-                (
-                    await conn.execute(
-                        q("webhook_delivery_failed"),
-                        {"id": endpoint_id, "disable_after": self.disable_after, "now": None},
-                    )
-                )
-                .mappings()
-                .first()
-            )
+        row = await webhook_rows.delivery_failed(
+            self.queue.engine, endpoint_id, disable_after=self.disable_after
+        )
         if row is None or not row["disabled_now"]:
             return None
         return Disabled(int(row["consecutive_failures"]), self.disable_after)
