@@ -34,9 +34,9 @@ if TYPE_CHECKING:
 
     from app.queue.core import Queue
     from app.queue.reads import Reads
-    from app.queue.schedules import Schedules
+    from app.queue.scheduling import Schedules
     from app.queue.submit import Submissions, Submitter
-    from app.queue.tenants import Tenants
+    from app.queue.tenant_limits import Tenants
     from app.security.api_keys import KeyInfo
 
 
@@ -364,9 +364,9 @@ def _runbook(command: RunbookCommand) -> Callable[[argparse.Namespace], None]:
         from app.queue.errors import TurnstileError
         from app.queue.holdings import Holdings
         from app.queue.reads import Reads
-        from app.queue.schedules import Schedules
+        from app.queue.scheduling import Schedules
         from app.queue.submit import Submitter
-        from app.queue.tenants import Tenants
+        from app.queue.tenant_limits import Tenants
 
         settings = _settings()
 
@@ -476,7 +476,7 @@ async def tenants_get(runbook: Runbook, args: argparse.Namespace) -> object:
 async def tenants_set(runbook: Runbook, args: argparse.Namespace) -> object:
     """`turnstile tenants set TENANT ...`: changes only the limits named; `default` returns one
     to the service's default (`--max-running async=default`, `--submit-rate default`)."""
-    from app.queue.tenants import KEEP
+    from app.queue.tenant_limits import KEEP
 
     changes: dict[str, Any] = {}
     if args.max_running:
@@ -578,7 +578,7 @@ async def runs_dismiss(runbook: Runbook, args: argparse.Namespace) -> object:
 
 
 async def schedules_create(runbook: Runbook, args: argparse.Namespace) -> object:
-    from app.queue.schedules import NewSchedule
+    from app.queue.scheduling import NewSchedule
     from app.vocabulary.classes import PriorityClass
 
     try:
@@ -669,9 +669,9 @@ async def schedules_delete(runbook: Runbook, args: argparse.Namespace) -> object
 async def webhooks_create(runbook: Runbook, args: argparse.Namespace) -> object:
     from app.main import limit_defaults
     from app.queue.holdings import Holdings
-    from app.queue.webhooks import EVENTS, Webhooks
+    from app.queue.webhook_endpoints import EVENTS, Webhooks
     from app.runtime.http_tool import HttpRequestTool
-    from app.runtime.webhooks import DestinationRefusedError, register_endpoint
+    from app.runtime.webhook_delivery import DestinationRefusedError, register_endpoint
     from app.security.secret_box import SecretBox, SecretKeyMissingError
 
     settings = runbook.settings
@@ -708,13 +708,13 @@ def _webhook_row(endpoint: Any) -> dict[str, object]:
 
 
 async def webhooks_list(runbook: Runbook, args: argparse.Namespace) -> object:
-    from app.queue.webhooks import Webhooks
+    from app.queue.webhook_endpoints import Webhooks
 
     return [_webhook_row(e) for e in await Webhooks(runbook.queue).list(args.tenant)]
 
 
 async def webhooks_delete(runbook: Runbook, args: argparse.Namespace) -> object:
-    from app.queue.webhooks import Webhooks
+    from app.queue.webhook_endpoints import Webhooks
 
     endpoint_id = _uuid(args.webhook_id, "webhook")
     cancelled = await Webhooks(runbook.queue).delete(
@@ -724,7 +724,7 @@ async def webhooks_delete(runbook: Runbook, args: argparse.Namespace) -> object:
 
 
 async def webhooks_enable(runbook: Runbook, args: argparse.Namespace) -> object:
-    from app.queue.webhooks import Webhooks
+    from app.queue.webhook_endpoints import Webhooks
 
     endpoint_id = _uuid(args.webhook_id, "webhook")
     endpoint = await Webhooks(runbook.queue).enable(tenant_id=args.tenant, endpoint_id=endpoint_id)

@@ -23,6 +23,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.vocabulary.allowed_hosts import parse_allowed
+
 if TYPE_CHECKING:
     from app.vocabulary.classes import ClassLimits
     from app.vocabulary.layout import SlotGroup
@@ -33,7 +35,7 @@ RUN_WRITE_CONNECTIONS = 10
 
 MIN_SUBMIT_RATE = 1 / 86_400
 MAX_SUBMIT_RATE = 1_000_000.0
-"""As app/queue/tenants.py's MIN_RATE and MAX_RATE: the same bounds for the default and the
+"""As app/queue/tenant_limits.py's MIN_RATE and MAX_RATE: the same bounds for the default and the
 overrides (one a day at least)."""
 
 
@@ -439,8 +441,6 @@ class Settings(BaseSettings):
     @field_validator("http_allowed_hosts")
     @classmethod
     def _check_allowed_hosts(cls, value: str) -> str:
-        from app.runtime.http_tool import parse_allowed
-
         for entry in value.split(","):
             if entry.strip():
                 parse_allowed(entry)  # its ValueError names the entry and what is wrong

@@ -29,18 +29,18 @@ from app.observability.metrics import HttpMetrics, Metrics
 from app.queue.core import Clock, Queue, QueueConfig
 from app.queue.holdings import Holdings
 from app.queue.reads import Reads
-from app.queue.schedules import Schedules
+from app.queue.scheduling import Schedules
 from app.queue.submit import Submissions
-from app.queue.tenants import LimitDefaults, Tenants
-from app.queue.webhooks import Webhooks
+from app.queue.tenant_limits import LimitDefaults, Tenants
+from app.queue.webhook_endpoints import Webhooks
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
 from app.runtime.http_tool import HttpRequestTool
 from app.runtime.openai_agent import OpenAIAgent
 from app.runtime.outbound import ModelClient
 from app.runtime.plugins import load_plugins
-from app.runtime.webhooks import AGENT as WEBHOOK_AGENT
-from app.runtime.webhooks import TOOL as WEBHOOK_TOOL
-from app.runtime.webhooks import WebhookAgent, WebhookDeliveryTool
+from app.runtime.webhook_delivery import AGENT as WEBHOOK_AGENT
+from app.runtime.webhook_delivery import TOOL as WEBHOOK_TOOL
+from app.runtime.webhook_delivery import WebhookAgent, WebhookDeliveryTool
 from app.security.api_keys import active_keys
 from app.security.secret_box import SecretBox
 from app.store.engine import create_claim_engine, create_engine

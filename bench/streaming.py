@@ -39,9 +39,9 @@ from common import (
 
 from app.config import Settings
 from app.queue.core import Queue
-from app.queue.deltas import CHANNEL
 from app.store.engine import create_engine
 from app.vocabulary.classes import PriorityClass
+from app.vocabulary.live_deltas import CHANNEL
 from app.vocabulary.records import NewRun
 
 INTERACTIVE, ASYNC, _ = PriorityClass

@@ -27,7 +27,7 @@ from app.api.schemas import (
 from app.api.services import state_of
 from app.api.sessions import IdempotencyHeader, idempotency_of, submitted_response
 from app.queue.reads import coverage_of
-from app.queue.tenants import MAX_TOP_TENANTS, TOP_TENANTS
+from app.queue.tenant_limits import MAX_TOP_TENANTS, TOP_TENANTS
 
 runbook = APIRouter(tags=["runbook"])
 

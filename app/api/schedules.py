@@ -1,7 +1,7 @@
 """Schedules over HTTP: create, list, show (next fire times and latest runs), pause, resume,
 delete, and a schedule's runs. Operator scope; a schedule belongs to its creator's tenant, and
 another tenant's is not found. Admin keys see every tenant's but act only on their own. The
-rules (one run per tick, catch-up, daylight saving) are the core's: app/queue/schedules.py."""
+rules (one run per tick, catch-up, daylight saving) are the core's: app/queue/scheduling.py."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from app.api.schemas import (
 )
 from app.api.services import state_of
 from app.api.sessions import IdempotencyHeader, idempotency_of
-from app.queue.schedules import NewSchedule
+from app.queue.scheduling import NewSchedule
 from app.runtime.agents import unknown_agent
 
 router = APIRouter(tags=["schedules"])

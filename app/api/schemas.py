@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from app.queue.pages import RunsPage, TranscriptPage
-from app.queue.tenants import MAX_RATE
+from app.queue.tenant_limits import MAX_RATE
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import MIN_SUBMIT_RATE
 from app.vocabulary.statuses import RunStatus

@@ -16,10 +16,10 @@ from app.config import Settings
 from app.observability.metrics import Metrics
 from app.queue.core import Queue
 from app.queue.reads import Reads
-from app.queue.schedules import Schedules
+from app.queue.scheduling import Schedules
 from app.queue.submit import Submissions
-from app.queue.tenants import Tenants
-from app.queue.webhooks import Webhooks
+from app.queue.tenant_limits import Tenants
+from app.queue.webhook_endpoints import Webhooks
 from app.runtime.http_tool import HttpRequestTool
 from app.security.secret_box import SecretBox
 

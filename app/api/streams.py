@@ -52,8 +52,8 @@ from app.api.watch import (
     StreamSlot,
     recheck_seconds,
 )
-from app.queue.deltas import Delta
 from app.security.api_keys import Caller
+from app.vocabulary.live_deltas import Delta
 from app.vocabulary.records import Event
 from app.vocabulary.statuses import TERMINAL
 

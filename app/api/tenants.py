@@ -1,6 +1,6 @@
 """Tenants' limits, for the platform team: `GET` and `PUT /tenants/{tenant}/limits` (admin
 scope: the limits of one tenant bound what every other tenant is left with). Validation and
-the upsert are the core's (app/queue/tenants.py); these handlers authorize and render."""
+the upsert are the core's (app/queue/tenant_limits.py); these handlers authorize and render."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from app.api.auth import AdminDep
 from app.api.problems import responses
 from app.api.schemas import TenantLimitsDocument, TenantLimitsRequest
 from app.api.services import state_of
-from app.queue.tenants import TenantLimits, Tenants
+from app.queue.tenant_limits import TenantLimits, Tenants
 from app.vocabulary.names import MAX_NAME_LENGTH, InvalidNameError, tenant_name
 
 router = APIRouter(tags=["tenants"])

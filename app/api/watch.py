@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from uuid import UUID
 
 from app.api.problems import ApiProblem
-from app.queue.deltas import Delta
+from app.vocabulary.live_deltas import Delta
 from app.vocabulary.records import RUN_ID_PREFIX
 
 log = logging.getLogger("turnstile.api")

@@ -3,7 +3,8 @@ re-enable one that failed deliveries disabled, delete.
 Operator scope; an endpoint belongs to its creator's tenant and receives that tenant's run
 transitions only; another tenant's is not found. The URL passes the `http_request` tool's
 allow-list and address checks here (422 when refused) and again at every delivery. Delivery
-itself is the queue's and the runtime's (app/store/sql/runs.sql, app/runtime/webhooks.py)."""
+itself is the queue's and the runtime's (app/store/sql/runs.sql,
+app/runtime/webhook_delivery.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api.auth import OperatorDep
 from app.api.problems import ApiProblem, responses
 from app.api.services import ServiceState, state_of
-from app.queue.webhooks import EVENTS, Endpoint, WebhookNotFoundError
-from app.runtime.webhooks import DestinationRefusedError, register_endpoint
+from app.queue.webhook_endpoints import EVENTS, Endpoint, WebhookNotFoundError
+from app.runtime.webhook_delivery import DestinationRefusedError, register_endpoint
 from app.security.secret_box import SecretBox, SecretKeyMissingError, new_signing_secret
 
 router = APIRouter(tags=["webhooks"])

@@ -11,7 +11,7 @@ from app.maintenance.service import MaintenanceService
 from app.observability.metrics import Metrics
 from app.queue.core import Queue
 from app.queue.reads import STUCK_REASONS, Reads, coverage_of
-from app.queue.tenants import TOP_TENANTS, Tenants
+from app.queue.tenant_limits import TOP_TENANTS, Tenants
 from app.vocabulary.statuses import ACTIVE
 
 OTHER_TENANTS = "other"

@@ -1,7 +1,7 @@
 """The scheduler: the safety net that keeps every active schedule's next tick queued.
 
 The worker pool creates a schedule's next tick when it claims the previous one
-(app/queue/schedules.py); a process that dies between the claim and that write leaves the
+(app/queue/scheduling.py); a process that dies between the claim and that write leaves the
 schedule without a tick ahead. Each round this service creates the next tick of every active
 schedule that has none (the same locked, ON CONFLICT DO NOTHING path, so it can never add a
 second run for a tick), then refreshes the schedule gauges. Ticks it had to create are counted:
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from app.maintenance.service import MaintenanceService
 from app.observability.metrics import Metrics
 from app.queue.core import Queue
-from app.queue.schedules import Schedules, ScheduleStats
+from app.queue.scheduling import Schedules, ScheduleStats
 
 log = logging.getLogger("turnstile.scheduler")
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from app.queue.core import Queue
-from app.queue.housekeeping import Housekeeping
+from app.store.housekeeping import Housekeeping
 
 log = logging.getLogger("turnstile.maintenance")
 

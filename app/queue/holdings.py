@@ -18,8 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.queue.cron import CronSchedule
 from app.queue.errors import HoldingLimitError, InvalidScheduleError
-from app.queue.tenants import LimitDefaults
-from app.store.statements import q
+from app.queue.tenant_limits import LimitDefaults
+from app.store import tenant_rows
 
 SCHEDULES = "schedules"
 WEBHOOK_ENDPOINTS = "webhook_endpoints"
@@ -65,13 +65,13 @@ class Holdings:
             )
 
     async def _holdings(self, conn: AsyncConnection, tenant_id: str) -> dict[str, int | None]:
-        await conn.execute(q("lock_tenant_holdings"), {"tenant_id": tenant_id})
-        params = {
-            "tenant_id": tenant_id,
-            "default_max_schedules": self.defaults.max_schedules,
-            "default_max_webhook_endpoints": self.defaults.max_webhook_endpoints,
-        }
-        return dict((await conn.execute(q("tenant_holdings"), params)).mappings().one())
+        row = await tenant_rows.holdings_row(
+            conn,
+            tenant_id,
+            default_max_schedules=self.defaults.max_schedules,
+            default_max_webhook_endpoints=self.defaults.max_webhook_endpoints,
+        )
+        return dict(row)
 
 
 def _first(override: int | None, default: int | None) -> int | None:

@@ -12,10 +12,10 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import TextClause
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.queue.errors import InvalidCursorError
+from app.store.read_rows import page_rows
 from app.vocabulary.records import Run, TranscriptEntry
 
 # The keyset statements name their "before" parameter after the column they are ordered by.
@@ -49,34 +49,28 @@ class RunsPage:
     next_cursor: str | None  # None on the last page
 
 
-async def fetch_runs_page(
+async def runs_page(
     engine: AsyncEngine,
-    statement: TextClause,
+    statement: str,
     params: dict[str, Any],
     *,
     cursor: str | None,
     limit: int,
     order_field: str,
 ) -> RunsPage:
-    """Up to `limit` runs of a keyset statement ordered by (`order_field`, id) descending, after
-    `cursor`; the next cursor is the last run's (`order_field`, id)."""
+    """Up to `limit` runs of the keyset statement `statement` ordered by (`order_field`, id)
+    descending, after `cursor`; the next cursor is the last run's (`order_field`, id)."""
     before = decode_cursor(cursor) if cursor else (None, None)
-    async with engine.connect() as conn:
-        rows = (
-            (
-                await conn.execute(
-                    statement,
-                    {
-                        **params,
-                        BEFORE_PARAMETER[order_field]: before[0],
-                        "before_id": before[1],
-                        "limit": limit + 1,
-                    },
-                )
-            )
-            .mappings()
-            .all()
-        )
+    rows = await page_rows(
+        engine,
+        statement,
+        {
+            **params,
+            BEFORE_PARAMETER[order_field]: before[0],
+            "before_id": before[1],
+            "limit": limit + 1,
+        },
+    )
     runs = [Run.from_row(row) for row in rows[:limit]]
     next_cursor = None
     if len(rows) > limit:
@@ -118,29 +112,23 @@ class TranscriptPage:
     next_cursor: str | None  # None on the last page
 
 
-async def fetch_transcript_page(
-    engine: AsyncEngine, statement: TextClause, session_id: UUID, *, cursor: str | None, limit: int
+async def transcript_page(
+    engine: AsyncEngine, session_id: UUID, *, cursor: str | None, limit: int
 ) -> TranscriptPage:
     """Up to `limit` entries of a session's transcript after `cursor`, oldest first."""
     after = decode_transcript_cursor(cursor) if cursor else (0, 0)
-    async with engine.connect() as conn:
-        rows = (
-            (
-                await conn.execute(
-                    statement,
-                    {
-                        "session_id": session_id,
-                        "after_run_no": after[0],
-                        "after_seq": after[1],
-                        "from_run_no": 1,
-                        "through_run_no": None,
-                        "limit": limit + 1,
-                    },
-                )
-            )
-            .mappings()
-            .all()
-        )
+    rows = await page_rows(
+        engine,
+        "session_transcript",
+        {
+            "session_id": session_id,
+            "after_run_no": after[0],
+            "after_seq": after[1],
+            "from_run_no": 1,
+            "through_run_no": None,
+            "limit": limit + 1,
+        },
+    )
     entries = [TranscriptEntry.from_row(row) for row in rows[:limit]]
     next_cursor = None
     if len(rows) > limit:

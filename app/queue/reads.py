@@ -1,7 +1,8 @@
 """The queue's read models for the edges: the runbook (depth per class, stuck runs, the dead
 letter), sessions, and the operator dashboard (its overview lists the busiest tenants from
-app/queue/tenants.py). The API, the dashboard and the CLI call these;
-they never run a statement themselves, and each result is decoded here, once.
+app/queue/tenant_limits.py). The API, the dashboard and the CLI call these;
+they never run a statement themselves, and each result is decoded here, once (the rows are
+the store's, app/store/read_rows.py).
 
 Tenant scoping: `tenant_id=None` is the whole queue (admin keys, the CLI); `principal=None`
 every principal of the tenant (scoped keys). Time is the database's unless the queue's clock
@@ -16,9 +17,9 @@ from typing import Any
 from uuid import UUID
 
 from app.queue.core import Queue
-from app.queue.pages import RunsPage, TranscriptPage, fetch_runs_page, fetch_transcript_page
-from app.queue.tenants import MAX_COUNTED, TenantDepth, Tenants
-from app.store.statements import q
+from app.queue.pages import RunsPage, TranscriptPage, runs_page, transcript_page
+from app.queue.tenant_limits import MAX_COUNTED, TenantDepth, Tenants
+from app.store import read_rows
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import JSON, Run
 
@@ -100,34 +101,21 @@ class Reads:
     def __init__(self, queue: Queue) -> None:
         self.queue = queue
 
-    def _params(self, **params: Any) -> dict[str, Any]:
-        return {"now": self.queue.clock(), **params}
-
     # --- the runbook --------------------------------------------------------------------------
     async def depth(self, *, tenant_id: str | None) -> dict[PriorityClass, ClassDepth]:
         """Every class, with zeros where nothing is queued, running or waiting."""
-        async with self.queue.engine.connect() as conn:
-            rows = (
-                (
-                    await conn.execute(
-                        q("queue_depth"), self._params(tenant_id=tenant_id, max_counted=MAX_COUNTED)
-                    )
-                )
-                .mappings()
-                .all()
-            )
+        rows = await read_rows.depth_rows(
+            self.queue.engine, now=self.queue.clock(), tenant_id=tenant_id, max_counted=MAX_COUNTED
+        )
         return _depth(rows)
 
     async def live_slots(self, *, stale_seconds: float) -> dict[PriorityClass, int]:
         """Every class, with the slots of the live worker processes that can claim it (zero
         where none can); a process not seen for `stale_seconds` is not live."""
-        async with self.queue.engine.connect() as conn:
-            rows = (
-                await conn.execute(
-                    q("live_slots_per_class"), self._params(stale_seconds=stale_seconds)
-                )
-            ).mappings()
-            slots = {str(row["class"]): int(row["slots"]) for row in rows}
+        rows = await read_rows.live_slot_rows(
+            self.queue.engine, now=self.queue.clock(), stale_seconds=stale_seconds
+        )
+        slots = {str(row["class"]): int(row["slots"]) for row in rows}
         return {klass: slots.get(klass.value, 0) for klass in PriorityClass}
 
     async def stuck(
@@ -138,31 +126,23 @@ class Reads:
         waiting_seconds: float,
         limit: int,
     ) -> list[StuckRun]:
-        async with self.queue.engine.connect() as conn:
-            rows = (
-                (
-                    await conn.execute(
-                        q("stuck_runs"),
-                        self._params(
-                            tenant_id=tenant_id,
-                            queued_seconds=queued_seconds,
-                            waiting_seconds=waiting_seconds,
-                            limit=limit,
-                        ),
-                    )
-                )
-                .mappings()
-                .all()
-            )
+        rows = await read_rows.stuck_rows(
+            self.queue.engine,
+            now=self.queue.clock(),
+            tenant_id=tenant_id,
+            queued_seconds=queued_seconds,
+            waiting_seconds=waiting_seconds,
+            limit=limit,
+        )
         return [StuckRun(reason=str(row["reason"]), run=Run.from_row(row)) for row in rows]
 
     async def failed_page(
         self, *, tenant_id: str | None, cursor: str | None, limit: int
     ) -> RunsPage:
         """The dead letter: failed runs not dismissed yet, newest first."""
-        return await fetch_runs_page(
+        return await runs_page(
             self.queue.engine,
-            q("failed_runs"),
+            "failed_runs",
             {"tenant_id": tenant_id},
             cursor=cursor,
             limit=limit,
@@ -171,17 +151,9 @@ class Reads:
 
     # --- sessions -----------------------------------------------------------------------------
     async def create_session(self, *, tenant_id: str, principal: str) -> SessionView:
-        async with self.queue.engine.begin() as conn:
-            row = (
-                (
-                    await conn.execute(
-                        q("create_session"),
-                        self._params(tenant_id=tenant_id, principal=principal),
-                    )
-                )
-                .mappings()
-                .one()
-            )
+        row = await read_rows.insert_session(
+            self.queue.engine, now=self.queue.clock(), tenant_id=tenant_id, principal=principal
+        )
         return SessionView(
             id=row["id"],
             tenant_id=row["tenant_id"],
@@ -195,17 +167,9 @@ class Reads:
     async def session(
         self, session_id: UUID, *, tenant_id: str | None, principal: str | None
     ) -> SessionView | None:
-        async with self.queue.engine.connect() as conn:
-            row = (
-                (
-                    await conn.execute(
-                        q("get_session"),
-                        {"session_id": session_id, "tenant_id": tenant_id, "principal": principal},
-                    )
-                )
-                .mappings()
-                .one_or_none()
-            )
+        row = await read_rows.session_row(
+            self.queue.engine, session_id, tenant_id=tenant_id, principal=principal
+        )
         if row is None:
             return None
         return SessionView(
@@ -222,9 +186,9 @@ class Reads:
         self, session_id: UUID, *, cursor: str | None, limit: int
     ) -> RunsPage:
         """A session's runs, newest first (the caller checked the session is visible)."""
-        return await fetch_runs_page(
+        return await runs_page(
             self.queue.engine,
-            q("session_runs"),
+            "session_runs",
             {"session_id": session_id},
             cursor=cursor,
             limit=limit,
@@ -235,9 +199,7 @@ class Reads:
         self, session_id: UUID, *, cursor: str | None, limit: int
     ) -> TranscriptPage:
         """A session's conversation, oldest first (the caller checked the session is visible)."""
-        return await fetch_transcript_page(
-            self.queue.engine, q("session_transcript"), session_id, cursor=cursor, limit=limit
-        )
+        return await transcript_page(self.queue.engine, session_id, cursor=cursor, limit=limit)
 
     # --- the dashboard ------------------------------------------------------------------------
     async def runs_page(
@@ -251,9 +213,9 @@ class Reads:
     ) -> RunsPage:
         """The dashboard's runs list: `filters` are ui_runs's status, class band, session and
         creation-time parameters."""
-        return await fetch_runs_page(
+        return await runs_page(
             self.queue.engine,
-            q("ui_runs"),
+            "ui_runs",
             {"tenant_id": tenant_id, "principal": principal, **filters},
             cursor=cursor,
             limit=limit,
@@ -263,43 +225,16 @@ class Reads:
     async def overview(
         self, *, tenant_id: str | None, window_minutes: int, stale_seconds: float
     ) -> Overview:
-        scoped = self._params(tenant_id=tenant_id, max_counted=MAX_COUNTED)
-        async with self.queue.engine.connect() as conn:
-            depth = (await conn.execute(q("queue_depth"), scoped)).mappings().all()
-            throughput = (
-                (await conn.execute(q("ui_throughput"), {**scoped, "minutes": window_minutes}))
-                .mappings()
-                .all()
-            )
-            recoveries = {
-                str(row["type"]): int(row["events"])
-                for row in (
-                    await conn.execute(q("ui_recoveries"), {**scoped, "minutes": window_minutes})
-                ).mappings()
-            }
-            dead_letter = (
-                await conn.execute(q("ui_dead_letter_count"), {"tenant_id": tenant_id})
-            ).scalar_one()
-            slots = (
-                (
-                    await conn.execute(
-                        q("ui_slot_groups"),
-                        # A process not seen for a lease period has stopped beating: not live.
-                        self._params(stale_seconds=stale_seconds),
-                    )
-                )
-                .mappings()
-                .all()
-            )
-            live = {
-                str(row["class"]): int(row["slots"])
-                for row in (
-                    await conn.execute(
-                        q("live_slots_per_class"), self._params(stale_seconds=stale_seconds)
-                    )
-                ).mappings()
-            }
-        classes = _depth(depth)
+        rows = await read_rows.overview_rows(
+            self.queue.engine,
+            now=self.queue.clock(),
+            tenant_id=tenant_id,
+            max_counted=MAX_COUNTED,
+            window_minutes=window_minutes,
+            stale_seconds=stale_seconds,
+        )
+        live = {str(row["class"]): int(row["slots"]) for row in rows.live_slots}
+        classes = _depth(rows.depth)
         busiest = await Tenants(self.queue).depth(tenant_id=tenant_id, top=BUSIEST_TENANTS)
         return Overview(
             depth=classes,
@@ -307,28 +242,24 @@ class Reads:
                 klass: coverage_of(classes[klass], live.get(klass.value, 0))
                 for klass in PriorityClass
             },
-            throughput=[dict(row) for row in throughput],
-            recoveries=recoveries,
-            dead_letter=int(dead_letter),
-            slot_groups=[dict(row) for row in slots],
+            throughput=[dict(row) for row in rows.throughput],
+            recoveries={str(row["type"]): int(row["events"]) for row in rows.recoveries},
+            dead_letter=rows.dead_letter,
+            slot_groups=[dict(row) for row in rows.slot_groups],
             tenants=busiest,
         )
 
     async def inputs_by_event(self, run_id: UUID) -> dict[int, dict[str, Any]]:
         """A run's delivered inputs by the sequence number of the event that delivered each."""
-        async with self.queue.engine.connect() as conn:
-            rows = (await conn.execute(q("run_inputs"), {"run_id": run_id})).mappings().all()
+        rows = await read_rows.input_rows(self.queue.engine, run_id)
         return {int(row["event_seq"]): dict(row) for row in rows}
 
     async def worker_hosts(self, worker_ids: set[str]) -> dict[str, str]:
         """Where the named workers run ("host, pid N"): for operator and admin views only."""
         if not worker_ids:
             return {}
-        async with self.queue.engine.connect() as conn:
-            rows = (
-                await conn.execute(q("ui_worker_hosts"), {"ids": sorted(worker_ids)})
-            ).mappings()
-            return {row["id"]: f"{row['host']}, pid {row['pid']}" for row in rows}
+        rows = await read_rows.worker_host_rows(self.queue.engine, sorted(worker_ids))
+        return {row["id"]: f"{row['host']}, pid {row['pid']}" for row in rows}
 
 
 def coverage_of(depth: ClassDepth, live_slots: int) -> ClassCoverage:

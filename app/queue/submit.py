@@ -30,7 +30,6 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -48,8 +47,9 @@ from app.queue.errors import (
     SessionNotFoundError,
     TurnstileError,
 )
-from app.queue.webhooks import WEBHOOK_AGENT
-from app.store.statements import q
+from app.queue.webhook_endpoints import WEBHOOK_AGENT
+from app.store import submission_rows
+from app.store.transactions import transaction
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import JSON, NewRun, Run, SubmitAllowance
 
@@ -154,39 +154,25 @@ class Submissions:
         """A new run with the failed run's first input; the failed run stays failed. One per
         failed run: a second resubmission, concurrent or later, answers with the first's new
         run (replayed), and `Idempotency-Key` is honoured as on any submission."""
-        async with self.queue.engine.begin() as conn:
+        async with transaction(self.queue.engine) as conn:
             if idempotency and (replay := await self.take_key(conn, who, idempotency)):
                 return replay
             seen = await self.queue.get_run(run_id, tenant_id=tenant_id, conn=conn)
             if seen is None:
                 raise RunNotFoundError(run_id)
             if seen.session_id is not None:
-                await conn.execute(
-                    q("lock_session"),
-                    {
-                        "session_id": seen.session_id,
-                        "tenant_id": seen.tenant_id,
-                        "principal": None,
-                        "now": self.queue.clock(),
-                    },
+                await submission_rows.lock_session(
+                    conn,
+                    session_id=seen.session_id,
+                    tenant_id=seen.tenant_id,
+                    principal=None,
+                    now=self.queue.clock(),
                 )
-            locked = (
-                (
-                    await conn.execute(
-                        q("lock_failed_run"), {"run_id": run_id, "tenant_id": tenant_id}
-                    )
-                )
-                .mappings()
-                .one()
-            )
+            locked = await submission_rows.lock_failed_run(conn, run_id, tenant_id)
             failed = Run.from_row(locked)
             if failed.status != "failed":
                 raise RunNotFailedError(run_id, failed.status)
-            earlier = (
-                (await conn.execute(q("resubmission_of"), {"run_id": run_id}))
-                .mappings()
-                .one_or_none()
-            )
+            earlier = await submission_rows.resubmission_of(conn, run_id)
             if earlier is not None:
                 again = Run.from_row(earlier)
                 replay = Submitted(ACCEPTED, again.to_document(), again.id, True, "replayed")
@@ -194,15 +180,7 @@ class Submissions:
                     await self.store_key(conn, who, idempotency, replay.document, again.id)
                 return replay
             if failed.session_id is not None:
-                active = (
-                    (
-                        await conn.execute(
-                            q("active_run_of_session"), {"session_id": failed.session_id}
-                        )
-                    )
-                    .mappings()
-                    .one_or_none()
-                )
+                active = await submission_rows.active_run_of_session(conn, failed.session_id)
                 if active is not None:
                     raise SessionBusyError(failed.session_id, active["id"], active["status"])
             new = await self.queue.enqueue(
@@ -223,34 +201,20 @@ class Submissions:
                 ),
                 conn=conn,
             )
-            await conn.execute(
-                q("operator_event"),
-                {
-                    "run_id": failed.id,
-                    "type": "operator.resubmitted",
-                    "data": dump_json({"by": who.actor, "new_run_id": str(new.id)}),
-                    "now": self.queue.clock(),
-                },
+            await submission_rows.operator_event(
+                conn,
+                run_id=failed.id,
+                type="operator.resubmitted",
+                data=dump_json({"by": who.actor, "new_run_id": str(new.id)}),
+                now=self.queue.clock(),
             )
             return await self._finish(conn, who, idempotency, new, "created")
 
     async def dismiss(self, who: Submitter, run_id: UUID, *, tenant_id: str | None) -> Run:
         """Mark a failed run dismissed (retention may then prune it); idempotent."""
-        async with self.queue.engine.begin() as conn:
-            row = (
-                (
-                    await conn.execute(
-                        q("dismiss"),
-                        {
-                            "run_id": run_id,
-                            "tenant_id": tenant_id,
-                            "actor": who.actor,
-                            "now": self.queue.clock(),
-                        },
-                    )
-                )
-                .mappings()
-                .one_or_none()
+        async with transaction(self.queue.engine) as conn:
+            row = await submission_rows.dismiss(
+                conn, run_id=run_id, tenant_id=tenant_id, actor=who.actor, now=self.queue.clock()
             )
             if row is not None:
                 return Run.from_row(row)
@@ -326,22 +290,13 @@ class Submissions:
         """The tenant's submission rate limit and its bucket as they stand, without spending
         (None: no limit). A failure to read it is not the caller's problem: None."""
         try:
-            async with self.queue.engine.connect() as conn:
-                row = (
-                    (
-                        await conn.execute(
-                            q("submit_allowance"),
-                            {
-                                "tenant_id": tenant_id,
-                                "now": self.queue.clock(),
-                                "default_rate": self.submit_rate,
-                                "default_burst": self.submit_burst,
-                            },
-                        )
-                    )
-                    .mappings()
-                    .one()
-                )
+            row = await submission_rows.allowance_row(
+                self.queue.engine,
+                tenant_id=tenant_id,
+                now=self.queue.clock(),
+                default_rate=self.submit_rate,
+                default_burst=self.submit_burst,
+            )
         except (DBAPIError, OSError):
             return None
         return SubmitAllowance.of(row["rate"], row["burst"], row["tokens"])
@@ -360,22 +315,17 @@ class Submissions:
             "now": self.queue.clock(),
         }
         # Waiting for a twin is bounded separately from the usual lock timeout.
-        await conn.execute(
-            text("SELECT set_config('lock_timeout', :ms, true)"), {"ms": str(self.wait_ms)}
-        )
+        await submission_rows.set_lock_timeout(conn, self.wait_ms)
         try:
-            taken = bool((await conn.execute(q("idempotency_claim"), params)).scalar_one())
+            taken = await submission_rows.claim_key(conn, params)
         except DBAPIError as exc:
             if failed_with(exc, "55P03", "lock timeout"):
                 raise IdempotencyKeyInFlightError(idempotency.key) from None
             raise
-        await conn.execute(
-            text("SELECT set_config('lock_timeout', :ms, true)"),
-            {"ms": str(self.lock_timeout_ms)},
-        )
+        await submission_rows.set_lock_timeout(conn, self.lock_timeout_ms)
         if taken:
             return None
-        stored = (await conn.execute(q("idempotency_stored"), params)).mappings().one()
+        stored = await submission_rows.stored_key(conn, params)
         if stored["request_hash"] != idempotency.request_hash:
             raise IdempotencyKeyReusedError(idempotency.key)
         return _replayed(stored["response_status"], stored["response_body"], stored["run_id"])
@@ -404,8 +354,8 @@ class Submissions:
         status: int = ACCEPTED,
     ) -> None:
         """Keep a 2xx outcome for the key taken with `take_key`, in the same transaction."""
-        await conn.execute(
-            q("idempotency_store"),
+        await submission_rows.store_key(
+            conn,
             {
                 "tenant_id": who.tenant_id,
                 "principal": who.principal,

@@ -30,7 +30,6 @@ import json
 import socket
 import zlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
@@ -42,6 +41,7 @@ from app.runtime.tools import (
     ToolContext,
     TransientToolError,
 )
+from app.vocabulary.allowed_hosts import AllowedHost, IPAddress, literal_address, parse_allowed
 from app.vocabulary.records import JSON
 
 SAFE_METHODS = {"GET", "HEAD", "PUT", "DELETE"}
@@ -52,7 +52,6 @@ METADATA = {
     ipaddress.ip_address("100.100.100.200"),  # Alibaba Cloud
 }
 MAX_RESPONSE_BYTES = 256_000
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 # How far an address is from the public internet; see the module's docstring.
 Reach = Literal["public", "internal", "sensitive"]
 # host, port -> the addresses it resolves to, in the resolver's order.
@@ -274,7 +273,7 @@ class HttpRequestTool:
         return [entry for entry in self.allowed if entry.port in (None, port)]
 
     def _matches(self, host: str, port: int) -> bool:
-        literal = _literal(host)
+        literal = literal_address(host)
         return any(entry.names(host, literal) for entry in self._on_port(port))
 
     def _opens(self, host: str, address: IPAddress, port: int) -> bool:
@@ -291,7 +290,7 @@ class HttpRequestTool:
 
     async def _checked_addresses(self, host: str, port: int) -> list[str]:
         if not self._matches(host, port):
-            literal = _literal(host)
+            literal = literal_address(host)
             if any(entry.names(host, literal) for entry in self.allowed):
                 raise PermanentToolError(f"port {port} of host {host!r} is not on the allow-list")
             raise PermanentToolError(f"host {host!r} is not on the allow-list")
@@ -325,61 +324,6 @@ async def _resolve(host: str, port: int) -> list[str]:
     except socket.gaierror as exc:
         raise TransientToolError(f"cannot resolve {host!r}: {exc}", sent=False) from exc
     return list(dict.fromkeys(str(info[4][0]) for info in infos))  # resolver order
-
-
-@dataclass(frozen=True)
-class AllowedHost:
-    """One entry of the allow-list: a name, `*.suffix`, `*`, or a literal `address`; `port`
-    None allows every port."""
-
-    host: str
-    port: int | None
-    address: IPAddress | None
-
-    def names(self, host: str, literal: IPAddress | None) -> bool:
-        """Whether this entry names `host` (whose address is `literal` when it is one)."""
-        if self.address is not None:
-            return literal == self.address
-        if self.host in ("*", host):
-            return True
-        return self.host.startswith("*.") and host.endswith(self.host[1:])
-
-
-def parse_allowed(entry: str) -> AllowedHost:
-    """An allow-list entry: `host`, `host:port`, `[IPv6]` or `[IPv6]:port` (a bare IPv6 address,
-    several colons, has no port). ValueError says what is wrong with a malformed one."""
-    text = entry.strip().lower()
-    port: str | None = None
-    if text.startswith("["):
-        inside, bracket, rest = text[1:].partition("]")
-        if not bracket or (rest and not rest.startswith(":")):
-            raise ValueError(f"allow-list entry {entry!r}: write an IPv6 address as [addr]:port")
-        host, port = inside, (rest[1:] if rest else None)
-        if _literal(host) is None:
-            raise ValueError(f"allow-list entry {entry!r}: {host!r} is not an IPv6 address")
-    elif text.count(":") == 1:
-        host, _, port = text.partition(":")
-    else:
-        host = text
-    if not host:
-        raise ValueError(f"allow-list entry {entry!r} names no host")
-    return AllowedHost(host=host, port=_allowed_port(entry, port), address=_literal(host))
-
-
-def _allowed_port(entry: str, port: str | None) -> int | None:
-    if port is None:
-        return None
-    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
-        raise ValueError(f"allow-list entry {entry!r}: the port must be a number from 1 to 65535")
-    return int(port)
-
-
-def _literal(entry: str) -> IPAddress | None:
-    """The address an allow-list entry names literally (`10.0.0.1`, `[fd00::1]`), if any."""
-    try:
-        return ipaddress.ip_address(entry.removeprefix("[").removesuffix("]"))
-    except ValueError:
-        return None
 
 
 class BoundedBody:

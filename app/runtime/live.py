@@ -12,7 +12,7 @@ starts again at offset 0 of the same message, which a client takes as "replace f
 
 from __future__ import annotations
 
-from app.queue.deltas import Delta
+from app.vocabulary.live_deltas import Delta
 from app.worker.execution import ExecutionContext
 
 

@@ -1,4 +1,5 @@
-"""API keys: random secrets shown once, stored as SHA-256 hashes.
+"""API keys: random secrets shown once, stored as SHA-256 hashes (their rows are the store's,
+app/store/access.py).
 
 A key belongs to one tenant and one principal and may carry the `operator` scope (that tenant's
 runbook actions) or the `admin` scope (the platform team: queue-wide views and any run). Keys
@@ -15,10 +16,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-from sqlalchemy import TextClause
+from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store.statements import q
+from app.store import access
 from app.vocabulary.names import principal_name, tenant_name
 
 SCOPES = ("operator", "admin")
@@ -68,11 +69,6 @@ class NewKey:
     info: KeyInfo
 
 
-def statement(name: str) -> TextClause:
-    """A named statement of app/store/sql/credentials.sql."""
-    return q(name)
-
-
 def looks_like_key(secret: str) -> bool:
     """Whether `secret` has the shape of a key this service makes: anything else is refused
     without a statement."""
@@ -102,26 +98,29 @@ async def create_key(
     tenant_id, principal = tenant_name(tenant_id), principal_name(principal)
     _check_scopes(scopes)
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
-    async with engine.begin() as conn:
-        row = (
-            await conn.execute(
-                statement("key_create"),
-                {
-                    "now": None,
-                    "hash": hash_key(secret),
-                    "prefix": secret[:10],
-                    "tenant": tenant_id,
-                    "principal": principal,
-                    "scopes": list(scopes),
-                    "name": name,
-                },
-            )
-        ).one()
-    return NewKey(secret=secret, info=_info(row._mapping))
+    row = await access.insert_key(
+        engine,
+        key_hash=hash_key(secret),
+        prefix=secret[:10],
+        tenant_id=tenant_id,
+        principal=principal,
+        scopes=list(scopes),
+        name=name,
+    )
+    return NewKey(secret=secret, info=_info(row))
 
 
-def _info(row: object) -> KeyInfo:
-    m = dict(row)  # type: ignore[call-overload]
+def caller_of(row: RowMapping) -> Caller:
+    """The caller a key's row names."""
+    return Caller(
+        key_id=row["id"],
+        tenant_id=row["tenant_id"],
+        principal=row["principal"],
+        scopes=frozenset(row["scopes"]),
+    )
+
+
+def _info(m: RowMapping) -> KeyInfo:
     return KeyInfo(
         id=m["id"],
         prefix=m["prefix"],
@@ -139,48 +138,25 @@ async def authenticate(engine: AsyncEngine, secret: str) -> Caller | None:
     when it does not even look like one)."""
     if not looks_like_key(secret):
         return None
-    async with engine.connect() as conn:
-        row = (
-            await conn.execute(
-                statement("key_authenticate"),
-                {"hash": hash_key(secret)},
-            )
-        ).one_or_none()
-    if row is None:
-        return None
-    return Caller(
-        key_id=row.id,
-        tenant_id=row.tenant_id,
-        principal=row.principal,
-        scopes=frozenset(row.scopes),
-    )
+    row = await access.key_by_hash(engine, hash_key(secret))
+    return caller_of(row) if row is not None else None
 
 
 async def active_keys(engine: AsyncEngine, key_ids: set[UUID]) -> set[UUID]:
     """Which of `key_ids` are still unrevoked (revoked and deleted ones are left out)."""
     if not key_ids:
         return set()
-    async with engine.connect() as conn:
-        rows = await conn.execute(statement("keys_active"), {"ids": sorted(key_ids)})
-        return {row.id for row in rows}
+    return await access.unrevoked_key_ids(engine, sorted(key_ids))
 
 
 async def list_keys(engine: AsyncEngine, tenant_id: str | None = None) -> list[KeyInfo]:
-    async with engine.connect() as conn:
-        rows = await conn.execute(
-            statement("key_list"),
-            {"tenant": tenant_id},
-        )
-        return [_info(row._mapping) for row in rows]
+    return [_info(row) for row in await access.key_rows(engine, tenant_id)]
 
 
 async def revoke_key(engine: AsyncEngine, key_id: UUID) -> bool:
     """Revoke a key and end its dashboard sessions; False when no such unrevoked key exists."""
-    async with engine.begin() as conn:
-        result = await conn.execute(statement("key_revoke"), {"id": key_id, "now": None})
-        return result.one_or_none() is not None
+    return await access.revoke_key(engine, key_id)
 
 
 async def has_any_key(engine: AsyncEngine) -> bool:
-    async with engine.connect() as conn:
-        return bool(await conn.scalar(statement("key_any")))
+    return await access.any_key(engine)

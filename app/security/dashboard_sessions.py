@@ -3,7 +3,7 @@
 A session is opened for an unrevoked key, named by a random token of which only the SHA-256 is
 stored, and expires; looking one up also requires its key to be unrevoked, and revoking a key
 deletes its sessions (`api_keys.revoke_key`). The cookie, the CSRF token and the HTTP side live
-in app/ui/session.py; this module is the table's only reader and writer.
+in app/ui/session.py; the table's rows are the store's (app/store/access.py).
 """
 
 from __future__ import annotations
@@ -11,23 +11,14 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime
 
-from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.security.api_keys import Caller, hash_key, looks_like_key, statement
+from app.security.api_keys import Caller, caller_of, hash_key, looks_like_key
+from app.store import access
 
 
 def token_hash(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
-
-
-def _caller(row: RowMapping) -> Caller:
-    return Caller(
-        key_id=row["id"],
-        tenant_id=row["tenant_id"],
-        principal=row["principal"],
-        scopes=frozenset(row["scopes"]),
-    )
 
 
 async def start_session(
@@ -43,43 +34,24 @@ async def start_session(
     that is not even shaped like a key)."""
     if not looks_like_key(key):
         return None
-    async with engine.begin() as conn:
-        row = (
-            (
-                await conn.execute(
-                    statement("session_start"),
-                    {
-                        "token_hash": token_hash(token),
-                        "key_hash": hash_key(key),
-                        "lifetime_seconds": lifetime_seconds,
-                        "now": now,
-                    },
-                )
-            )
-            .mappings()
-            .one_or_none()
-        )
-    return _caller(row) if row is not None else None
+    row = await access.insert_session(
+        engine,
+        token_hash=token_hash(token),
+        key_hash=hash_key(key),
+        lifetime_seconds=lifetime_seconds,
+        now=now,
+    )
+    return caller_of(row) if row is not None else None
 
 
 async def session_caller(
     engine: AsyncEngine, token: str, *, now: datetime | None = None
 ) -> Caller | None:
     """The caller of an unexpired session whose key is unrevoked; None otherwise."""
-    async with engine.connect() as conn:
-        row = (
-            (
-                await conn.execute(
-                    statement("session_caller"), {"token_hash": token_hash(token), "now": now}
-                )
-            )
-            .mappings()
-            .one_or_none()
-        )
-    return _caller(row) if row is not None else None
+    row = await access.session_key(engine, token_hash(token), now=now)
+    return caller_of(row) if row is not None else None
 
 
 async def end_session(engine: AsyncEngine, token: str) -> None:
     """Delete the session: every copy of its cookie stops working."""
-    async with engine.begin() as conn:
-        await conn.execute(statement("session_end"), {"token_hash": token_hash(token)})
+    await access.delete_session(engine, token_hash(token))

@@ -305,6 +305,6 @@ def create_claim_engine(
         # (often an empty queue) and replaced when their statistics change; a connection
         # replaced every ten minutes also re-plans a queue that grew faster than autovacuum
         # analysed it. The statements are written so that such a plan stays bounded anyway
-        # (tests/test_claim_plans.py).
+        # (tests/store/test_claim_plans.py).
         pool_recycle=600,
     )

@@ -74,7 +74,7 @@ sessions = Table(
 
 # runs, run_events and run_inputs carry storage parameters (fillfactor, per-table autovacuum)
 # set by migration 0008; Table has no option for them and autogenerate does not compare them,
-# so tests/test_migrations.py reads them back from pg_class.
+# so tests/store/test_migrations.py reads them back from pg_class.
 runs = Table(
     "runs",
     metadata,
@@ -109,7 +109,7 @@ runs = Table(
     # The W3C trace context the run's work joins (docs/operations.md, "Tracing"): the
     # submission's, or the answer's that resumed the run; NULL when the caller sent none.
     Column("traceparent", String(55), nullable=True),
-    # A schedule's tick (app/queue/schedules.py): the schedule and the fire time it is for.
+    # A schedule's tick (app/queue/scheduling.py): the schedule and the fire time it is for.
     # No foreign key: a deleted schedule's runs keep its id, so an operator can still find them.
     Column("schedule_id", UUID(as_uuid=True), nullable=True),
     _ts("fire_at"),

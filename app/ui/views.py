@@ -13,7 +13,7 @@ from typing import Any
 from uuid import UUID
 
 from app.queue.reads import ClassDepth
-from app.queue.tenants import TenantDepth
+from app.queue.tenant_limits import TenantDepth
 from app.vocabulary import statuses
 from app.vocabulary.classes import BAND_WIDTH, PriorityClass
 from app.vocabulary.records import Event, TranscriptEntry

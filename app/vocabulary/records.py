@@ -140,7 +140,7 @@ class Run:
     started_at: datetime | None
     finished_at: datetime | None
     dismissed_at: datetime | None
-    schedule_id: UUID | None  # set on a schedule's ticks (app/queue/schedules.py)
+    schedule_id: UUID | None  # set on a schedule's ticks (app/queue/scheduling.py)
     fire_at: datetime | None  # the tick's fire time; a catch-up run keeps its first missed one
     # The W3C trace context the run's work joins (app/observability/tracing.py); internal, not
     # part of the run's document.

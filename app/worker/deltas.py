@@ -4,7 +4,7 @@ docs/adr/0007-live-output-deltas.md:
 
 - at most `max_per_second` notifications a second (10), each at most `max_payload_bytes`
   (4,000) once encoded: a tick sends one payload holding every buffered delta that fits,
-  contiguous pieces of one message merged (app/queue/deltas.py: `pack`);
+  contiguous pieces of one message merged (app/vocabulary/live_deltas.py: `pack`);
 - on its own connection (`DeltaChannel`: a dedicated asyncpg connection in autocommit), outside
   every fenced transaction: a run's lease, heartbeat and writes never wait on it;
 - `offer` never blocks and never fails: the buffer holds at most `max_buffered_chars`
@@ -28,8 +28,9 @@ from collections import deque
 from uuid import UUID
 
 from app.observability.metrics import Metrics
-from app.queue.deltas import MAX_PAYLOAD_BYTES, Delta, DeltaChannel, pack
+from app.store.delta_channel import DeltaChannel
 from app.store.primary import LOST_PRIMARY
+from app.vocabulary.live_deltas import MAX_PAYLOAD_BYTES, Delta, pack
 
 log = logging.getLogger("turnstile.deltas")
 

@@ -19,7 +19,7 @@ from uuid import UUID
 
 from app.observability import tracing
 from app.queue.core import Queue, ResumeState
-from app.queue.deltas import Delta
+from app.vocabulary.live_deltas import Delta
 from app.vocabulary.records import JSON, ClaimedRun, Fenced, Lease, ToolCall, WriteOutcome, Written
 from app.worker.completions import CompletionBatcher
 

@@ -32,10 +32,10 @@ from typing import Any
 
 import asyncpg
 
-from app.queue.deltas import CHANNEL as DELTA_CHANNEL
-from app.queue.deltas import Delta, unpack
 from app.store.engine import connect_timeout, plain_url
 from app.store.primary import LOST_PRIMARY
+from app.vocabulary.live_deltas import CHANNEL as DELTA_CHANNEL
+from app.vocabulary.live_deltas import Delta, unpack
 
 log = logging.getLogger("turnstile.notifier")
 

@@ -49,8 +49,8 @@ from app.observability import tracing
 from app.observability.logs import run_context
 from app.observability.metrics import Metrics
 from app.queue.core import Queue
-from app.queue.housekeeping import WorkerRegistry
-from app.queue.schedules import Schedules
+from app.queue.scheduling import Schedules
+from app.store.housekeeping import WorkerRegistry
 from app.vocabulary.classes import priorities_of
 from app.vocabulary.layout import SlotGroup
 from app.vocabulary.records import ClaimedRun

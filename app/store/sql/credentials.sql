@@ -1,6 +1,6 @@
--- The security package's statements: dashboard sign-in sessions (app/security/dashboard_sessions.py).
--- A session's cookie holds a random token; only its SHA-256 is stored, with the key it
--- belongs to. API keys themselves are read and written by app/security/api_keys.py.
+-- The credentials' statements, sent by app/store/access.py: dashboard sign-in sessions
+-- (app/security/dashboard_sessions.py). A session's cookie holds a random token; only its
+-- SHA-256 is stored, with the key it belongs to. API keys: app/security/api_keys.py.
 
 -- name: session_start
 -- Sign-in in one statement: the key must exist and be unrevoked, or nothing is inserted.

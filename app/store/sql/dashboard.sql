@@ -1,5 +1,5 @@
--- The operator dashboard's read models (app/ui reads them through app/queue/reads.py, never
--- directly). None of them writes: the dashboard's actions go through the queue core
+-- The operator dashboard's read models (app/ui reads them through app/queue/reads.py, whose
+-- rows app/store/read_rows.py sends; never directly). None of them writes: the dashboard's actions go through the queue core
 -- (app/queue/submit.py), like the HTTP API's; its sign-in sessions belong to app/security.
 --
 -- Tenant scoping: every statement takes :tenant_id; NULL means the whole queue (admin keys).

@@ -1,7 +1,7 @@
 -- The transitions of runs: every statement that creates a run, claims one, writes under a
 -- lease, ends a hold, requeues or cancels (docs/architecture.md, "One turn, end to end").
 --
--- Conventions, checked by tests/test_queue_sql.py:
+-- Conventions, checked by tests/store/test_statement_checks.py:
 -- * `-- name: x` starts statement x; `-- fenced` marks a worker write made under a lease. A
 --   fenced statement begins by taking the run row with
 --       WHERE id = :run_id AND lease_epoch = :epoch AND status = 'running'
@@ -58,7 +58,7 @@ count_total AS MATERIALIZED (
 ),
 count_lock AS MATERIALIZED (
     -- By key: `tenant_id = ANY(ARRAY(...))` is an index condition on the primary key, so the
-    -- rows are found by lookups whatever the number of tenants (tests/test_count_rows_by_key.py).
+    -- rows are found by lookups whatever the number of tenants (tests/store/test_count_row_lookups.py).
     SELECT c.tenant_id, c.band, c.running, c.has_work, c.due_at FROM tenant_class_counts c
     WHERE c.tenant_id = ANY(ARRAY(SELECT tenant_id FROM count_total))
       AND (c.tenant_id, c.band) IN (SELECT tenant_id, band FROM count_total)

@@ -1,4 +1,4 @@
--- Schedules (app/queue/schedules.py): the schedules table, and the runs that are their ticks.
+-- Schedules (app/queue/scheduling.py): the schedules table, and the runs that are their ticks.
 --
 -- A schedule's next tick exists ahead as a queued run (schedule_id, fire_at, scheduled_for =
 -- fire_at); the claim starts it through the normal path. UNIQUE (schedule_id, fire_at) on runs

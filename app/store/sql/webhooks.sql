@@ -1,4 +1,4 @@
--- Webhook endpoints (app/queue/webhooks.py). The deliveries themselves are inserted by the
+-- Webhook endpoints (app/queue/webhook_endpoints.py). The deliveries themselves are inserted by the
 -- transitions they report (runs.sql's webhook_deliveries fragment).
 
 

@@ -1,7 +1,8 @@
 """The TypeScript client's API types (src/openapi.ts), generated from the server's OpenAPI
 document by openapi-typescript: `python clients/typescript/scripts/generate_types.py` (after
 `npm ci` in clients/typescript; `make openapi-types` does both), or `--check` to fail when the
-committed file is not what the current server's document gives (tests/test_typescript_client.py).
+committed file is not what the current server's document gives
+(tests/clients/test_typescript_client.py).
 
 The document is the shapes only: descriptions, summaries and examples are left out, so the file
 changes when a route or a field does, not when a sentence of the API docs does.

@@ -1,5 +1,5 @@
 // The TypeScript client against a real `turnstile serve` (started by
-// tests/test_typescript_client.py, or by hand: TURNSTILE_URL, TURNSTILE_KEY for a key without a
+// tests/clients/test_typescript_client.py, or by hand: TURNSTILE_URL, TURNSTILE_KEY for a key without a
 // scope, TURNSTILE_THROTTLED_KEY for one of a tenant limited to one submission). Submitting,
 // the long poll, answering, problem+json as typed errors, a lost answer retried with the same
 // Idempotency-Key, streams resumed after a cut, live text, the client's own errors for a server

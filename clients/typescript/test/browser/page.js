@@ -1,4 +1,4 @@
-// The page tests/test_typescript_client.py loads in Chromium, from another loopback origin than
+// The page tests/clients/test_typescript_client.py loads in Chromium, from another loopback origin than
 // the API's: it imports the built bundle (dist/turnstile-client.js) as a page without a bundler
 // would, and drives a chat turn through CORS. Each function returns what it saw.
 

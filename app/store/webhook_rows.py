@@ -1,0 +1,109 @@
+"""The webhook endpoints' rows (app/store/sql/webhooks.sql): created, listed, rotated, enabled,
+deleted, read for a delivery, and their delivery counts. Deliveries themselves are inserted by
+the transitions that report them (runs.sql); what an endpoint is, and when one is disabled, is
+app/queue/webhook_endpoints.py's.
+"""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.store.statements import q
+
+
+async def insert_endpoint(
+    conn: AsyncConnection,
+    *,
+    tenant_id: str,
+    principal: str,
+    url: str,
+    events: list[str],
+    secret: bytes,
+) -> RowMapping:
+    """The new endpoint's row, on the caller's transaction (after its holdings check)."""
+    result = await conn.execute(
+        q("webhook_create"),
+        {
+            "tenant_id": tenant_id,
+            "principal": principal,
+            "url": url,
+            "events": events,
+            "secret": secret,
+        },
+    )
+    return result.mappings().one()
+
+
+async def endpoint_rows(engine: AsyncEngine, tenant_id: str | None) -> list[RowMapping]:
+    """A tenant's live endpoints, or every tenant's (None)."""
+    async with engine.connect() as conn:
+        result = await conn.execute(q("webhook_list"), {"tenant_id": tenant_id})
+        return list(result.mappings().all())
+
+
+async def rotate_secret(
+    engine: AsyncEngine, *, tenant_id: str, endpoint_id: UUID, secret: bytes
+) -> bool:
+    """False when the tenant has no such endpoint."""
+    async with engine.begin() as conn:
+        result = await conn.execute(
+            q("webhook_rotate"),
+            {"id": endpoint_id, "tenant_id": tenant_id, "secret": secret, "now": None},
+        )
+        return result.first() is not None
+
+
+async def enable_endpoint(
+    engine: AsyncEngine, *, tenant_id: str, endpoint_id: UUID
+) -> RowMapping | None:
+    async with engine.begin() as conn:
+        result = await conn.execute(
+            q("webhook_enable"), {"id": endpoint_id, "tenant_id": tenant_id, "now": None}
+        )
+        return result.mappings().first()
+
+
+async def delete_endpoint(engine: AsyncEngine, *, tenant_id: str, endpoint_id: UUID) -> bool:
+    """False when the tenant has no such endpoint."""
+    async with engine.begin() as conn:
+        result = await conn.execute(
+            q("webhook_delete"), {"id": endpoint_id, "tenant_id": tenant_id, "now": None}
+        )
+        return result.first() is not None
+
+
+async def pending_delivery_ids(engine: AsyncEngine, endpoint_id: UUID, *, limit: int) -> list[UUID]:
+    async with engine.connect() as conn:
+        result = await conn.execute(
+            q("webhook_pending_deliveries"), {"id": endpoint_id, "limit": limit}
+        )
+        return list(result.scalars().all())
+
+
+async def endpoint_for_delivery(
+    engine: AsyncEngine, *, run_id: UUID, endpoint_id: UUID
+) -> RowMapping | None:
+    async with engine.connect() as conn:
+        result = await conn.execute(
+            q("webhook_for_delivery"), {"run_id": run_id, "endpoint_id": endpoint_id}
+        )
+        return result.mappings().first()
+
+
+async def delivery_succeeded(engine: AsyncEngine, endpoint_id: UUID) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(q("webhook_delivery_succeeded"), {"id": endpoint_id})
+
+
+async def delivery_failed(
+    engine: AsyncEngine, endpoint_id: UUID, *, disable_after: int
+) -> RowMapping | None:
+    async with engine.begin() as conn:
+        result = await conn.execute(
+            q("webhook_delivery_failed"),
+            {"id": endpoint_id, "disable_after": disable_after, "now": None},
+        )
+        return result.mappings().first()
