@@ -27,7 +27,7 @@ from app.config import Settings, setting_error
 from app.observability.logs import configure_logging
 from app.runtime.plugins import PluginError
 from app.store.embedded import EmbeddedDatabase, EmbeddedUnavailableError
-from app.store.engine import DatabaseUrlError
+from app.store.engine import DatabaseUrlError, database_place
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -120,21 +120,6 @@ def _check_port(host: str, port: int) -> None:
                 f"cannot serve on {host}:{port}: {exc.strerror or exc}; stop what holds port "
                 f"{port}, or choose another with --port or TURNSTILE_PORT"
             ) from None
-
-
-def database_place(url: str | None) -> str:
-    """Where a database URL points, for an error line: DATABASE_URL and its host, port and
-    database, never its password."""
-    if not url:
-        return "the embedded PostgreSQL (TURNSTILE_DATA_DIR; set DATABASE_URL for another)"
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        return "DATABASE_URL"
-    return f"DATABASE_URL ({parsed.host or 'local socket'}:{parsed.port or 5432}/{parsed.database})"
 
 
 def _check_plugins(settings: Settings) -> None:

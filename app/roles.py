@@ -17,13 +17,12 @@ from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from app.api.connections import head_deadline_protocol
 from app.config import Settings
 from app.main import create_app, services
-from app.store.engine import create_engine
+from app.store.engine import create_engine, database_place
 from app.store.resolve import SchemaState, resolve_database, schema_state
 from app.worker.pool import WorkerPool
 
@@ -227,10 +226,8 @@ async def _reachable_schema(
         except (OSError, DBAPIError) as exc:
             reason = str(getattr(exc, "orig", None) or exc).splitlines()[0][:200]
             if time.monotonic() + delay > deadline:
-                place = make_url(database.url)
                 raise WorkerStartError(
-                    f"database unreachable at DATABASE_URL ({place.host}:{place.port or 5432}/"
-                    f"{place.database}): {reason}"
+                    f"database unreachable at {database_place(database.url)}: {reason}"
                 ) from None
             if on_unreachable is not None:
                 on_unreachable(reason, delay)

@@ -53,7 +53,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from alembic import op
-from app.store.migrate import frozen
+from app.store.migrate import frozen, lock_up_front
 
 revision = "0016"
 down_revision = "0015"
@@ -107,9 +107,14 @@ FIRST_QUEUED = """
 
 
 def upgrade() -> None:
+    # Every lock up front (app/store/migrate.py): the tables altered below, then the counts.
     # The older release's enqueues write the stripes and then mark: they wait here, and mark
     # on a snapshot taken after this commits. Its transitions wait on the count rows.
-    op.execute("LOCK TABLE tenant_queued_stripes, tenant_class_counts IN EXCLUSIVE MODE")
+    lock_up_front(
+        op.get_bind(),
+        "LOCK TABLE tenant_limits, tool_journal IN ACCESS EXCLUSIVE MODE",
+        "LOCK TABLE tenant_queued_stripes, tenant_class_counts IN EXCLUSIVE MODE",
+    )
     op.add_column(
         "tenant_class_counts", sa.Column("due_at", sa.DateTime(timezone=True), nullable=True)
     )
@@ -162,7 +167,11 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute("LOCK TABLE tenant_queued_stripes, tenant_class_counts IN EXCLUSIVE MODE")
+    lock_up_front(
+        op.get_bind(),
+        "LOCK TABLE tenant_limits, tool_journal IN ACCESS EXCLUSIVE MODE",
+        "LOCK TABLE tenant_queued_stripes, tenant_class_counts IN EXCLUSIVE MODE",
+    )
     for name in REPLACED:
         op.execute(frozen("0014", name))
     for name in reversed(NEW_FUNCTIONS):

@@ -93,6 +93,19 @@ def hosts_of(url: str | URL) -> list[str]:
     return []
 
 
+def database_place(url: str | None) -> str:
+    """Where a database URL points, for an error line: DATABASE_URL and its host(s), port and
+    database, never its password."""
+    if not url:
+        return "the embedded PostgreSQL (TURNSTILE_DATA_DIR; set DATABASE_URL for another)"
+    try:
+        parsed = parse_url(url)
+    except DatabaseUrlError:
+        return "DATABASE_URL"
+    hosts = ",".join(hosts_of(parsed)) or f"{parsed.host or 'local socket'}:{parsed.port or 5432}"
+    return f"DATABASE_URL ({hosts}/{parsed.database})"
+
+
 def connect_timeout(url: str | URL) -> float:
     """Seconds one connection attempt may take: the URL's libpq `connect_timeout`, else
     `DEFAULT_CONNECT_TIMEOUT_SECONDS`."""

@@ -7,11 +7,14 @@ theirs.
 
 from __future__ import annotations
 
+import time
 from functools import lru_cache
 from pathlib import Path
 
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from alembic import command
 
@@ -48,6 +51,39 @@ def frozen(revision: str, function: str) -> str:
     exactly what it first ran whatever the store's current text (app/store/functions/)."""
     path = migrations_root() / "alembic" / "frozen" / f"{revision}-{function}.sql"
     return path.read_text(encoding="utf-8")
+
+
+LOCK_WAIT = "500ms"
+"""How long `lock_up_front` waits for its locks in one try: below PostgreSQL's default
+deadlock_timeout (1 s), so when an older release's statement holds one of the tables while it
+waits for another this migration took, this migration gives way (and tries again) before the
+deadlock detector can pick the migration as its victim."""
+LOCK_TRIES = 120
+
+
+def lock_up_front(connection: Connection, *locks: str) -> None:
+    """Take every lock a migration's changes will need before it changes anything, in one
+    savepoint: each of `locks` is a `LOCK TABLE ... IN ... MODE` statement. When they are not
+    all granted within `LOCK_WAIT`, the savepoint gives back what it took, and it tries again
+    after a pause (an old release's transactions finish meanwhile). Taken one by one across the
+    migration, the same locks deadlock with a running older release's claim (it reads one
+    table, the migration alters it, each then waits for the other)."""
+    for attempt in range(LOCK_TRIES):
+        savepoint = connection.begin_nested()
+        try:
+            connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{LOCK_WAIT}'")
+            for lock in locks:
+                connection.exec_driver_sql(lock)
+            connection.exec_driver_sql("SET LOCAL lock_timeout TO DEFAULT")
+        except DBAPIError as exc:
+            savepoint.rollback()
+            code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+            if code != "55P03" or attempt == LOCK_TRIES - 1:  # lock_not_available
+                raise
+            time.sleep(min(0.05 * (attempt + 1), 1.0))
+            continue
+        savepoint.commit()  # released: the locks stay with the migration's transaction
+        return
 
 
 def upgrade(url: str, revision: str = "head", *, pgbouncer: bool = False) -> None:
