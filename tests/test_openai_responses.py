@@ -1,7 +1,8 @@
 """The OpenAI Responses API at /v1 driven by the official `openai` SDK, unchanged, against a
 real server with real workers: a background response polled to completion, one waited for
-(`background: false`), a cancel, an `Idempotency-Key` retry making one run, another tenant's
-response not found, a bad key, and bad input answered in OpenAI's error shape (never a 5xx)."""
+(`background: false`), one streamed, a cancel, an `Idempotency-Key` retry making one run,
+another tenant's response not found, a bad key, and bad input answered in OpenAI's error shape
+(never a 5xx)."""
 
 from __future__ import annotations
 
@@ -114,6 +115,32 @@ async def test_a_response_without_background_answers_when_the_run_ends(api: Api)
     ]
 
 
+async def test_a_streamed_response_sends_the_live_text_then_completes(api: Api) -> None:
+    client = await sdk(api)
+    text = "one two three four five six"
+    stream = await client.responses.create(
+        model="scripted",
+        input="stream it",
+        stream=True,
+        extra_body={"agent_input": {"script": [{"say": text, "delay": 0.05}]}},
+    )
+    events = [event async for event in stream]
+    kinds = [event.type for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds.count("response.in_progress") == 1
+    assert kinds[-1] == "response.completed"
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert deltas  # at least the text not heard live comes as one
+    assert "".join(deltas) == text
+    [done] = [e for e in events if e.type == "response.output_text.done"]
+    assert done.text == text
+    final = events[-1].response  # type: ignore[union-attr]
+    assert final.status == "completed"
+    assert final.output_text == text
+    assert (await client.responses.retrieve(final.id)).output_text == text
+
+
 async def test_a_response_is_cancelled(api: Api) -> None:
     client = await sdk(api)
     created = await client.responses.create(
@@ -204,7 +231,7 @@ async def test_bad_input_is_a_bad_request_in_openais_shape(api: Api) -> None:
         ({"model": "scripted", "input": "a\x00b"}, "input"),
         ({"model": "scripted", "input": "hi", "metadata": {"n": 1}}, "metadata.n"),
         ({"model": "scripted", "input": "hi", "previous_response_id": "resp_1"}, None),
-        ({"model": "scripted", "input": "hi", "stream": True}, "stream"),
+        ({"model": "scripted", "input": "hi", "stream": True, "tools": [{}]}, "tools"),
     ]
     for body, param in cases:
         with pytest.raises(openai.BadRequestError) as refused:

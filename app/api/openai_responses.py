@@ -1,6 +1,10 @@
-"""The OpenAI Responses API at `/v1` (issue 35, first step): `POST /v1/responses` (background
-or waited for), `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, driven by the
-official `openai` SDK unchanged (`OpenAI(base_url=".../v1", api_key=<turnstile key>)`).
+"""The OpenAI Responses API at `/v1` (issue 35, first step): `POST /v1/responses` (background,
+waited for, or streamed), `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, driven by
+the official `openai` SDK unchanged (`OpenAI(base_url=".../v1", api_key=<turnstile key>)`).
+
+A stream (`stream: true`) is this request's own: events numbered from 0, live text from the
+run's deltas, not resumable yet (`starting_after`); the run goes on if the caller leaves, and
+`GET /v1/responses/{id}` has its outcome.
 
 A thin surface: the mapping is app/protocols/openai_responses.py; submissions, reads and cancel
 are the core's, as for `POST /runs` (idempotency with `Idempotency-Key`, which a caller passes
@@ -13,7 +17,9 @@ routes stay out of our OpenAPI document: their contract is OpenAI's, not ours.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Path, Query, Request
@@ -32,11 +38,19 @@ from app.api.sessions import (
     idempotency_of,
     submitted_attributes,
 )
-from app.api.watch import POLL_RECHECK_SECONDS, recheck_seconds, wait_for_change
+from app.api.streams import HeldStream
+from app.api.streams import wait as stream_wait
+from app.api.watch import (
+    POLL_RECHECK_SECONDS,
+    StreamSlot,
+    recheck_seconds,
+    wait_for_change,
+)
 from app.observability import tracing
 from app.protocols.openai_responses import (
     CreateResponse,
     error_body,
+    final_text,
     response_document,
     run_id_of,
     run_input,
@@ -125,6 +139,134 @@ async def until_stopped(request: Request, run: Run, caller: Caller) -> Run:
     return run
 
 
+async def stream_events(
+    request: Request, run: Run, caller: Caller, slot: StreamSlot
+) -> AsyncIterator[bytes]:
+    """The response's events in the Responses vocabulary, numbered by `sequence_number` from
+    0: `response.created`, `response.in_progress` once a worker has it, the output item's
+    `response.output_text.delta` events from the run's live text, its `.done` events with the
+    final text, then `response.completed` (or `response.failed`, `response.incomplete`)."""
+    state = state_of(request)
+    loop = asyncio.get_running_loop()
+    numbers = itertools.count()
+    item_id = f"msg_{run.id.hex}"
+    sent = ""  # the text streamed so far
+    source: tuple[int, int] | None = None  # the (epoch, message) whose text is streamed
+    opened = in_progress = False
+
+    def event(kind: str, **fields: Any) -> bytes:
+        data = {"type": kind, "sequence_number": next(numbers), **fields}
+        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+    def open_item() -> list[bytes]:
+        item = {
+            "type": "message",
+            "id": item_id,
+            "role": "assistant",
+            "status": "in_progress",
+            "content": [],
+        }
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return [
+            event("response.output_item.added", output_index=0, item=item),
+            event(
+                "response.content_part.added",
+                item_id=item_id,
+                output_index=0,
+                content_index=0,
+                part=part,
+            ),
+        ]
+
+    def text_delta(text: str) -> bytes:
+        return event(
+            "response.output_text.delta",
+            item_id=item_id,
+            output_index=0,
+            content_index=0,
+            delta=text,
+            logprobs=[],
+        )
+
+    def running(run: Run) -> dict[str, Any]:
+        return {**response_document(run, background=False), "status": "in_progress"}
+
+    yield event("response.created", response=response_document(run, background=False))
+    with (
+        state.watch.watching(str(run.id)) as changed,
+        state.live.following(run_id=run.id) as inbox,
+    ):
+        next_check = loop.time()
+        while not state.shutdown.is_set() and not slot.ended.is_set():
+            if inbox.ready.is_set():
+                for delta in inbox.take():
+                    if delta.run_id != run.id:
+                        continue
+                    # One message of one claim is streamed live: a re-run after a crash (a
+                    # later epoch) would repeat the abandoned claim's text, and a later message
+                    # is not a continuation. Their text comes whole with `.done`.
+                    source = source or (delta.epoch, delta.message)
+                    if (delta.epoch, delta.message) != source:
+                        continue
+                    if delta.end <= len(sent) or delta.offset > len(sent):
+                        continue  # already sent, or a gap: `.done` carries the whole text
+                    if not in_progress:  # a delta is proof enough that a worker has it
+                        in_progress = True
+                        yield event("response.in_progress", response=running(run))
+                    if not opened:
+                        opened = True
+                        for frame in open_item():
+                            yield frame
+                    piece = delta.text[len(sent) - delta.offset :]
+                    sent += piece
+                    yield text_delta(piece)
+            if changed.is_set() or loop.time() >= next_check:
+                changed.clear()
+                run = await load_run(request, run.id, caller)
+                if run.status == "running" and not in_progress:
+                    in_progress = True
+                    yield event("response.in_progress", response=running(run))
+                if run.status in STOPPED:
+                    break
+                next_check = loop.time() + recheck_seconds(
+                    run.status, run.scheduled_for, active_seconds=POLL_RECHECK_SECONDS
+                )
+            await stream_wait(inbox, changed, state.shutdown, next_check - loop.time(), slot)
+    if not in_progress and run.started_at is not None:
+        yield event("response.in_progress", response=running(run))
+    document = response_document(run, background=False)
+    final = final_text(run.result) if run.status == "succeeded" else None
+    if final is not None:
+        if not opened:
+            for frame in open_item():
+                yield frame
+        if final.startswith(sent) and len(final) > len(sent):
+            yield text_delta(final[len(sent) :])
+        part = {"type": "output_text", "text": final, "annotations": [], "logprobs": []}
+        yield event(
+            "response.output_text.done",
+            item_id=item_id,
+            output_index=0,
+            content_index=0,
+            text=final,
+            logprobs=[],
+        )
+        yield event(
+            "response.content_part.done",
+            item_id=item_id,
+            output_index=0,
+            content_index=0,
+            part=part,
+        )
+        yield event("response.output_item.done", output_index=0, item=document["output"][0])
+    kind = {
+        "completed": "response.completed",
+        "failed": "response.failed",
+        "incomplete": "response.incomplete",
+    }.get(document["status"], "response.failed")
+    yield event(kind, response=document)
+
+
 @router.post("/responses")
 async def create_response(
     body: CreateResponse,
@@ -146,14 +288,23 @@ async def create_response(
     background = bool(body.background)
     # A caller who waits for the answer is interactive; a background one is back-end work.
     priority = None if background else PriorityClass.INTERACTIVE
-    with tracing.submission("run", traceparent) as span:
-        outcome = await state.submissions.submit_run(
-            submitter_of(caller),
-            RunSpec(input=values, agent=agent, priority=priority, traceparent=span.traceparent),
-            await idempotency_of(request, idempotency_key),
-        )
-        span.set(submitted_attributes(outcome))
-    run = await load_run(request, outcome.run_id, caller)
+    # A stream's place is taken first, so a refusal (429) writes nothing.
+    slot = state.streams.acquire(caller.key_id, caller.tenant_id) if body.stream else None
+    try:
+        with tracing.submission("run", traceparent) as span:
+            outcome = await state.submissions.submit_run(
+                submitter_of(caller),
+                RunSpec(input=values, agent=agent, priority=priority, traceparent=span.traceparent),
+                await idempotency_of(request, idempotency_key),
+            )
+            span.set(submitted_attributes(outcome))
+        run = await load_run(request, outcome.run_id, caller)
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
+    if slot is not None:
+        return HeldStream(slot, stream_events(request, run, caller, slot))
     if not background:
         run = await until_stopped(request, run, caller)
     headers = rate_limit_headers(outcome.allowance)

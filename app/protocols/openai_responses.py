@@ -99,8 +99,6 @@ def unsupported_field(body: CreateResponse) -> str | None:
     for name in UNSUPPORTED:
         if extra.get(name) not in (None, [], {}):
             return name
-    if body.stream:
-        return "stream"
     return None
 
 
