@@ -2,15 +2,20 @@
 real server with real workers: a background response polled to completion, one waited for
 (`background: false`), one streamed, a cancel, an `Idempotency-Key` retry making one run,
 another tenant's response not found, a bad key, and bad input answered in OpenAI's error shape
-(never a 5xx)."""
+(never a 5xx), also under a bounded fuzz of the /v1 routes."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai import AsyncOpenAI
 from openai.types.responses import Response
 from sqlalchemy import text
@@ -252,3 +257,73 @@ async def test_bad_input_is_a_bad_request_in_openais_shape(api: Api) -> None:
     with pytest.raises(openai.NotFoundError):
         await client.get("/conversations/conv_1", cast_to=Response)
     assert await count_runs(api.engine) == before
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+MESSAGES = st.lists(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.sampled_from(["message", "function_call_output", "x"]) | JSON_VALUES,
+            "role": st.sampled_from(["user", "assistant", "system", "developer", "tool"]),
+            "content": st.text(max_size=20)
+            | st.lists(
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "type": st.sampled_from(["input_text", "image"]),
+                        "text": JSON_VALUES,
+                    },
+                ),
+                max_size=3,
+            )
+            | JSON_VALUES,
+        },
+    ),
+    max_size=3,
+)
+BODIES = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.sampled_from(["scripted", "openai:x", "nope", ""]) | JSON_VALUES,
+        "input": st.text(max_size=30) | MESSAGES | JSON_VALUES,
+        "instructions": JSON_VALUES,
+        "metadata": st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=3) | JSON_VALUES,
+        "agent_input": st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=3) | JSON_VALUES,
+        "stream": JSON_VALUES,
+        "previous_response_id": JSON_VALUES,
+        "tools": JSON_VALUES,
+        "temperature": JSON_VALUES,
+    },
+)
+
+
+def assert_openai_shaped(response: httpx.Response) -> None:
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        assert isinstance(error["message"], str), error
+
+
+async def test_a_bounded_fuzz_of_v1_answers_openai_errors_never_a_5xx(api: Api) -> None:
+    key = await api.key()
+    headers = {"Authorization": f"Bearer {key}"}
+
+    @settings(max_examples=60, deadline=None, derandomize=True, database=None)
+    @given(body=BODIES, response_id=st.text(max_size=40))
+    def probe(body: dict[str, Any], response_id: str) -> None:
+        body = {**body, "background": True}  # a valid body is answered at once, not waited for
+        with httpx.Client(base_url=api.base, headers=headers, timeout=30) as client:
+            assert_openai_shaped(client.post("/v1/responses", json=body))
+            target = quote(response_id, safe="")
+            assert_openai_shaped(client.get(f"/v1/responses/{target}"))
+            assert_openai_shaped(client.post(f"/v1/responses/{target}/cancel"))
+
+    await asyncio.to_thread(probe)
