@@ -7,6 +7,7 @@ another tenant's response not found, a bad key, and bad input answered in OpenAI
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
@@ -144,6 +145,21 @@ async def test_a_streamed_response_sends_the_live_text_then_completes(api: Api) 
     assert final.status == "completed"
     assert final.output_text == text
     assert (await client.responses.retrieve(final.id)).output_text == text
+
+
+async def test_a_run_asking_the_user_ends_its_response_with_an_ask_user_call(api: Api) -> None:
+    client = await sdk(api)
+    response = await client.responses.create(
+        model="scripted",
+        input="pay the bill",
+        extra_body={"agent_input": {"script": [{"ask": "Which account?"}, {"final": "paid"}]}},
+    )
+    assert response.status == "incomplete"
+    [call] = response.output
+    assert call.type == "function_call"
+    assert call.name == "ask_user"
+    assert json.loads(call.arguments) == {"question": "Which account?"}
+    assert (await client.responses.retrieve(response.id)).status == "incomplete"
 
 
 async def test_a_response_is_cancelled(api: Api) -> None:
