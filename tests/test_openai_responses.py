@@ -24,7 +24,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.protocols.openai_responses import run_id_of
 from tests.support.api import Api, running_api
+from tests.support.servers import running_server
 from tests.support.waiting import eventually
+from tests.test_openai_agent import FakeModel
 
 SDK_CLIENTS: list[AsyncOpenAI] = []
 
@@ -145,6 +147,36 @@ async def test_a_streamed_response_sends_the_live_text_then_completes(api: Api) 
     assert final.status == "completed"
     assert final.output_text == text
     assert (await client.responses.retrieve(final.id)).output_text == text
+
+
+async def test_the_openai_agent_answers_with_its_usage_figures(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    fake = FakeModel()
+    fake.say("It is sunny.", usage=7)
+    async with (
+        running_server(fake.app()) as model_base,
+        running_api(
+            database_url,
+            engine,
+            workers=True,
+            openai_base_url=f"{model_base}/v1",
+            openai_stream=False,
+        ) as running,
+    ):
+        try:
+            client = await sdk(running)
+            response = await client.responses.create(model="openai", input="Weather?")
+            assert response.status == "completed"
+            assert response.output_text == "It is sunny."
+            assert response.usage is not None
+            assert (response.usage.input_tokens, response.usage.output_tokens) == (7, 1)
+            assert response.usage.total_tokens == 8
+            [request] = fake.requests
+            assert request["messages"][-1] == {"role": "user", "content": "Weather?"}
+        finally:
+            while SDK_CLIENTS:
+                await SDK_CLIENTS.pop().close()
 
 
 async def test_a_run_asking_the_user_ends_its_response_with_an_ask_user_call(api: Api) -> None:
