@@ -149,7 +149,7 @@ async def test_a_streamed_response_sends_the_live_text_then_completes(api: Api) 
     assert (await client.responses.retrieve(final.id)).output_text == text
 
 
-async def test_the_openai_agent_answers_with_its_usage_figures(
+async def test_the_openai_agent_gets_the_instructions_and_answers_with_usage_figures(
     database_url: str, engine: AsyncEngine
 ) -> None:
     fake = FakeModel()
@@ -166,14 +166,19 @@ async def test_the_openai_agent_answers_with_its_usage_figures(
     ):
         try:
             client = await sdk(running)
-            response = await client.responses.create(model="openai", input="Weather?")
+            response = await client.responses.create(
+                model="openai", input="Weather?", instructions="Answer in one line."
+            )
             assert response.status == "completed"
             assert response.output_text == "It is sunny."
             assert response.usage is not None
             assert (response.usage.input_tokens, response.usage.output_tokens) == (7, 1)
             assert response.usage.total_tokens == 8
             [request] = fake.requests
-            assert request["messages"][-1] == {"role": "user", "content": "Weather?"}
+            assert request["messages"][-2:] == [
+                {"role": "system", "content": "Answer in one line."},
+                {"role": "user", "content": "Weather?"},
+            ]
         finally:
             while SDK_CLIENTS:
                 await SDK_CLIENTS.pop().close()
