@@ -379,6 +379,7 @@ def create_app(
     app.state.shutdown = shutdown
     from app.api import (
         health,
+        openai_responses,
         problems,
         runbook,
         runs,
@@ -421,6 +422,8 @@ def create_app(
     app.include_router(schedules.router)
     app.include_router(webhooks.router)
     app.include_router(tenants.router)
+    # The OpenAI Responses API at /v1, with its own error shape there (issue 35).
+    openai_responses.install(app)
     from app.ui import routes as ui
 
     ui.install(app)

@@ -87,6 +87,11 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("app.api", ("app.worker",)),
+    # Other APIs' wire protocols are pure mappings: no HTTP edge, no core, no store.
+    (
+        "app.protocols",
+        ("app.api", "app.ui", "app.queue", "app.store", "app.runtime", "app.worker", "app.main"),
+    ),
     # The CLI's first check, before anything of the installed `app` package is trusted.
     ("app.installation", ("app",)),
     *[(edge, LOADERS) for edge in EDGES],

@@ -2,9 +2,11 @@
 (hosted services, or self-hosted servers such as vLLM or Ollama that speak the same API).
 
 The message list is rebuilt from the run's state at every decision, never trusted from memory:
-a run of a session starts with the session's history (`RunState.history`, turned into messages
-and cut to `history_max_messages` and `history_max_chars` by app/runtime/history.py, oldest
-exchanges first); then the first input is the user's message; each assistant turn the model
+a run starts with the service's prompt and its first input's `instructions` (a string, as the
+Responses API's `instructions` arrive) as system messages; a run of a session then has the
+session's history (`RunState.history`, turned into messages and cut to `history_max_messages`
+and `history_max_chars` by app/runtime/history.py, oldest exchanges first); then the first
+input is the user's message (its `text` when it is an object); each assistant turn the model
 produced is kept in `state.agent["turns"]` with the runtime steps its tool calls became; every
 tool call's result comes from the run's recorded tool outcomes (an `uncertain` one reaches the
 model as "the outcome is unknown", never as a failure), and answers to `ask_user` from the
@@ -278,6 +280,12 @@ class OpenAIAgent:
         messages: list[dict[str, JSON]] = []
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})
+        first = state.inputs[0] if state.inputs else ""
+        # The caller's own instructions (the Responses API's `instructions`), after the
+        # service's prompt: a system message of this run only, never of the session's history.
+        instructions = first.get("instructions") if isinstance(first, dict) else None
+        if isinstance(instructions, str) and instructions:
+            messages.append({"role": "system", "content": instructions})
         messages.extend(
             trim_history(
                 chat_messages(state.history),
@@ -285,7 +293,6 @@ class OpenAIAgent:
                 max_chars=self.history_max_chars,
             )
         )
-        first = state.inputs[0] if state.inputs else ""
         text = first.get("text") if isinstance(first, dict) and "text" in first else first
         messages.append(
             {"role": "user", "content": text if isinstance(text, str) else json.dumps(text)}

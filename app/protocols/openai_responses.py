@@ -1,0 +1,259 @@
+"""The OpenAI Responses API's objects mapped onto Turnstile's runs: pure functions, no HTTP.
+
+A response is a sessionless run. `model` names the Turnstile agent; the run's input is
+`{"text", "messages", "instructions", "metadata"}` (plus the keys of the `agent_input`
+extension, which is how a caller drives an agent such as `scripted` that reads more than text),
+so a read of the run gives back everything its response document shows. Statuses map as in
+`STATUS`; a run waiting for the user ends its response (status `incomplete`) with a
+`function_call` item named `ask_user` whose arguments carry the question. The output is the
+run's final text as one `output_text` message. Usage figures are the run's token counts where
+its agent recorded them (the `openai` agent does), zeros otherwise.
+
+The router is app/api/openai_responses.py; errors in OpenAI's shape are rendered there too
+(`error_body` below).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.vocabulary.records import JSON, Run
+
+PREFIX = "resp_"
+
+# Turnstile run status -> Responses status.
+STATUS: dict[str, str] = {
+    "queued": "queued",
+    "running": "in_progress",
+    "succeeded": "completed",
+    "failed": "failed",
+    "cancelled": "cancelled",
+    "waiting_for_user": "incomplete",
+}
+
+# Request fields of the Responses API this step does not implement: refused when set, rather
+# than silently ignored, since each would change what the caller gets.
+UNSUPPORTED = ("conversation", "previous_response_id", "tools", "prompt")
+
+
+class InputText(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["input_text", "output_text", "text"]
+    text: str = Field(max_length=1_000_000)
+
+
+class InputMessage(BaseModel):
+    """One message item of `input`; other item types (function calls, files, images) are not
+    spoken yet."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputText]
+
+
+class CreateResponse(BaseModel):
+    """The body of `POST /v1/responses` (the fields this step reads; others are ignored, except
+    those in `UNSUPPORTED`, which are refused when set)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1, max_length=200)
+    input: str | list[InputMessage]
+    instructions: str | None = None
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    background: bool | None = None
+    stream: bool | None = None
+    store: bool | None = None
+    agent_input: dict[str, JSON] | None = Field(
+        default=None,
+        description="Turnstile's extension: more keys of the run's input, for agents that "
+        "read more than text (the scripted agent's `script`).",
+    )
+
+
+def response_id(run_id: UUID) -> str:
+    return f"{PREFIX}{run_id.hex}"
+
+
+def run_id_of(response: str) -> UUID | None:
+    """The run a response id names; None for a string that names none (answered not found)."""
+    if not response.startswith(PREFIX) or len(response) != len(PREFIX) + 32:
+        return None
+    try:
+        return UUID(hex=response[len(PREFIX) :])
+    except ValueError:
+        return None
+
+
+def text_of(content: str | list[InputText]) -> str:
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+def unsupported_field(body: CreateResponse) -> str | None:
+    """The first field set that this step does not implement, if any."""
+    extra = body.model_extra or {}
+    for name in UNSUPPORTED:
+        if extra.get(name) not in (None, [], {}):
+            return name
+    return None
+
+
+def run_input(body: CreateResponse) -> dict[str, JSON]:
+    """The run's input: the extension's keys, then the text (the last user message's, or the
+    input string), every message, the instructions and the metadata."""
+    values: dict[str, JSON] = dict(body.agent_input or {})
+    if isinstance(body.input, str):
+        text = body.input
+        messages: list[JSON] = [{"role": "user", "content": body.input}]
+    else:
+        messages = [{"role": m.role, "content": text_of(m.content)} for m in body.input]
+        users = [text_of(m.content) for m in body.input if m.role == "user"]
+        text = users[-1] if users else ""
+    values.update(text=text, messages=messages)
+    if body.instructions is not None:
+        values["instructions"] = body.instructions
+    if body.metadata is not None:
+        values["metadata"] = dict(body.metadata)
+    return values
+
+
+def final_text(result: JSON) -> str | None:
+    """The run's final text: the result's `final` (a string as is; an echoed input's `text`;
+    anything else as JSON)."""
+    final = result.get("final") if isinstance(result, dict) else result
+    if final is None:
+        return None
+    if isinstance(final, str):
+        return final
+    if isinstance(final, dict) and isinstance(final.get("text"), str):
+        return str(final["text"])
+    return json.dumps(final, ensure_ascii=False)
+
+
+def usage_of(result: JSON) -> dict[str, Any]:
+    """Token counts the run's agent recorded (`usage` with chat-completions names), else 0."""
+    usage = result.get("usage") if isinstance(result, dict) else None
+    counts = usage if isinstance(usage, dict) else {}
+
+    def count(name: str) -> int:
+        value = counts.get(name)
+        return value if isinstance(value, int) else 0
+
+    prompt, completion = count("prompt_tokens"), count("completion_tokens")
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": count("total_tokens") or prompt + completion,
+    }
+
+
+def _failure_message(failure: JSON) -> str:
+    if isinstance(failure, dict):
+        for name in ("message", "error", "reason"):
+            if isinstance(failure.get(name), str):
+                return str(failure[name])
+    return json.dumps(failure, ensure_ascii=False)
+
+
+def output_of(run: Run) -> list[dict[str, Any]]:
+    hex_id = run.id.hex
+    if run.status == "waiting_for_user":
+        return [
+            {
+                "type": "function_call",
+                "id": f"fc_{hex_id}_{run.inputs_count}",
+                "call_id": f"call_{hex_id}_{run.inputs_count}",
+                "name": "ask_user",
+                "arguments": json.dumps({"question": run.question}, ensure_ascii=False),
+                "status": "completed",
+            }
+        ]
+    if run.status != "succeeded":
+        return []
+    text = final_text(run.result)
+    if text is None:
+        return []
+    return [
+        {
+            "type": "message",
+            "id": f"msg_{hex_id}",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+        }
+    ]
+
+
+def response_document(run: Run, *, background: bool | None = None) -> dict[str, Any]:
+    """The Response object of a run, as `GET /v1/responses/{id}` answers it."""
+    values = run.input if isinstance(run.input, dict) else {}
+    instructions = values.get("instructions")
+    metadata = values.get("metadata")
+    status = STATUS.get(run.status, "in_progress")
+    error = None
+    if run.status == "failed":
+        error = {"code": "server_error", "message": _failure_message(run.failure)}
+    return {
+        "id": response_id(run.id),
+        "object": "response",
+        "created_at": run.created_at.timestamp(),
+        "completed_at": run.finished_at.timestamp() if run.finished_at else None,
+        "status": status,
+        "background": background,
+        "error": error,
+        "incomplete_details": None,
+        "instructions": instructions if isinstance(instructions, str) else None,
+        "metadata": metadata if isinstance(metadata, dict) else {},
+        "model": run.agent,
+        "output": output_of(run),
+        "parallel_tool_calls": False,
+        "temperature": None,
+        "top_p": None,
+        "tool_choice": "auto",
+        "tools": [],
+        "store": True,
+        "usage": usage_of(run.result),
+    }
+
+
+ERROR_TYPES = {
+    401: "invalid_request_error",
+    403: "permission_error",
+    429: "rate_limit_error",
+}
+
+
+def _tag(part: str) -> bool:
+    """A location segment that names no field: where it came from, or which member of a union
+    pydantic tried (`str`, `list[InputMessage]`)."""
+    return part in ("body", "query", "path", "header", "str", "int", "bool") or "[" in part
+
+
+def error_body(status: int, problem: dict[str, Any]) -> dict[str, Any]:
+    """Our problem+json document in OpenAI's error shape: `message` from its detail (or
+    title), `code` from its slug, `param` from the deepest error location (for a value that
+    matched no member of a union, the member it came nearest to)."""
+    slug = str(problem.get("type", "")).rsplit("/", 1)[-1] or None
+    message = problem.get("detail") or problem.get("title") or "error"
+    param = None
+    errors = problem.get("errors")
+    if isinstance(errors, list):
+        found = [
+            ([str(p) for p in e.get("loc") or [] if not _tag(str(p))], e.get("msg"))
+            for e in errors
+            if isinstance(e, dict)
+        ]
+        if found:
+            loc, msg = max(found, key=lambda f: len(f[0]))
+            param = ".".join(loc) or None
+            if param and isinstance(msg, str) and len(found) > 1:
+                message = f"{param}: {msg}"
+    kind = "server_error" if status >= 500 else ERROR_TYPES.get(status, "invalid_request_error")
+    code = "invalid_api_key" if status == 401 else (slug.replace("-", "_") if slug else None)
+    return {"error": {"message": str(message), "type": kind, "param": param, "code": code}}
