@@ -379,8 +379,8 @@ def create_app(
     app.state.shutdown = shutdown
     from app.api import (
         health,
-        openai_responses,
         problems,
+        responses_routes,
         runbook,
         runs,
         schedules,
@@ -423,7 +423,7 @@ def create_app(
     app.include_router(webhooks.router)
     app.include_router(tenants.router)
     # The OpenAI Responses API at /v1, with its own error shape there (issue 35).
-    openai_responses.install(app)
+    responses_routes.install(app)
     from app.ui import routes as ui
 
     ui.install(app)

@@ -9,7 +9,7 @@ so a read of the run gives back everything its response document shows. Statuses
 run's final text as one `output_text` message. Usage figures are the run's token counts where
 its agent recorded them (the `openai` agent does), zeros otherwise.
 
-The router is app/api/openai_responses.py; errors in OpenAI's shape are rendered there too
+The router is app/api/responses_routes.py; errors in OpenAI's shape are rendered there too
 (`error_body` below).
 """
 

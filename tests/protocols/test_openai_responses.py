@@ -23,10 +23,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.protocols.openai_responses import run_id_of
+from tests.runtime.test_openai_agent import FakeModel
 from tests.support.api import Api, running_api
 from tests.support.servers import running_server
 from tests.support.waiting import eventually
-from tests.test_openai_agent import FakeModel
 
 SDK_CLIENTS: list[AsyncOpenAI] = []
 
