@@ -246,5 +246,5 @@ def test_the_tenant_cap_is_below_the_process_cap_by_default() -> None:
     small = Settings(database_url=None, max_streams_per_process=3)
     assert small.stream_tenant_limit == 1
     assert Settings(database_url=None, max_streams_per_tenant=1000).stream_tenant_limit == 1000
-    with pytest.raises(ValidationError, match="max_streams_per_tenant"):
+    with pytest.raises(ValidationError, match="TURNSTILE_MAX_STREAMS_PER_TENANT"):
         Settings(database_url=None, max_streams_per_tenant=1001)
