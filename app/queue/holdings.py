@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.queue.cron import CronSchedule
 from app.queue.errors import HoldingLimitError, InvalidScheduleError
-from app.queue.tenant_limits import LimitDefaults
+from app.queue.tenant_limits import LimitDefaults, TenantLimits
 from app.store import tenant_rows
 
 SCHEDULES = "schedules"
@@ -38,13 +38,11 @@ class Holdings:
         """Refuse a new schedule over the tenant's cap (HoldingLimitError) or firing more often
         than its minimum interval (InvalidScheduleError on `cron`). Call it in the creating
         transaction, before the insert: it holds the tenant's holdings lock to the commit."""
-        held = await self._holdings(conn, tenant_id)
-        limit = _first(held["max_schedules"], self.defaults.max_schedules)
+        held, limits = await self._holdings(conn, tenant_id)
+        limit = limits.max_schedules
         if limit is not None and int(held[SCHEDULES] or 0) >= limit:
             raise HoldingLimitError(tenant_id, SCHEDULES, limit, int(held[SCHEDULES] or 0))
-        minimum = _first(
-            held["min_schedule_interval_seconds"], self.defaults.min_schedule_interval_seconds
-        )
+        minimum = limits.min_schedule_interval_seconds
         # Five fields fire at most once a minute: only a shorter minimum needs a look.
         if minimum is not None and (schedule.with_seconds or minimum > MINUTE):
             gap = schedule.shortest_gap(now, below=timedelta(seconds=minimum))
@@ -57,22 +55,29 @@ class Holdings:
 
     async def admit_webhook_endpoint(self, conn: AsyncConnection, tenant_id: str) -> None:
         """Refuse a new endpoint over the tenant's cap (HoldingLimitError), as above."""
-        held = await self._holdings(conn, tenant_id)
-        limit = _first(held["max_webhook_endpoints"], self.defaults.max_webhook_endpoints)
+        held, limits = await self._holdings(conn, tenant_id)
+        limit = limits.max_webhook_endpoints
         if limit is not None and int(held[WEBHOOK_ENDPOINTS] or 0) >= limit:
             raise HoldingLimitError(
                 tenant_id, WEBHOOK_ENDPOINTS, limit, int(held[WEBHOOK_ENDPOINTS] or 0)
             )
 
-    async def _holdings(self, conn: AsyncConnection, tenant_id: str) -> dict[str, int | None]:
-        row = await tenant_rows.holdings_row(
-            conn,
-            tenant_id,
-            default_max_schedules=self.defaults.max_schedules,
-            default_max_webhook_endpoints=self.defaults.max_webhook_endpoints,
+    async def _holdings(
+        self, conn: AsyncConnection, tenant_id: str
+    ) -> tuple[dict[str, int | None], TenantLimits]:
+        """What the tenant holds, and its limits as they apply (overrides over defaults,
+        merged as everywhere else by `TenantLimits.effective`)."""
+        row = dict(
+            await tenant_rows.holdings_row(
+                conn,
+                tenant_id,
+                default_max_schedules=self.defaults.max_schedules,
+                default_max_webhook_endpoints=self.defaults.max_webhook_endpoints,
+            )
         )
-        return dict(row)
-
-
-def _first(override: int | None, default: int | None) -> int | None:
-    return override if override is not None else default
+        overrides = TenantLimits(
+            max_schedules=row["max_schedules"],
+            max_webhook_endpoints=row["max_webhook_endpoints"],
+            min_schedule_interval_seconds=row["min_schedule_interval_seconds"],
+        )
+        return row, overrides.effective(self.defaults)
