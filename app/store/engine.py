@@ -165,6 +165,12 @@ def timeout_statement(settings: Settings) -> str:
     )
 
 
+STATEMENT_CACHE_MAX_BYTES = 256 * 1024
+"""The longest statement text the driver keeps prepared per connection. asyncpg's default
+(15 KiB) is shorter than `end_holds` (about 20 KiB), which it would then parse and plan again
+on every completion batch; every named statement must fit (tests/store/test_statement_cache.py)."""
+
+
 def pgbouncer_options(url: URL) -> tuple[URL, dict[str, Any]]:
     """What PgBouncer in transaction mode needs (Debian's 1.18 has no prepared-statement
     support): no statement caches in asyncpg or SQLAlchemy, and a unique name for every
@@ -206,6 +212,8 @@ def create_engine(
             }
         }
     connect_args["timeout"] = connect_timeout(url)
+    if not settings.pgbouncer:
+        connect_args["max_cacheable_statement_size"] = STATEMENT_CACHE_MAX_BYTES
     engine_options["connect_args"] = {**engine_options.get("connect_args", {}), **connect_args}
     engine = create_async_engine(
         target,
