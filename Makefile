@@ -39,8 +39,11 @@ lint: $(VENV)/.installed-test
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
 
+# The suite in TEST_WORKERS processes, each test module in one of them (its module-scoped
+# servers started once); TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 3
 pytest: $(VENV)/.installed-test
-	$(BIN)/pytest
+	$(BIN)/pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 ## The TypeScript client's API types (clients/typescript/src/openapi.ts), generated again from
 ## the server's OpenAPI document after a change to the API (needs node and npm).

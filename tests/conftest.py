@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -48,8 +49,11 @@ from tests.support.databases import (
 def server_url() -> str:
     url = os.environ.get("TEST_DATABASE_URL")
     if not url:
-        # No server given: the same embedded PostgreSQL users get, in a folder of the suite's.
-        url = start_embedded(Path(tempfile.gettempdir()) / "turnstile-test-embedded").url
+        # No server given: the same embedded PostgreSQL users get, in a folder of the suite's
+        # (one per test process when the suite runs in several: each starts and stops its own).
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        folder = Path(tempfile.gettempdir()) / f"turnstile-test-embedded{worker and '-' + worker}"
+        url = start_embedded(folder).url
     os.environ["TURNSTILE_TEST_SERVER_URL"] = url
     return url
 
@@ -150,10 +154,29 @@ async def queue(
         await claim_engine.dispose()
 
 
+WORKER_REPORTS: list[str] = []
+"""The chaos suite's reports sent by the suite's other processes (pytest-xdist's workers)."""
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In a worker process of a parallel run, hand this process's reports to the controller."""
+    from tests.support.chaos import REPORTS
+
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["reliability_reports"] = list(REPORTS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """The controller of a parallel run collects each worker's reports as it finishes."""
+    WORKER_REPORTS.extend(getattr(node, "workeroutput", {}).get("reliability_reports", []))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Print the chaos suite's reports, so a CI log shows what was proven."""
     from tests.support.chaos import REPORTS
 
-    for text in REPORTS:
+    for text in [*REPORTS, *WORKER_REPORTS]:
         terminalreporter.write_sep("-", "reliability report")
         terminalreporter.write_line(text)
