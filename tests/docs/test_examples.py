@@ -221,7 +221,7 @@ def script(page: Path, server: DocServer, scratch: Path) -> str:
         if not block.runs:
             continue
         text = addresses(block.text, server)
-        parts.append(f"echo 'doctest: {block.where}' >&2")
+        parts.append(f"echo \"doctest: {block.where} (at $SECONDS s)\" >&2")
         if block.lang in SHELL:
             parts.append(text)
         elif block.directive == "interrupt after":
@@ -267,7 +267,7 @@ def test_the_pages_examples_run_as_written(
                 os.killpg(process.pid, signal.SIGKILL)
     text = output.read_text(errors="replace")
     print(text)
-    blocks_run = re.findall(r"^doctest: (\S+:\d+)$", text, flags=re.MULTILINE)
+    blocks_run = re.findall(r"^doctest: (\S+:\d+) \(at \d+ s\)$", text, flags=re.MULTILINE)
     assert process.returncode != -signal.SIGKILL, (
         f"{page.name} ran past {PAGE_TIMEOUT_SECONDS} s, in the block at "
         f"{blocks_run[-1] if blocks_run else page.name}:\n{text[-4000:]}"
