@@ -221,7 +221,7 @@ def script(page: Path, server: DocServer, scratch: Path) -> str:
         if not block.runs:
             continue
         text = addresses(block.text, server)
-        parts.append(f"echo \"doctest: {block.where} (at $SECONDS s)\" >&2")
+        parts.append(f'echo "doctest: {block.where} (at $SECONDS s)" >&2')
         if block.lang in SHELL:
             parts.append(text)
         elif block.directive == "interrupt after":
