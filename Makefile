@@ -7,7 +7,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test check lint typecheck pytest openapi-types bench bench-quick bench-churn clean
+.PHONY: run test check lint typecheck pytest docs openapi-types bench bench-quick bench-churn clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "make: Python 3.11 or newer is required (python3 --version)"; exit 2; }
@@ -45,6 +45,16 @@ TEST_WORKERS ?= 3
 pytest: $(VENV)/.installed-test
 	$(BIN)/pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	@touch $@ $(VENV)/.installed-run
+
+## The docs site, offline, into site/ (open site/index.html): the README as its front page, docs/,
+## and the HTTP API and CLI references generated from the code (scripts/docs_reference.py).
+docs: $(VENV)/.installed-docs
+	$(BIN)/python scripts/docs_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 ## The TypeScript client's API types (clients/typescript/src/openapi.ts), generated again from
 ## the server's OpenAPI document after a change to the API (needs node and npm).
 openapi-types: $(VENV)/.installed-test
@@ -74,5 +84,5 @@ bench-churn: $(VENV)/.installed-bench
 	$(BIN)/python bench/churn.py $(if $(CHURN_RUNS),--runs $(CHURN_RUNS),)
 
 clean:
-	rm -rf $(VENV) .turnstile .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .turnstile .pytest_cache .mypy_cache .ruff_cache site docs/index.md docs/reference
 	rm -rf clients/typescript/node_modules clients/typescript/dist

@@ -874,7 +874,8 @@ def build_parser() -> argparse.ArgumentParser:
     create_schedule.add_argument(
         "--cron",
         required=True,
-        help="five fields, or six with seconds first ('0 3 * * *', '*/2 * * * * *')",
+        help="five fields, or six with seconds first ('0 3 * * *': 03:00 every day); "
+        "at most one fire a minute by default",
     )
     create_schedule.add_argument("--timezone", default="UTC", help="IANA time zone (UTC)")
     create_schedule.add_argument("--agent", help="default: the service's default agent")

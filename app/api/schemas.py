@@ -347,7 +347,8 @@ class ScheduleRequest(Strict):
         min_length=1,
         max_length=200,
         description="Five fields (minute hour day-of-month month day-of-week), or six with "
-        "seconds first: `0 3 * * *` is 03:00 every day, `*/2 * * * * *` every two seconds.",
+        "seconds first: `0 3 * * *` is 03:00 every day, `0 */5 * * * *` every five minutes at "
+        "second 0. A schedule fires at most once a minute unless its tenant's limits allow more.",
         examples=["0 3 * * *"],
     )
     timezone: str = Field(

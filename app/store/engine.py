@@ -200,6 +200,13 @@ def create_engine(
     `planner_settings` (see `create_claim_engine`). With `connect_patience_seconds`, a new
     connection that finds no primary (refused, none of the hosts taking writes, the server
     starting) is tried again for that long before its error is raised (see `_patient`)."""
+    if not url:
+        # Embedding code passes settings.database_url, which is None when DATABASE_URL is unset:
+        # SQLAlchemy's own answer to that names no setting at all.
+        raise ValueError(
+            "no database URL: set DATABASE_URL, or pass resolve_database(settings).url "
+            "(app.store.resolve), which is the embedded PostgreSQL's when it is unset"
+        )
     target = async_url(url)
     if settings.pgbouncer:
         target, connect_args = pgbouncer_options(target)

@@ -60,7 +60,7 @@ SLOW_SCRIPT = {
         {"final": "done"},
     ]
 }
-README = Path(__file__).resolve().parents[2] / "README.md"
+CLIENTS_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "clients.md"
 FAST_RETRIES = RetryPolicy(attempts=5, base_delay=0.05, max_delay=0.2)
 
 
@@ -442,7 +442,7 @@ def test_the_client_imports_nothing_of_the_server() -> None:
 
 
 async def test_the_readme_example_runs(api: Api) -> None:
-    section = README.read_text(encoding="utf-8").split("## The Python client", 1)[1]
+    section = CLIENTS_GUIDE.read_text(encoding="utf-8").split("## The Python client", 1)[1]
     example = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert "http://127.0.0.1:8000" in example
     process = await asyncio.create_subprocess_exec(
@@ -462,7 +462,7 @@ async def test_the_readme_example_runs(api: Api) -> None:
 
 
 async def test_the_readme_short_example_runs(api: Api) -> None:
-    section = README.read_text(encoding="utf-8").split("\n### Which client, where\n", 1)[1]
+    section = CLIENTS_GUIDE.read_text(encoding="utf-8").split("\n## Which client, where\n", 1)[1]
     example = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert "from turnstile_client import" in example
     process = await asyncio.create_subprocess_exec(

@@ -1,7 +1,7 @@
 """The TypeScript client (clients/typescript, `@turnstile/client`), built and tested by `make
 test`: `npm ci` from its package-lock.json, the build (tsc, and esbuild's one-file bundle for
 pages without a bundler), its API types checked against the server's OpenAPI document, Node's own
-test runner against a real `turnstile serve`, the README's example run in Node, and Debian's
+test runner against a real `turnstile serve`, the clients guide's example run in Node, and Debian's
 Chromium (through Playwright) on a page of another loopback origin that imports the built bundle
 and calls the API through CORS; a page of an origin not allowed is refused by the browser.
 
@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.system, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "clients" / "typescript"
-README = ROOT / "README.md"
+CLIENTS_GUIDE = ROOT / "docs" / "guides" / "clients.md"
 
 
 def npm(*args: str, timeout: float = 600) -> str:
@@ -163,14 +163,14 @@ async def test_nodes_test_runner_against_turnstile_serve(
 
 
 def readme_example(heading: str, fence: str) -> str:
-    section = README.read_text(encoding="utf-8").split(f"\n{heading}\n", 1)[1]
+    section = CLIENTS_GUIDE.read_text(encoding="utf-8").split(f"\n{heading}\n", 1)[1]
     return section.split(f"```{fence}\n", 1)[1].split("```", 1)[0]
 
 
 async def test_the_readme_example_runs_in_node(
     built: Path, database_url: str, engine: AsyncEngine, tmp_path: Path
 ) -> None:
-    example = readme_example("### Which client, where", "ts")
+    example = readme_example("## Which client, where", "ts")
     assert 'from "@turnstile/client"' in example
     assert "http://127.0.0.1:8000" in example
     # A project of the user's: the package linked in as npm would install it.

@@ -1,6 +1,6 @@
 """A webhook receiver on loopback for tests: a small asyncio HTTP server that records every
 delivery (its headers and exact body), answers from a script of statuses (then 200), and
-verifies Standard Webhooks signatures the way README's receiver does."""
+verifies Standard Webhooks signatures the way the webhooks guide's receiver does."""
 
 from __future__ import annotations
 
