@@ -14,6 +14,15 @@ SELECT request_hash, response_status, response_body, run_id FROM idempotency_key
 WHERE tenant_id = :tenant_id AND principal = :principal AND key = :key;
 
 
+-- name: idempotency_peek
+-- A look at a key without taking it: the stored outcome of a request made before, while it
+-- lasts. The A2A surface asks this before it creates the session a first message needs, so a
+-- retried first message starts no second session (app/api/a2a_routes.py).
+SELECT request_hash, response_status, response_body, run_id FROM idempotency_keys
+WHERE tenant_id = :tenant_id AND principal = :principal AND key = :key
+  AND expires_at > {{now}};
+
+
 -- name: idempotency_store
 -- Only 2xx outcomes reach this statement; a refused submission rolls its key back with it.
 UPDATE idempotency_keys
