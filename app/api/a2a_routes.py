@@ -49,6 +49,7 @@ from app.queue.errors import (
     AnswerConflictError,
     IdempotencyKeyInFlightError,
     IdempotencyKeyReusedError,
+    InvalidCursorError,
     QueueQuotaError,
     RateLimitedError,
     RunFinishedError,
@@ -343,15 +344,27 @@ async def submit_message(
         session_id = a2a.uuid_of(message.context_id)
         if session_id is None:
             raise a2a.invalid_params("message.contextId", "not a context this agent gave out")
-    else:
-        session = await state.reads.create_session(
+    made = None
+    if session_id is None:
+        made = await state.reads.create_session(
             tenant_id=caller.tenant_id, principal=caller.principal
         )
-        session_id = session.id
-    with tracing.submission("turn", request.headers.get("traceparent")) as span:
-        outcome = await state.submissions.submit_turn(
-            who, session_id, RunSpec(input=values, agent=agent, traceparent=span.traceparent), key
-        )
+        session_id = made.id
+    try:
+        with tracing.submission("turn", request.headers.get("traceparent")) as span:
+            outcome = await state.submissions.submit_turn(
+                who,
+                session_id,
+                RunSpec(input=values, agent=agent, traceparent=span.traceparent),
+                key,
+            )
+    except TurnstileError:
+        if made is not None:  # a refusal leaves nothing behind, not even the new context
+            await state.reads.discard_empty_session(made.id, tenant_id=caller.tenant_id)
+        raise
+    if made is not None and outcome.replayed:
+        # A twin of this message won meanwhile: its task, in its context; ours goes.
+        await state.reads.discard_empty_session(made.id, tenant_id=caller.tenant_id)
     state.live.session_changed(session_id)
     return outcome
 
@@ -409,6 +422,48 @@ async def cancel_task(
     return a2a.task_of(outcome.run)
 
 
+async def list_tasks(
+    request: Request, caller: Caller, rpc_id: JSON, raw: dict[str, Any]
+) -> dict[str, Any]:
+    """The caller's tasks (its runs, as `GET /runs/{id}` shows them), newest first."""
+    params = a2a.ListTasksParams.model_validate(raw)
+    if params.status_timestamp_after:
+        raise a2a.invalid_params("statusTimestampAfter", "not supported yet")
+    session_id = None
+    if params.context_id:
+        session_id = a2a.uuid_of(params.context_id)
+        if session_id is None:
+            return {"tasks": [], "nextPageToken": "", "pageSize": 0, "totalSize": 0}
+    size = params.page_size or 50
+    try:
+        page = await state_of(request).reads.runs_page(
+            tenant_id=caller.tenant_id,
+            principal=visible_principal(caller),
+            filters={
+                "status": a2a.status_filter(params.status),
+                "min_priority": None,
+                "max_priority": None,
+                "session_id": session_id,
+                "since": None,
+                "until": None,
+            },
+            cursor=params.page_token or None,
+            limit=size,
+        )
+    except InvalidCursorError:
+        raise a2a.invalid_params("pageToken", "not a page token this agent gave out") from None
+    tasks = [
+        a2a.task_of(run, history_length=params.history_length, artifacts=params.include_artifacts)
+        for run in page.runs
+    ]
+    return {
+        "tasks": tasks,
+        "nextPageToken": page.next_cursor or "",
+        "pageSize": size,
+        "totalSize": len(tasks),
+    }
+
+
 def last_event_id(request: Request) -> int | None:
     value = request.headers.get("Last-Event-ID")
     if value is None:
@@ -441,6 +496,7 @@ HANDLERS: dict[str, Handler] = {
     "SendStreamingMessage": send_streaming_message,
     "GetTask": get_task,
     "CancelTask": cancel_task,
+    "ListTasks": list_tasks,
     "SubscribeToTask": subscribe_to_task,
 }
 

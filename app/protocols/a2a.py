@@ -206,6 +206,31 @@ class TaskParams(_Loose):
     metadata: dict[str, JSON] | None = None
 
 
+class ListTasksParams(_Loose):
+    """ListTasks: a context and a state to filter by, a page."""
+
+    tenant: str = ""
+    context_id: str | None = Field(default=None, alias="contextId", max_length=100)
+    status: str | None = Field(default=None, max_length=40)
+    page_size: int | None = Field(default=None, alias="pageSize", ge=1, le=100)
+    page_token: str | None = Field(default=None, alias="pageToken", max_length=200)
+    history_length: int | None = Field(default=None, alias="historyLength", ge=0, le=1000)
+    include_artifacts: bool = Field(default=False, alias="includeArtifacts")
+    status_timestamp_after: str | None = Field(default=None, alias="statusTimestampAfter")
+
+
+def status_filter(state: str | None) -> str | None:
+    """The run status a ListTasks state filter names (None: any); `rejected` names none."""
+    if state in (None, "", "TASK_STATE_UNSPECIFIED"):
+        return None
+    if state == "TASK_STATE_REJECTED":
+        return "rejected"  # matches no run: a refused message makes none
+    status = STATUS_OF_STATE.get(str(state))
+    if status is None:
+        raise invalid_params("status", f"not a task state: {str(state)[:40]!r}")
+    return status
+
+
 def uuid_of(value: str | None) -> UUID | None:
     """The id a task or context id names; None for one that names none (not found)."""
     if value is None:

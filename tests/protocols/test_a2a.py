@@ -27,6 +27,7 @@ from a2a.client import (
 from a2a.types import (
     CancelTaskRequest,
     GetTaskRequest,
+    ListTasksRequest,
     SendMessageRequest,
     StreamResponse,
     SubscribeToTaskRequest,
@@ -34,6 +35,7 @@ from a2a.types import (
     TaskState,
 )
 from a2a.utils.errors import (
+    InternalError,
     InvalidParamsError,
     TaskNotCancelableError,
     TaskNotFoundError,
@@ -107,9 +109,9 @@ async def sent(client: Client, req: SendMessageRequest) -> Task:
     return response.task
 
 
-async def count_runs(engine: AsyncEngine) -> int:
+async def count_runs(engine: AsyncEngine, table: str = "runs") -> int:
     async with engine.connect() as conn:
-        return int((await conn.execute(text("SELECT count(*) FROM runs"))).scalar_one())
+        return int((await conn.execute(text(f"SELECT count(*) FROM {table}"))).scalar_one())
 
 
 def result_text(task: Task) -> str:
@@ -187,6 +189,12 @@ async def test_an_input_required_task_is_resumed_by_a_message_naming_it(api: Api
     assert answered.id == task.id  # the same run, resumed
     assert answered.status.state == TaskState.TASK_STATE_COMPLETED
     assert result_text(answered) == "paid"
+    # The answer sent again (a retry after a lost reply) is the same task, not a new turn.
+    resent = await sent(
+        client,
+        request("savings", message_id="m-2", task_id=task.id, context_id=task.context_id),
+    )
+    assert resent.id == task.id
     # A finished task takes no more messages.
     with pytest.raises(UnsupportedOperationError):
         await sent(client, request("more", message_id="m-3", task_id=task.id))
@@ -257,6 +265,52 @@ async def test_a_bad_key_is_refused_with_401(api: Api) -> None:
     with pytest.raises(A2AClientError) as refused:
         await sent(client, request("hi", message_id="m-1"))
     assert "401" in str(refused.value)
+
+
+async def test_tasks_are_listed_newest_first_by_context_and_state(api: Api) -> None:
+    client = await sdk(api)
+    one = await sent(client, request("one", message_id="m-1"))
+    two = await sent(client, request("two", message_id="m-2", context_id=one.context_id))
+    other = await sent(client, request("three", message_id="m-3"))
+    listed = await client.list_tasks(ListTasksRequest(context_id=one.context_id))
+    assert [t.id for t in listed.tasks] == [two.id, one.id]
+    assert listed.next_page_token == ""
+    assert all(not t.artifacts for t in listed.tasks)  # unless asked for
+    everything = await client.list_tasks(ListTasksRequest(include_artifacts=True))
+    assert [t.id for t in everything.tasks] == [other.id, two.id, one.id]
+    assert result_text(everything.tasks[0]) == "three"
+    first = await client.list_tasks(ListTasksRequest(page_size=2))
+    assert [t.id for t in first.tasks] == [other.id, two.id]
+    rest = await client.list_tasks(ListTasksRequest(page_size=2, page_token=first.next_page_token))
+    assert [t.id for t in rest.tasks] == [one.id]
+    assert rest.next_page_token == ""
+    working = await client.list_tasks(ListTasksRequest(status=TaskState.TASK_STATE_WORKING))
+    assert list(working.tasks) == []
+    theirs = await sdk(api, "globex", "bob")
+    assert list((await theirs.list_tasks(ListTasksRequest())).tasks) == []
+    with pytest.raises(InvalidParamsError):
+        await client.list_tasks(ListTasksRequest(page_token="forged"))
+
+
+async def test_a_message_over_the_rate_limit_is_refused_and_writes_nothing(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with running_api(
+        database_url, engine, workers=True, submit_rate_per_second=0.001, submit_burst=1
+    ) as limited:
+        try:
+            client = await sdk(limited)
+            await sent(client, request("first", message_id="m-1"))
+            before = (await count_runs(engine), await count_runs(engine, "sessions"))
+            with pytest.raises(InternalError) as refused:
+                await sent(client, request("second", message_id="m-2"))
+            assert refused.value.data is not None
+            assert int(refused.value.data["retryAfterSeconds"]) >= 1
+            # No run, and not even the context the message would have started.
+            assert (await count_runs(engine), await count_runs(engine, "sessions")) == before
+        finally:
+            while HTTP_CLIENTS:
+                await HTTP_CLIENTS.pop().aclose()
 
 
 # --- streams -----------------------------------------------------------------------------------

@@ -37,6 +37,15 @@ VALUES (:tenant_id, :principal, {{now}}, {{now}})
 RETURNING id, tenant_id, principal, created_at, last_activity_at;
 
 
+-- name: discard_empty_session
+-- A session made for a first message whose turn was then refused (rate limit, quota): removed
+-- again, so a refusal leaves nothing behind. Only while no run names it, so a session that
+-- has taken a turn meanwhile is never touched.
+DELETE FROM sessions s
+WHERE s.id = :session_id AND s.tenant_id = :tenant_id
+  AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.session_id = s.id);
+
+
 -- name: lock_session
 -- Every submission to a session takes its row first, so routing decisions on one session are
 -- made one at a time. :principal (None for operator keys) keeps a plain key to its own
