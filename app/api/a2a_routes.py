@@ -24,6 +24,7 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -67,6 +68,7 @@ from app.vocabulary.statuses import TERMINAL
 router = APIRouter(tags=["a2a"], include_in_schema=False)
 
 RPC_PATH = "/a2a"
+REST_PATH = "/a2a/rest"
 CARD_PATH = "/.well-known/agent-card.json"
 VERSION = "0.1.0"
 # Where a stream (and a blocking send) stops: the task finished, or asking for input.
@@ -174,62 +176,55 @@ def problem_error(exc: ApiProblem) -> A2AError:
     return A2AError(a2a.INVALID_REQUEST, exc.detail or exc.slug, exc.slug.upper().replace("-", "_"))
 
 
-def error_response(rpc_id: JSON, error: A2AError) -> JSONResponse:
-    headers = {"Retry-After": str(error.retry_after)} if error.retry_after else None
-    return FastJSONResponse(a2a.rpc_error(rpc_id, error), headers=headers)
+@dataclass(frozen=True)
+class Framing:
+    """How a result travels: in a JSON-RPC response object (its request's id), or bare
+    (HTTP+JSON)."""
 
-
-# --- the JSON-RPC endpoint ---------------------------------------------------------------------
-Handler = Callable[[Request, Caller, JSON, dict[str, Any]], Awaitable[Any]]
-
-
-@router.post(RPC_PATH)
-async def json_rpc(request: Request, caller: CallerDep) -> Any:
-    raw = await request.body()
-    try:
-        envelope = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return error_response(None, A2AError(a2a.PARSE_ERROR, "Invalid JSON payload", "PARSE"))
     rpc_id: JSON = None
-    if isinstance(envelope, dict):
-        given = envelope.get("id")
-        if isinstance(given, str | int) and not isinstance(given, bool):
-            rpc_id = given
-    if (
-        not isinstance(envelope, dict)
-        or envelope.get("jsonrpc") != "2.0"
-        or not isinstance(envelope.get("method"), str)
-        or not isinstance(envelope.get("params", {}), dict)
-        or ("id" in envelope and envelope["id"] is not None and rpc_id is None)
-    ):
-        return error_response(
-            rpc_id,
-            A2AError(
-                a2a.INVALID_REQUEST,
-                "Request payload validation error: a JSON-RPC 2.0 request object with a "
-                "method and object params",
-                "INVALID_REQUEST",
-            ),
+    rest: bool = False
+
+    def wrap(self, item: dict[str, Any]) -> dict[str, Any]:
+        return item if self.rest else a2a.rpc_result(self.rpc_id, item)
+
+
+Handler = Callable[[Request, Caller, Framing, dict[str, Any]], Awaitable[Any]]
+
+
+def error_response(framing: Framing, error: A2AError) -> JSONResponse:
+    """The error as the binding answers it: a JSON-RPC error object (HTTP 200), or a
+    google.rpc.Status with the error's HTTP status (HTTP+JSON)."""
+    headers = {"Retry-After": str(error.retry_after)} if error.retry_after else None
+    if framing.rest:
+        return FastJSONResponse(
+            error.status_object(), status_code=error.http_status, headers=headers
         )
+    return FastJSONResponse(a2a.rpc_error(framing.rpc_id, error), headers=headers)
+
+
+def version_error(request: Request) -> A2AError | None:
+    """VersionNotSupported for an `A2A-Version` other than 1.0 (none given: taken as 1.0)."""
     version = request.headers.get("A2A-Version")
-    if (
-        version is not None
-        and version.strip()
-        and not re.fullmatch(r"1\.0(\.\d+)?", version.strip())
-    ):
-        return error_response(
-            rpc_id,
-            A2AError(
-                a2a.VERSION_NOT_SUPPORTED,
-                f"A2A-Version {version[:20]!r} is not supported; this agent speaks 1.0",
-                "VERSION_NOT_SUPPORTED",
-                {"supported": a2a.PROTOCOL_VERSION},
-            ),
-        )
-    method: str = envelope["method"]
-    params: dict[str, Any] = envelope.get("params") or {}
+    if version is None or not version.strip() or re.fullmatch(r"1\.0(\.\d+)?", version.strip()):
+        return None
+    return A2AError(
+        a2a.VERSION_NOT_SUPPORTED,
+        f"A2A-Version {version[:20]!r} is not supported; this agent speaks 1.0",
+        "VERSION_NOT_SUPPORTED",
+        {"supported": a2a.PROTOCOL_VERSION},
+    )
+
+
+async def invoke(
+    method: str, request: Request, caller: Caller, framing: Framing, params: dict[str, Any]
+) -> Any:
+    """One A2A operation, by its method name, in either binding; every refusal answered in
+    the binding's error shape."""
     handler = HANDLERS.get(method)
     try:
+        refused = version_error(request)
+        if refused is not None:
+            raise refused
         if method in PUSH_METHODS:
             raise A2AError(
                 a2a.PUSH_NOT_SUPPORTED,
@@ -246,15 +241,15 @@ async def json_rpc(request: Request, caller: CallerDep) -> Any:
             raise A2AError(
                 a2a.METHOD_NOT_FOUND, f"Method not found: {method[:100]!r}", "METHOD_NOT_FOUND"
             )
-        result = await handler(request, caller, rpc_id, params)
+        result = await handler(request, caller, framing, params)
     except A2AError as error:
-        return error_response(rpc_id, error)
+        return error_response(framing, error)
     except ValidationError as invalid:
         violations = a2a.pydantic_violations(
             [dict(e) for e in invalid.errors(include_url=False, include_input=False)]
         )
         return error_response(
-            rpc_id,
+            framing,
             A2AError(
                 a2a.INVALID_PARAMS,
                 "Invalid parameters: "
@@ -263,15 +258,119 @@ async def json_rpc(request: Request, caller: CallerDep) -> Any:
                 violations=violations,
             ),
         )
-    except TurnstileError as refused:
-        return error_response(rpc_id, core_error(refused))
+    except TurnstileError as refused_by_core:
+        return error_response(framing, core_error(refused_by_core))
     except ApiProblem as problem:
         if problem.slug == "unauthorized":
             raise
-        return error_response(rpc_id, problem_error(problem))
+        return error_response(framing, problem_error(problem))
     if isinstance(result, HeldStream):
         return result
-    return FastJSONResponse(a2a.rpc_result(rpc_id, result))
+    return FastJSONResponse(framing.wrap(result))
+
+
+@router.post(RPC_PATH)
+async def json_rpc(request: Request, caller: CallerDep) -> Any:
+    raw = await request.body()
+    try:
+        envelope = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return error_response(Framing(), A2AError(a2a.PARSE_ERROR, "Invalid JSON payload", "PARSE"))
+    rpc_id: JSON = None
+    if isinstance(envelope, dict):
+        given = envelope.get("id")
+        if isinstance(given, str | int) and not isinstance(given, bool):
+            rpc_id = given
+    if (
+        not isinstance(envelope, dict)
+        or envelope.get("jsonrpc") != "2.0"
+        or not isinstance(envelope.get("method"), str)
+        or not isinstance(envelope.get("params", {}), dict)
+        or ("id" in envelope and envelope["id"] is not None and rpc_id is None)
+    ):
+        return error_response(
+            Framing(rpc_id),
+            A2AError(
+                a2a.INVALID_REQUEST,
+                "Request payload validation error: a JSON-RPC 2.0 request object with a "
+                "method and object params",
+                "INVALID_REQUEST",
+            ),
+        )
+    params: dict[str, Any] = envelope.get("params") or {}
+    return await invoke(envelope["method"], request, caller, Framing(rpc_id), params)
+
+
+# --- the HTTP+JSON binding ---------------------------------------------------------------------
+REST = Framing(rest=True)
+
+
+async def rest_body(request: Request) -> dict[str, Any] | JSONResponse:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if not isinstance(body, dict):
+        return error_response(
+            REST, A2AError(a2a.PARSE_ERROR, "the body must be a JSON object", "PARSE")
+        )
+    return body
+
+
+@router.post(f"{REST_PATH}/message:send")
+async def rest_send(request: Request, caller: CallerDep) -> Any:
+    body = await rest_body(request)
+    if isinstance(body, JSONResponse):
+        return body
+    return await invoke("SendMessage", request, caller, REST, body)
+
+
+@router.post(f"{REST_PATH}/message:stream")
+async def rest_stream(request: Request, caller: CallerDep) -> Any:
+    body = await rest_body(request)
+    if isinstance(body, JSONResponse):
+        return body
+    return await invoke("SendStreamingMessage", request, caller, REST, body)
+
+
+@router.get(f"{REST_PATH}/tasks")
+async def rest_list(request: Request, caller: CallerDep) -> Any:
+    return await invoke("ListTasks", request, caller, REST, dict(request.query_params))
+
+
+@router.get(REST_PATH + "/tasks/{task_id}:subscribe")
+@router.post(REST_PATH + "/tasks/{task_id}:subscribe")
+async def rest_subscribe(task_id: str, request: Request, caller: CallerDep) -> Any:
+    return await invoke("SubscribeToTask", request, caller, REST, {"id": task_id})
+
+
+@router.post(REST_PATH + "/tasks/{task_id}:cancel")
+async def rest_cancel(task_id: str, request: Request, caller: CallerDep) -> Any:
+    body = await rest_body(request)
+    if isinstance(body, JSONResponse):
+        return body
+    return await invoke("CancelTask", request, caller, REST, {**body, "id": task_id})
+
+
+@router.get(REST_PATH + "/tasks/{task_id}")
+async def rest_get(task_id: str, request: Request, caller: CallerDep) -> Any:
+    return await invoke("GetTask", request, caller, REST, {**request.query_params, "id": task_id})
+
+
+@router.api_route(
+    REST_PATH + "/tasks/{task_id}/pushNotificationConfigs{rest:path}",
+    methods=["GET", "POST", "DELETE"],
+)
+async def rest_push(task_id: str, rest: str, request: Request, caller: CallerDep) -> Any:
+    return await invoke("CreateTaskPushNotificationConfig", request, caller, REST, {})
+
+
+@router.get(f"{REST_PATH}/extendedAgentCard")
+async def rest_extended_card(request: Request, caller: CallerDep) -> Any:
+    return await invoke("GetExtendedAgentCard", request, caller, REST, {})
 
 
 async def visible_task(request: Request, task_id: str, caller: Caller) -> Run:
@@ -370,7 +469,7 @@ async def submit_message(
 
 
 async def send_message(
-    request: Request, caller: Caller, rpc_id: JSON, raw: dict[str, Any]
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
 ) -> dict[str, Any]:
     params = a2a.SendMessageParams.model_validate(raw)
     outcome = await submit_message(request, caller, params)
@@ -382,7 +481,7 @@ async def send_message(
 
 
 async def send_streaming_message(
-    request: Request, caller: Caller, rpc_id: JSON, raw: dict[str, Any]
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
 ) -> HeldStream:
     params = a2a.SendMessageParams.model_validate(raw)
     state = state_of(request)
@@ -394,11 +493,11 @@ async def send_streaming_message(
     except BaseException:
         slot.release()
         raise
-    return HeldStream(slot, task_stream(request, run, caller, rpc_id, run.last_event_seq, slot))
+    return HeldStream(slot, task_stream(request, run, caller, framing, run.last_event_seq, slot))
 
 
 async def get_task(
-    request: Request, caller: Caller, rpc_id: JSON, raw: dict[str, Any]
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
 ) -> dict[str, Any]:
     params = a2a.TaskParams.model_validate(raw)
     run = await visible_task(request, params.id, caller)
@@ -406,7 +505,7 @@ async def get_task(
 
 
 async def cancel_task(
-    request: Request, caller: Caller, rpc_id: JSON, raw: dict[str, Any]
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
 ) -> dict[str, Any]:
     params = a2a.TaskParams.model_validate(raw)
     run = await visible_task(request, params.id, caller)
@@ -423,7 +522,7 @@ async def cancel_task(
 
 
 async def list_tasks(
-    request: Request, caller: Caller, rpc_id: JSON, raw: dict[str, Any]
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
 ) -> dict[str, Any]:
     """The caller's tasks (its runs, as `GET /runs/{id}` shows them), newest first."""
     params = a2a.ListTasksParams.model_validate(raw)
@@ -474,7 +573,7 @@ def last_event_id(request: Request) -> int | None:
 
 
 async def subscribe_to_task(
-    request: Request, caller: Caller, rpc_id: JSON, raw: dict[str, Any]
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
 ) -> HeldStream:
     params = a2a.TaskParams.model_validate(raw)
     run = await visible_task(request, params.id, caller)
@@ -488,7 +587,7 @@ async def subscribe_to_task(
         )
     slot = state_of(request).streams.acquire(caller.key_id, caller.tenant_id)
     after = run.last_event_seq if resume is None else resume
-    return HeldStream(slot, task_stream(request, run, caller, rpc_id, after, slot))
+    return HeldStream(slot, task_stream(request, run, caller, framing, after, slot))
 
 
 HANDLERS: dict[str, Handler] = {
@@ -502,25 +601,25 @@ HANDLERS: dict[str, Handler] = {
 
 
 # --- streams -----------------------------------------------------------------------------------
-def sse(rpc_id: JSON, item: dict[str, Any], event_id: int | None = None) -> bytes:
+def sse(framing: Framing, item: dict[str, Any], event_id: int | None = None) -> bytes:
     """One StreamResponse as an SSE frame of a JSON-RPC result; a durable event's carries its
     sequence number, as `id:` and as `metadata.turnstile.eventId` (which the SDK shows)."""
     if event_id is not None:
         for value in item.values():
             value.setdefault("metadata", {}).setdefault("turnstile", {})["eventId"] = str(event_id)
-    data = json.dumps(a2a.rpc_result(rpc_id, item), ensure_ascii=False, separators=(",", ":"))
+    data = json.dumps(framing.wrap(item), ensure_ascii=False, separators=(",", ":"))
     head = f"id: {event_id}\n" if event_id is not None else ""
     return f"{head}data: {data}\n\n".encode()
 
 
 async def task_stream(
-    request: Request, run: Run, caller: Caller, rpc_id: JSON, after: int, slot: StreamSlot
+    request: Request, run: Run, caller: Caller, framing: Framing, after: int, slot: StreamSlot
 ) -> AsyncIterator[bytes]:
     """The task as it stands, then its events after `after` and its live text, until it
     finishes or asks for input (or the key is revoked, or the server stops)."""
     state = state_of(request)
     loop = asyncio.get_running_loop()
-    yield sse(rpc_id, {"task": a2a.task_of(run)}, after)
+    yield sse(framing, {"task": a2a.task_of(run)}, after)
     last_sent = loop.time()
     next_check = loop.time()
     known = DeltaFilter(run.id)
@@ -542,7 +641,7 @@ async def task_stream(
                     piece = delta.text[have - delta.offset :]
                     streamed[where] = have + len(piece)
                     yield sse(
-                        rpc_id,
+                        framing,
                         a2a.live_piece(run, delta.epoch, delta.message, piece, first=have == 0),
                     )
                     last_sent = loop.time()
@@ -564,7 +663,7 @@ async def task_stream(
                     items = a2a.stream_items(event, run)
                     for index, item in enumerate(items):
                         last = index == len(items) - 1
-                        yield sse(rpc_id, item, event.seq if last else None)
+                        yield sse(framing, item, event.seq if last else None)
                     after = event.seq
                     last_sent = loop.time()
                 if len(events) == STREAM_PAGE:
@@ -593,7 +692,8 @@ class A2AErrors:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path", "") != RPC_PATH:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path != RPC_PATH and not path.startswith(REST_PATH + "/"):
             await self.app(scope, receive, send)
             return
         start: Message | None = None
@@ -610,14 +710,14 @@ class A2AErrors:
                 chunks.append(message.get("body", b""))
                 if message.get("more_body", False):
                     return
-                await self._answer(start, b"".join(chunks), send)
+                await self._answer(start, b"".join(chunks), send, rest=path != RPC_PATH)
                 return
             await send(message)
 
         await self.app(scope, receive, sending)
 
     @staticmethod
-    async def _answer(start: Message, raw: bytes, send: Send) -> None:
+    async def _answer(start: Message, raw: bytes, send: Send, *, rest: bool) -> None:
         try:
             problem = json.loads(raw)
         except ValueError:
@@ -635,7 +735,11 @@ class A2AErrors:
             error = A2AError(a2a.PARSE_ERROR, "Invalid JSON payload", "PARSE")
         else:
             error = A2AError(a2a.INVALID_REQUEST, detail, slug.upper().replace("-", "_"))
-        body = json.dumps(a2a.rpc_error(None, error), ensure_ascii=False).encode()
+        if rest:  # the HTTP+JSON binding keeps the status (our 5xx too: a real fault)
+            error.http_status = status
+            body = json.dumps(error.status_object(), ensure_ascii=False).encode()
+        else:
+            body = json.dumps(a2a.rpc_error(None, error), ensure_ascii=False).encode()
         headers = [
             (name, value)
             for name, value in start.get("headers", [])
@@ -648,7 +752,7 @@ class A2AErrors:
         await send(
             {
                 "type": "http.response.start",
-                "status": 401 if status == 401 else 200,
+                "status": status if rest or status == 401 else 200,
                 "headers": headers,
             }
         )

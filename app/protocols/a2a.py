@@ -35,6 +35,7 @@ from app.vocabulary.records import JSON, Event, Run
 
 PROTOCOL_VERSION = "1.0"
 JSONRPC_BINDING = "JSONRPC"
+REST_BINDING = "HTTP+JSON"
 KEY_PREFIX = "a2a:"
 RESULT_ARTIFACT = "result"
 
@@ -85,9 +86,36 @@ BAD_REQUEST = "type.googleapis.com/google.rpc.BadRequest"
 DOMAIN = "turnstile"
 
 
+# The ErrorInfo reason of each code (the specification's, which the SDK's HTTP+JSON client maps
+# back to its exceptions), and the HTTP status and google.rpc code the HTTP+JSON binding
+# answers it with.
+REASONS: dict[int, tuple[str, int, str]] = {
+    PARSE_ERROR: ("INVALID_REQUEST", 400, "INVALID_ARGUMENT"),
+    INVALID_REQUEST: ("INVALID_REQUEST", 400, "INVALID_ARGUMENT"),
+    METHOD_NOT_FOUND: ("METHOD_NOT_FOUND", 404, "NOT_FOUND"),
+    INVALID_PARAMS: ("INVALID_PARAMS", 400, "INVALID_ARGUMENT"),
+    # Ours are the transient refusals (rate limit, quota, a twin in flight, too many streams):
+    # 429 over HTTP+JSON, with Retry-After.
+    INTERNAL_ERROR: ("INTERNAL_ERROR", 429, "RESOURCE_EXHAUSTED"),
+    TASK_NOT_FOUND: ("TASK_NOT_FOUND", 404, "NOT_FOUND"),
+    TASK_NOT_CANCELABLE: ("TASK_NOT_CANCELABLE", 400, "FAILED_PRECONDITION"),
+    PUSH_NOT_SUPPORTED: ("PUSH_NOTIFICATION_NOT_SUPPORTED", 400, "FAILED_PRECONDITION"),
+    UNSUPPORTED_OPERATION: ("UNSUPPORTED_OPERATION", 400, "FAILED_PRECONDITION"),
+    CONTENT_TYPE_NOT_SUPPORTED: ("CONTENT_TYPE_NOT_SUPPORTED", 400, "INVALID_ARGUMENT"),
+    EXTENDED_CARD_NOT_CONFIGURED: (
+        "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
+        400,
+        "FAILED_PRECONDITION",
+    ),
+    VERSION_NOT_SUPPORTED: ("VERSION_NOT_SUPPORTED", 400, "FAILED_PRECONDITION"),
+}
+
+
 class A2AError(Exception):
     """An error in the protocol's shape: a JSON-RPC code, a message, and a google.rpc
-    ErrorInfo (`reason`, string `metadata`) with optional field violations."""
+    ErrorInfo (the code's reason, string `metadata` with our own finer `turnstileReason`) with
+    optional field violations. `http_status` is what the HTTP+JSON binding answers (401 for a
+    missing or bad key)."""
 
     def __init__(
         self,
@@ -98,6 +126,7 @@ class A2AError(Exception):
         *,
         violations: list[tuple[str, str]] | None = None,
         retry_after: int | None = None,
+        http_status: int | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -106,14 +135,20 @@ class A2AError(Exception):
         self.metadata = metadata or {}
         self.violations = violations or []
         self.retry_after = retry_after
+        standard, status, self.rpc_status = REASONS.get(code, REASONS[INVALID_REQUEST])
+        self.standard_reason = standard
+        self.http_status = http_status or status
 
-    def error_object(self) -> dict[str, Any]:
+    def details(self) -> list[dict[str, Any]]:
+        metadata = dict(self.metadata)
+        if self.reason != self.standard_reason:
+            metadata["turnstileReason"] = self.reason
         data: list[dict[str, Any]] = [
             {
                 "@type": ERROR_INFO,
-                "reason": self.reason,
+                "reason": self.standard_reason,
                 "domain": DOMAIN,
-                "metadata": self.metadata,
+                "metadata": metadata,
             }
         ]
         if self.violations:
@@ -125,7 +160,22 @@ class A2AError(Exception):
                     ],
                 }
             )
-        return {"code": self.code, "message": self.message, "data": data}
+        return data
+
+    def error_object(self) -> dict[str, Any]:
+        """The JSON-RPC error object."""
+        return {"code": self.code, "message": self.message, "data": self.details()}
+
+    def status_object(self) -> dict[str, Any]:
+        """The HTTP+JSON binding's error body (a google.rpc.Status)."""
+        return {
+            "error": {
+                "code": self.http_status,
+                "status": self.rpc_status,
+                "message": self.message,
+                "details": self.details(),
+            }
+        }
 
 
 def invalid_params(field: str, text: str) -> A2AError:
@@ -473,7 +523,12 @@ def agent_card(base_url: str, agents: frozenset[str], version: str) -> dict[str,
                 "url": f"{base_url}/a2a",
                 "protocolBinding": JSONRPC_BINDING,
                 "protocolVersion": PROTOCOL_VERSION,
-            }
+            },
+            {
+                "url": f"{base_url}/a2a/rest",
+                "protocolBinding": REST_BINDING,
+                "protocolVersion": PROTOCOL_VERSION,
+            },
         ],
         "provider": {"organization": "Turnstile", "url": base_url},
         "version": version,

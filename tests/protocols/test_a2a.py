@@ -12,6 +12,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import quote
 from uuid import UUID
 
 import httpx
@@ -71,12 +72,19 @@ async def sdk(
     streaming: bool = False,
     polling: bool = False,
     key: str | None = None,
+    binding: str = "JSONRPC",
 ) -> Client:
-    """The SDK's client for the agent at the server's base URL, found through its card."""
+    """The SDK's client for the agent at the server's base URL, found through its card, on
+    the binding asked for."""
     secret = key or await api.key(tenant, principal)
     http = httpx.AsyncClient(headers={"Authorization": f"Bearer {secret}"}, timeout=30)
     HTTP_CLIENTS.append(http)
-    config = ClientConfig(streaming=streaming, polling=polling, httpx_client=http)
+    config = ClientConfig(
+        streaming=streaming,
+        polling=polling,
+        httpx_client=http,
+        supported_protocol_bindings=[binding],
+    )
     return await ClientFactory(config).create_from_url(api.base)
 
 
@@ -124,9 +132,11 @@ async def test_the_agent_card_lists_the_agents_as_skills(api: Api) -> None:
         card = await A2ACardResolver(plain, api.base).get_agent_card()
     assert card.name == "Turnstile"
     assert {"scripted"} <= {skill.id for skill in card.skills}
-    [interface] = card.supported_interfaces
-    assert (interface.protocol_binding, interface.protocol_version) == ("JSONRPC", "1.0")
-    assert interface.url == f"{api.base}/a2a"
+    interfaces = {i.protocol_binding: i for i in card.supported_interfaces}
+    assert set(interfaces) == {"JSONRPC", "HTTP+JSON"}
+    assert {i.protocol_version for i in interfaces.values()} == {"1.0"}
+    assert interfaces["JSONRPC"].url == f"{api.base}/a2a"
+    assert interfaces["HTTP+JSON"].url == f"{api.base}/a2a/rest"
     assert card.capabilities.streaming
     scheme = card.security_schemes["bearer"]
     assert scheme.http_auth_security_scheme.scheme == "Bearer"
@@ -138,8 +148,9 @@ async def test_the_agent_card_lists_the_agents_as_skills(api: Api) -> None:
     assert raw.json()["name"] == "Turnstile"
 
 
-async def test_a_blocking_send_answers_with_the_completed_task(api: Api) -> None:
-    client = await sdk(api)
+@pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
+async def test_a_blocking_send_answers_with_the_completed_task(api: Api, binding: str) -> None:
+    client = await sdk(api, binding=binding)
     task = await sent(client, request("hello over A2A", message_id="m-1"))
     assert task.status.state == TaskState.TASK_STATE_COMPLETED
     assert result_text(task) == "hello over A2A"
@@ -176,8 +187,11 @@ async def test_a_non_blocking_send_answers_at_once_and_is_polled(api: Api) -> No
     assert result_text(finished) == "slept"
 
 
-async def test_an_input_required_task_is_resumed_by_a_message_naming_it(api: Api) -> None:
-    client = await sdk(api)
+@pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
+async def test_an_input_required_task_is_resumed_by_a_message_naming_it(
+    api: Api, binding: str
+) -> None:
+    client = await sdk(api, binding=binding)
     script = {"script": [{"ask": "Which account?"}, {"final": "paid"}]}
     task = await sent(client, request("pay the bill", message_id="m-1", data=script))
     assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
@@ -200,8 +214,9 @@ async def test_an_input_required_task_is_resumed_by_a_message_naming_it(api: Api
         await sent(client, request("more", message_id="m-3", task_id=task.id))
 
 
-async def test_a_busy_context_is_refused_and_a_task_is_cancelled(api: Api) -> None:
-    client = await sdk(api, polling=True)
+@pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
+async def test_a_busy_context_is_refused_and_a_task_is_cancelled(api: Api, binding: str) -> None:
+    client = await sdk(api, polling=True, binding=binding)
     script = {"script": [{"call": "sleep", "args": {"seconds": 30}}]}
     task = await sent(client, request("wait a while", message_id="m-1", data=script))
     before = await count_runs(api.engine)
@@ -227,8 +242,9 @@ async def _finished(client: Client, task_id: str) -> Task | None:
     return got if got.status.state == TaskState.TASK_STATE_COMPLETED else None
 
 
-async def test_a_resent_message_id_is_one_task(api: Api) -> None:
-    client = await sdk(api)
+@pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
+async def test_a_resent_message_id_is_one_task(api: Api, binding: str) -> None:
+    client = await sdk(api, binding=binding)
     before = await count_runs(api.engine)
     first = await sent(client, request("only once", message_id="same-id"))
     again = await sent(client, request("only once", message_id="same-id"))
@@ -238,14 +254,17 @@ async def test_a_resent_message_id_is_one_task(api: Api) -> None:
     with pytest.raises(InvalidParamsError):
         await sent(client, request("something else", message_id="same-id"))
     # Message ids are the principal's own: another principal's same id is another task.
-    other = await sent(await sdk(api, "acme", "bob"), request("only once", message_id="same-id"))
+    other = await sent(
+        await sdk(api, "acme", "bob", binding=binding), request("only once", message_id="same-id")
+    )
     assert other.id != first.id
     assert await count_runs(api.engine) == before + 2
 
 
-async def test_another_tenants_task_is_not_found(api: Api) -> None:
-    mine = await sdk(api, "acme", "alice")
-    theirs = await sdk(api, "globex", "bob")
+@pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
+async def test_another_tenants_task_is_not_found(api: Api, binding: str) -> None:
+    mine = await sdk(api, "acme", "alice", binding=binding)
+    theirs = await sdk(api, "globex", "bob", binding=binding)
     task = await sent(mine, request("private", message_id="m-1"))
     with pytest.raises(TaskNotFoundError):
         await theirs.get_task(GetTaskRequest(id=task.id))
@@ -267,8 +286,9 @@ async def test_a_bad_key_is_refused_with_401(api: Api) -> None:
     assert "401" in str(refused.value)
 
 
-async def test_tasks_are_listed_newest_first_by_context_and_state(api: Api) -> None:
-    client = await sdk(api)
+@pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
+async def test_tasks_are_listed_newest_first_by_context_and_state(api: Api, binding: str) -> None:
+    client = await sdk(api, binding=binding)
     one = await sent(client, request("one", message_id="m-1"))
     two = await sent(client, request("two", message_id="m-2", context_id=one.context_id))
     other = await sent(client, request("three", message_id="m-3"))
@@ -286,7 +306,7 @@ async def test_tasks_are_listed_newest_first_by_context_and_state(api: Api) -> N
     assert rest.next_page_token == ""
     working = await client.list_tasks(ListTasksRequest(status=TaskState.TASK_STATE_WORKING))
     assert list(working.tasks) == []
-    theirs = await sdk(api, "globex", "bob")
+    theirs = await sdk(api, "globex", "bob", binding=binding)
     assert list((await theirs.list_tasks(ListTasksRequest())).tasks) == []
     with pytest.raises(InvalidParamsError):
         await client.list_tasks(ListTasksRequest(page_token="forged"))
@@ -322,8 +342,9 @@ def event_id(response: StreamResponse) -> str | None:
     return str(value) if value is not None else None
 
 
-async def test_a_streamed_message_sends_live_text_then_the_result(api: Api) -> None:
-    client = await sdk(api, streaming=True)
+@pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
+async def test_a_streamed_message_sends_live_text_then_the_result(api: Api, binding: str) -> None:
+    client = await sdk(api, streaming=True, binding=binding)
     words = "one two three four five six"
     script = {"script": [{"say": words, "delay": 0.02}]}
     events = [e async for e in client.send_message(request("go", message_id="m-1", data=script))]
@@ -355,8 +376,11 @@ async def test_a_streamed_message_sends_live_text_then_the_result(api: Api) -> N
     assert ids == sorted(set(ids))
 
 
-async def test_a_subscription_after_a_dropped_stream_gets_every_event_once(api: Api) -> None:
-    client = await sdk(api, streaming=True)
+@pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
+async def test_a_subscription_after_a_dropped_stream_gets_every_event_once(
+    api: Api, binding: str
+) -> None:
+    client = await sdk(api, streaming=True, binding=binding)
     script = {"script": [{"ask": "Which account?"}, {"say": "paid in full"}]}
     first = [e async for e in client.send_message(request("pay", message_id="m-1", data=script))]
     task = first[0].task
@@ -544,9 +568,17 @@ async def test_a_bounded_fuzz_of_a2a_answers_jsonrpc_errors_never_a_5xx(api: Api
     key = await api.key()
     headers = {"Authorization": f"Bearer {key}"}
 
+    def rest_shaped(answer: httpx.Response) -> None:
+        assert answer.status_code < 500, answer.text
+        if answer.status_code >= 400:
+            error = answer.json()["error"]
+            assert isinstance(error["code"], int), error
+            assert isinstance(error["message"], str), error
+            assert any(d["@type"].endswith("ErrorInfo") for d in error["details"]), error
+
     @settings(max_examples=80, deadline=None, derandomize=True, database=None)
-    @given(envelope=ENVELOPES)
-    def probe(envelope: dict[str, Any]) -> None:
+    @given(envelope=ENVELOPES, task_id=st.text(max_size=40))
+    def probe(envelope: dict[str, Any], task_id: str) -> None:
         params = envelope.get("params")
         if isinstance(params, dict):
             # A valid send is answered at once, not waited for.
@@ -560,5 +592,13 @@ async def test_a_bounded_fuzz_of_a2a_answers_jsonrpc_errors_never_a_5xx(api: Api
                 body = answer.json()
                 assert body.get("jsonrpc") == "2.0", body
                 assert ("error" in body) != ("result" in body), body
+            # The HTTP+JSON binding: the same params as bodies, the id in the path.
+            rest = envelope.get("params")
+            content = json.dumps(rest)
+            rest_shaped(client.post("/a2a/rest/message:send", content=content))
+            target = quote(task_id, safe="")
+            rest_shaped(client.get(f"/a2a/rest/tasks/{target}"))
+            rest_shaped(client.post(f"/a2a/rest/tasks/{target}:cancel", content=content))
+            rest_shaped(client.get("/a2a/rest/tasks", params={"pageSize": task_id}))
 
     await asyncio.to_thread(probe)
