@@ -274,8 +274,10 @@ async def json_rpc(request: Request, caller: CallerDep) -> Any:
     raw = await request.body()
     try:
         envelope = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return error_response(Framing(), A2AError(a2a.PARSE_ERROR, "Invalid JSON payload", "PARSE"))
+    if a2a.too_deep(envelope):
+        return error_response(Framing(), nested_error())
     rpc_id: JSON = None
     if isinstance(envelope, dict):
         given = envelope.get("id")
@@ -311,13 +313,23 @@ async def rest_body(request: Request) -> dict[str, Any] | JSONResponse:
         return {}
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         body = None
     if not isinstance(body, dict):
         return error_response(
             REST, A2AError(a2a.PARSE_ERROR, "the body must be a JSON object", "PARSE")
         )
+    if a2a.too_deep(body):
+        return error_response(REST, nested_error())
     return body
+
+
+def nested_error() -> A2AError:
+    return A2AError(
+        a2a.INVALID_REQUEST,
+        f"the request nests deeper than {a2a.MAX_DEPTH} levels",
+        "TOO_DEEP",
+    )
 
 
 @router.post(f"{REST_PATH}/message:send")
@@ -720,7 +732,7 @@ class A2AErrors:
     async def _answer(start: Message, raw: bytes, send: Send, *, rest: bool) -> None:
         try:
             problem = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             problem = {}
         if not isinstance(problem, dict):
             problem = {}

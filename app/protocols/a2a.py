@@ -281,6 +281,22 @@ def status_filter(state: str | None) -> str | None:
     return status
 
 
+MAX_DEPTH = 64  # nesting a request may have: deeper ones are refused before anything recurses
+
+
+def too_deep(value: object, limit: int = MAX_DEPTH) -> bool:
+    """Whether JSON nests deeper than `limit` (walked without recursion)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def uuid_of(value: str | None) -> UUID | None:
     """The id a task or context id names; None for one that names none (not found)."""
     if value is None:

@@ -497,6 +497,18 @@ async def test_bad_requests_are_jsonrpc_errors(api: Api) -> None:
         "/a2a", content=b"{not json", headers={"Content-Type": "application/json"}
     )
     assert assert_jsonrpc_error(raw)["code"] == -32700
+    for nesting in (
+        b"[" * 100_000,
+        b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": '
+        b'{"messageId": "d", "role": "ROLE_USER", "parts": [{"data": '
+        + b"[" * 700
+        + b"]" * 700
+        + b"}]}}}",
+    ):
+        deep = await client.post(
+            "/a2a", content=nesting, headers={"Content-Type": "application/json"}
+        )
+        assert assert_jsonrpc_error(deep)["code"] in (-32700, -32600)
     versioned = await client.post(
         "/a2a",
         json={"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "x"}},
