@@ -38,6 +38,9 @@ JSONRPC_BINDING = "JSONRPC"
 REST_BINDING = "HTTP+JSON"
 KEY_PREFIX = "a2a:"
 RESULT_ARTIFACT = "result"
+# Turnstile's A2A extension: an unsafe tool call whose outcome is unknown (its run ended, or
+# its worker died, while it was in flight) travels as a data part the caller can read.
+TOOL_OUTCOMES_EXTENSION = "urn:turnstile:a2a:uncertain-tool-outcomes:v1"
 
 # Turnstile run status -> A2A task state.
 STATE: dict[str, str] = {
@@ -484,6 +487,31 @@ def live_piece(run: Run, epoch: int, message: int, text: str, *, first: bool) ->
     return artifact_update(run, artifact, append=not first, last_chunk=False)
 
 
+def uncertain_outcome(data: dict[str, Any]) -> dict[str, Any]:
+    """The artifact of an unsafe call with an unknown outcome (the extension's data part):
+    the tool, its step, and what Turnstile knows of it."""
+    step = data.get("step")
+    return {
+        "artifactId": f"tool-outcome-{step}",
+        "name": "uncertain tool outcome",
+        "description": "An unsafe tool call that may or may not have taken effect.",
+        "parts": [
+            {
+                "data": {
+                    "tool": data.get("tool"),
+                    "step": step,
+                    "status": "uncertain",
+                    "idempotencyClass": data.get("idempotency_class"),
+                    "outcome": data.get("outcome"),
+                    "by": data.get("by"),
+                },
+                "mediaType": "application/json",
+            }
+        ],
+        "extensions": [TOOL_OUTCOMES_EXTENSION],
+    }
+
+
 def stream_items(event: Event, run: Run) -> list[dict[str, Any]]:
     """The StreamResponses of one run event. `run` is the run as read after the event (its
     result and question come from it when the event is the run's end or its question).
@@ -499,6 +527,8 @@ def stream_items(event: Event, run: Run) -> list[dict[str, Any]]:
             "parts": [{"text": text_of(data.get("text", ""))}],
         }
         return [artifact_update(run, artifact, append=False, last_chunk=True)]
+    if event.type == "tool.finished" and data.get("outcome_status") == "uncertain":
+        return [artifact_update(run, uncertain_outcome(data), append=False, last_chunk=True)]
     state = EVENT_STATE.get(event.type)
     if state is None:
         return items
@@ -553,6 +583,16 @@ def agent_card(base_url: str, agents: frozenset[str], version: str) -> dict[str,
             "streaming": True,
             "pushNotifications": False,
             "extendedAgentCard": False,
+            "extensions": [
+                {
+                    "uri": TOOL_OUTCOMES_EXTENSION,
+                    "description": "An unsafe tool call whose outcome is unknown (its run "
+                    "ended or its worker died while it was in flight) is streamed as an "
+                    "artifact `tool-outcome-<step>` with one data part: tool, step, status "
+                    "`uncertain`, idempotencyClass, outcome.",
+                    "required": False,
+                }
+            ],
         },
         "securitySchemes": {
             "bearer": {

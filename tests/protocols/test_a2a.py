@@ -48,6 +48,8 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.vocabulary.classes import PriorityClass
+from app.vocabulary.records import ToolCall, Written
 from tests.support.api import Api, running_api
 from tests.support.waiting import eventually
 
@@ -614,3 +616,36 @@ async def test_a_bounded_fuzz_of_a2a_answers_jsonrpc_errors_never_a_5xx(api: Api
             rest_shaped(client.get("/a2a/rest/tasks", params={"pageSize": task_id}))
 
     await asyncio.to_thread(probe)
+
+
+async def test_an_uncertain_tool_outcome_travels_as_the_extensions_data_part(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    """No worker here: the test claims the run and starts an unsafe call through the core, as a
+    worker would; the task is cancelled mid-call through A2A and its subscriber reads the
+    call's unknown outcome as the card's extension says."""
+    async with running_api(database_url, engine, workers=False) as bare:
+        try:
+            client = await sdk(bare, streaming=True, polling=True)
+            card = await A2ACardResolver(HTTP_CLIENTS[-1], bare.base).get_agent_card()
+            [extension] = card.capabilities.extensions
+            sender = await sdk(bare, polling=True)
+            task = await sent(sender, request("mail the report", message_id="m-1"))
+            [claimed] = await bare.queue.claim("test-worker", list(PriorityClass))
+            assert str(claimed.run.id) == task.id
+            call = ToolCall(step=1, tool="send_email", idempotency_class="unsafe", args={})
+            assert isinstance(await bare.queue.tool_started(claimed.lease, call), Written)
+            stream = client.subscribe(SubscribeToTaskRequest(id=task.id))
+            assert (await anext(stream)).HasField("task")
+            cancelled = await client.cancel_task(CancelTaskRequest(id=task.id))
+            assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+            rest = [item async for item in stream]
+        finally:
+            while HTTP_CLIENTS:
+                await HTTP_CLIENTS.pop().aclose()
+    [outcome] = [i.artifact_update.artifact for i in rest if i.HasField("artifact_update")]
+    assert list(outcome.extensions) == [extension.uri]
+    data = json_format.MessageToDict(outcome.parts[0].data)
+    assert (data["tool"], data["step"], data["status"]) == ("send_email", 1, "uncertain")
+    assert data["idempotencyClass"] == "unsafe"
+    assert rest[-1].status_update.status.state == TaskState.TASK_STATE_CANCELED
