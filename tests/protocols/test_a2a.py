@@ -276,6 +276,14 @@ async def test_another_tenants_task_is_not_found(api: Api, binding: str) -> None
         await sent(theirs, request("hijack", message_id="m-1", task_id=task.id))
     with pytest.raises(InvalidParamsError):  # their context is no context of ours
         await sent(theirs, request("join", message_id="m-2", context_id=task.context_id))
+    # Another principal of the same tenant, with a key without a scope: not found either; an
+    # operator key of the tenant sees every principal's tasks.
+    colleague = await sdk(api, "acme", "bob", binding=binding)
+    with pytest.raises(TaskNotFoundError):
+        await colleague.get_task(GetTaskRequest(id=task.id))
+    operator_key = await api.key("acme", "ops", "operator")
+    operator = await sdk(api, key=operator_key, binding=binding)
+    assert (await operator.get_task(GetTaskRequest(id=task.id))).id == task.id
     for unknown in ("00000000-0000-0000-0000-000000000000", "not-a-task"):
         with pytest.raises(TaskNotFoundError):
             await mine.get_task(GetTaskRequest(id=unknown))
