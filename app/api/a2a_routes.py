@@ -1,14 +1,16 @@
 """The Agent2Agent protocol (A2A 1.0) inside `turnstile serve` (issue 34): the agent card at
-`/.well-known/agent-card.json` and the JSON-RPC binding at `POST /a2a` (`SendMessage`, blocking
-or not, `SendStreamingMessage`, `GetTask`, `ListTasks`, `CancelTask`, `SubscribeToTask`),
-driven by the official `a2a-sdk` client unchanged.
+`/.well-known/agent-card.json`, the JSON-RPC binding at `POST /a2a` (`SendMessage`, blocking
+or not, `SendStreamingMessage`, `GetTask`, `ListTasks`, `CancelTask`, `SubscribeToTask`) and
+the HTTP+JSON binding under `/a2a/rest` (the same operations, one `invoke` behind both),
+driven by the official `a2a-sdk` client unchanged (docs/a2a.md).
 
 A thin surface: the mapping is app/protocols/a2a.py; sessions, submissions (routing,
 idempotency, rate limits, quotas), reads and cancel are the core's, exactly as for
 `POST /sessions/{id}/turns`, with the caller's tenant and principal. Every error is a JSON-RPC
 error object with the A2A code (HTTP 200, as the binding answers them; a missing or bad key is
 HTTP 401 with `WWW-Authenticate`, as the specification asks of authentication), never a 5xx:
-`A2AErrors` rewrites our problem+json answers under `/a2a` (auth, body limit, timeouts).
+`A2AErrors` rewrites our problem+json answers under `/a2a` (auth, body limit, timeouts). On
+HTTP+JSON an error is a google.rpc.Status body with its HTTP status.
 
 Streams (`SendStreamingMessage`, `SubscribeToTask`) are built from the run's durable events
 and live deltas, as `GET /runs/{id}/events` is: each SSE frame of a durable event carries its

@@ -53,9 +53,6 @@ STATE: dict[str, str] = {
 }
 # And back, for a state filter (ListTasks); `rejected` has no run: a refused message makes none.
 STATUS_OF_STATE = {state: status for status, state in STATE.items()}
-TERMINAL_STATES = frozenset(
-    {"TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED"}
-)
 
 # Run event type -> the task state it moves the task to (events not listed move nothing).
 EVENT_STATE: dict[str, str] = {
