@@ -164,6 +164,12 @@ class Reads:
             active_question=None,
         )
 
+    async def discard_empty_session(self, session_id: UUID, *, tenant_id: str) -> None:
+        """Remove a session no run names (one made for a turn that was then refused)."""
+        await read_rows.discard_empty_session(
+            self.queue.engine, session_id=session_id, tenant_id=tenant_id
+        )
+
     async def session(
         self, session_id: UUID, *, tenant_id: str | None, principal: str | None
     ) -> SessionView | None:

@@ -330,6 +330,25 @@ class Submissions:
             raise IdempotencyKeyReusedError(idempotency.key)
         return _replayed(stored["response_status"], stored["response_body"], stored["run_id"])
 
+    async def stored_outcome(self, who: Submitter, idempotency: IdempotencyKey) -> Submitted | None:
+        """The outcome kept for an identical request made before with this key (replayed), or
+        None; IdempotencyKeyReusedError when the key was used with another request. Takes
+        nothing: a caller that finds None submits with the key as usual."""
+        stored = await submission_rows.peek_key(
+            self.queue.engine,
+            {
+                "tenant_id": who.tenant_id,
+                "principal": who.principal,
+                "key": idempotency.key,
+                "now": self.queue.clock(),
+            },
+        )
+        if stored is None:
+            return None
+        if stored["request_hash"] != idempotency.request_hash:
+            raise IdempotencyKeyReusedError(idempotency.key)
+        return _replayed(stored["response_status"], stored["response_body"], stored["run_id"])
+
     async def _finish(
         self,
         conn: AsyncConnection,

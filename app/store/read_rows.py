@@ -65,6 +65,13 @@ async def stuck_rows(
     )
 
 
+async def discard_empty_session(engine: AsyncEngine, *, session_id: UUID, tenant_id: str) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(
+            q("discard_empty_session"), {"session_id": session_id, "tenant_id": tenant_id}
+        )
+
+
 async def insert_session(
     engine: AsyncEngine, *, now: datetime | None, tenant_id: str, principal: str
 ) -> RowMapping:

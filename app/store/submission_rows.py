@@ -99,5 +99,11 @@ async def stored_key(conn: AsyncConnection, params: dict[str, Any]) -> RowMappin
     return (await conn.execute(q("idempotency_stored"), params)).mappings().one()
 
 
+async def peek_key(engine: AsyncEngine, params: dict[str, Any]) -> RowMapping | None:
+    """The key's stored outcome while it lasts, without taking the key (None: none)."""
+    async with engine.connect() as conn:
+        return (await conn.execute(q("idempotency_peek"), params)).mappings().one_or_none()
+
+
 async def store_key(conn: AsyncConnection, params: dict[str, Any]) -> None:
     await conn.execute(q("idempotency_store"), params)

@@ -14,6 +14,15 @@ SELECT request_hash, response_status, response_body, run_id FROM idempotency_key
 WHERE tenant_id = :tenant_id AND principal = :principal AND key = :key;
 
 
+-- name: idempotency_peek
+-- A look at a key without taking it: the stored outcome of a request made before, while it
+-- lasts. The A2A surface asks this before it creates the session a first message needs, so a
+-- retried first message starts no second session (app/api/a2a_routes.py).
+SELECT request_hash, response_status, response_body, run_id FROM idempotency_keys
+WHERE tenant_id = :tenant_id AND principal = :principal AND key = :key
+  AND expires_at > {{now}};
+
+
 -- name: idempotency_store
 -- Only 2xx outcomes reach this statement; a refused submission rolls its key back with it.
 UPDATE idempotency_keys
@@ -26,6 +35,15 @@ WHERE tenant_id = :tenant_id AND principal = :principal AND key = :key;
 INSERT INTO sessions (tenant_id, principal, created_at, last_activity_at)
 VALUES (:tenant_id, :principal, {{now}}, {{now}})
 RETURNING id, tenant_id, principal, created_at, last_activity_at;
+
+
+-- name: discard_empty_session
+-- A session made for a first message whose turn was then refused (rate limit, quota): removed
+-- again, so a refusal leaves nothing behind. Only while no run names it, so a session that
+-- has taken a turn meanwhile is never touched.
+DELETE FROM sessions s
+WHERE s.id = :session_id AND s.tenant_id = :tenant_id
+  AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.session_id = s.id);
 
 
 -- name: lock_session

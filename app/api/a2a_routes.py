@@ -1,0 +1,779 @@
+"""The Agent2Agent protocol (A2A 1.0) inside `turnstile serve` (issue 34): the agent card at
+`/.well-known/agent-card.json`, the JSON-RPC binding at `POST /a2a` (`SendMessage`, blocking
+or not, `SendStreamingMessage`, `GetTask`, `ListTasks`, `CancelTask`, `SubscribeToTask`) and
+the HTTP+JSON binding under `/a2a/rest` (the same operations, one `invoke` behind both),
+driven by the official `a2a-sdk` client unchanged (docs/a2a.md).
+
+A thin surface: the mapping is app/protocols/a2a.py; sessions, submissions (routing,
+idempotency, rate limits, quotas), reads and cancel are the core's, exactly as for
+`POST /sessions/{id}/turns`, with the caller's tenant and principal. Every error is a JSON-RPC
+error object with the A2A code (HTTP 200, as the binding answers them; a missing or bad key is
+HTTP 401 with `WWW-Authenticate`, as the specification asks of authentication), never a 5xx:
+`A2AErrors` rewrites our problem+json answers under `/a2a` (auth, body limit, timeouts). On
+HTTP+JSON an error is a google.rpc.Status body with its HTTP status.
+
+Streams (`SendStreamingMessage`, `SubscribeToTask`) are built from the run's durable events
+and live deltas, as `GET /runs/{id}/events` is: each SSE frame of a durable event carries its
+sequence number as its `id:` and in the item's `metadata.turnstile.eventId`; a subscriber that
+sends it back as `Last-Event-ID` gets every event after it, once. A stream ends when the task
+is finished or asks for input. The routes stay out of our OpenAPI document: their contract is
+A2A's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
+from fastapi.sse import KEEPALIVE_COMMENT
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.api.auth import CallerDep, submitter_of, visible_principal, visible_tenant
+from app.api.json_responses import FastJSONResponse
+from app.api.problems import ApiProblem
+from app.api.responses_routes import until_stopped
+from app.api.runs import load_run
+from app.api.schemas import storable_json
+from app.api.services import state_of
+from app.api.streams import KEEPALIVE_SECONDS, STREAM_PAGE, DeltaFilter, HeldStream, wait
+from app.api.watch import STREAM_RECHECK_SECONDS, StreamSlot, recheck_seconds
+from app.observability import tracing
+from app.protocols import a2a
+from app.protocols.a2a import A2AError
+from app.queue.errors import (
+    AnswerConflictError,
+    IdempotencyKeyInFlightError,
+    IdempotencyKeyReusedError,
+    InvalidCursorError,
+    QueueQuotaError,
+    RateLimitedError,
+    RunFinishedError,
+    RunNotFoundError,
+    RunNotWaitingError,
+    SessionBusyError,
+    SessionNotFoundError,
+    TurnstileError,
+)
+from app.queue.submit import IdempotencyKey, RunSpec, Submitted, request_hash
+from app.security.api_keys import Caller
+from app.vocabulary.records import JSON, Run
+from app.vocabulary.statuses import TERMINAL
+
+router = APIRouter(tags=["a2a"], include_in_schema=False)
+
+RPC_PATH = "/a2a"
+REST_PATH = "/a2a/rest"
+CARD_PATH = "/.well-known/agent-card.json"
+VERSION = "0.1.0"
+# Where a stream (and a blocking send) stops: the task finished, or asking for input.
+STOPPED = {*TERMINAL, "waiting_for_user"}
+# What the hash of a message's idempotency key names as its request (both send methods).
+SEND_PATH = "/a2a/message"
+PUSH_METHODS = frozenset(
+    {
+        "CreateTaskPushNotificationConfig",
+        "GetTaskPushNotificationConfig",
+        "ListTaskPushNotificationConfigs",
+        "DeleteTaskPushNotificationConfig",
+    }
+)
+
+
+@router.get(CARD_PATH)
+async def agent_card(request: Request) -> Any:
+    base = str(request.base_url).rstrip("/")
+    return FastJSONResponse(a2a.agent_card(base, state_of(request).agents, VERSION))
+
+
+# --- errors ------------------------------------------------------------------------------------
+def core_error(exc: TurnstileError) -> A2AError:
+    """A refusal of the core in A2A's terms."""
+    if isinstance(exc, RunNotFoundError):
+        return a2a.task_not_found(str(exc.run_id))
+    if isinstance(exc, SessionNotFoundError):
+        return A2AError(
+            a2a.INVALID_PARAMS,
+            f"message.contextId: no context {str(exc.session_id)!r}",
+            "CONTEXT_NOT_FOUND",
+            violations=[("message.contextId", "no such context")],
+        )
+    if isinstance(exc, SessionBusyError):
+        return A2AError(
+            a2a.UNSUPPORTED_OPERATION,
+            f"the context's task {exc.active_run_id} is {a2a.STATE.get(exc.status, exc.status)}: "
+            "it cannot take a message until it finishes or asks for input",
+            "CONTEXT_BUSY",
+            {"activeTaskId": str(exc.active_run_id), "contextId": str(exc.session_id)},
+        )
+    if isinstance(exc, RunNotWaitingError):
+        return A2AError(
+            a2a.UNSUPPORTED_OPERATION,
+            f"task {exc.run_id} is not waiting for input",
+            "TASK_NOT_WAITING",
+            {"taskId": str(exc.run_id)},
+        )
+    if isinstance(exc, RunFinishedError):
+        return A2AError(
+            a2a.TASK_NOT_CANCELABLE,
+            f"task {exc.run_id} is {a2a.STATE.get(exc.status, exc.status)}",
+            "TASK_NOT_CANCELABLE",
+            {"taskId": str(exc.run_id)},
+        )
+    if isinstance(exc, IdempotencyKeyReusedError):
+        return A2AError(
+            a2a.INVALID_PARAMS,
+            "message.messageId: this message id was already sent with another message",
+            "MESSAGE_ID_REUSED",
+            violations=[("message.messageId", "already used with another message")],
+        )
+    if isinstance(exc, IdempotencyKeyInFlightError):
+        return A2AError(
+            a2a.INTERNAL_ERROR,
+            "a message with this id is still being processed; retry shortly",
+            "MESSAGE_IN_FLIGHT",
+            {"retryAfterSeconds": str(exc.retry_after)},
+            retry_after=exc.retry_after,
+        )
+    if isinstance(exc, RateLimitedError):
+        return A2AError(
+            a2a.INTERNAL_ERROR,
+            str(exc),
+            "RATE_LIMITED",
+            {"retryAfterSeconds": str(exc.retry_after)},
+            retry_after=exc.retry_after,
+        )
+    if isinstance(exc, QueueQuotaError):
+        return A2AError(
+            a2a.INTERNAL_ERROR,
+            str(exc),
+            "QUEUE_QUOTA",
+            {"maxQueued": str(exc.max_queued), "queued": str(exc.queued)},
+            retry_after=1,
+        )
+    if isinstance(exc, AnswerConflictError):
+        return A2AError(
+            a2a.INVALID_PARAMS,
+            str(exc),
+            "ANSWER_CONFLICT",
+            violations=[("metadata.skill", str(exc))],
+        )
+    return A2AError(a2a.INVALID_PARAMS, str(exc), "INVALID_PARAMS")
+
+
+def problem_error(exc: ApiProblem) -> A2AError:
+    if exc.slug == "not-found":
+        return A2AError(a2a.TASK_NOT_FOUND, exc.detail or "not found", "TASK_NOT_FOUND")
+    if exc.slug == "too-many-streams":
+        return A2AError(
+            a2a.INTERNAL_ERROR, exc.detail or "too many open streams", "TOO_MANY_STREAMS"
+        )
+    return A2AError(a2a.INVALID_REQUEST, exc.detail or exc.slug, exc.slug.upper().replace("-", "_"))
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How a result travels: in a JSON-RPC response object (its request's id), or bare
+    (HTTP+JSON)."""
+
+    rpc_id: JSON = None
+    rest: bool = False
+
+    def wrap(self, item: dict[str, Any]) -> dict[str, Any]:
+        return item if self.rest else a2a.rpc_result(self.rpc_id, item)
+
+
+Handler = Callable[[Request, Caller, Framing, dict[str, Any]], Awaitable[Any]]
+
+
+def error_response(framing: Framing, error: A2AError) -> JSONResponse:
+    """The error as the binding answers it: a JSON-RPC error object (HTTP 200), or a
+    google.rpc.Status with the error's HTTP status (HTTP+JSON)."""
+    headers = {"Retry-After": str(error.retry_after)} if error.retry_after else None
+    if framing.rest:
+        return FastJSONResponse(
+            error.status_object(), status_code=error.http_status, headers=headers
+        )
+    return FastJSONResponse(a2a.rpc_error(framing.rpc_id, error), headers=headers)
+
+
+def version_error(request: Request) -> A2AError | None:
+    """VersionNotSupported for an `A2A-Version` other than 1.0 (none given: taken as 1.0)."""
+    version = request.headers.get("A2A-Version")
+    if version is None or not version.strip() or re.fullmatch(r"1\.0(\.\d+)?", version.strip()):
+        return None
+    return A2AError(
+        a2a.VERSION_NOT_SUPPORTED,
+        f"A2A-Version {version[:20]!r} is not supported; this agent speaks 1.0",
+        "VERSION_NOT_SUPPORTED",
+        {"supported": a2a.PROTOCOL_VERSION},
+    )
+
+
+async def invoke(
+    method: str, request: Request, caller: Caller, framing: Framing, params: dict[str, Any]
+) -> Any:
+    """One A2A operation, by its method name, in either binding; every refusal answered in
+    the binding's error shape."""
+    handler = HANDLERS.get(method)
+    try:
+        refused = version_error(request)
+        if refused is not None:
+            raise refused
+        if method in PUSH_METHODS:
+            raise A2AError(
+                a2a.PUSH_NOT_SUPPORTED,
+                "push notifications are not supported yet",
+                "PUSH_NOTIFICATION_NOT_SUPPORTED",
+            )
+        if method == "GetExtendedAgentCard":
+            raise A2AError(
+                a2a.UNSUPPORTED_OPERATION,
+                "this agent has no extended agent card",
+                "UNSUPPORTED_OPERATION",
+            )
+        if handler is None:
+            raise A2AError(
+                a2a.METHOD_NOT_FOUND, f"Method not found: {method[:100]!r}", "METHOD_NOT_FOUND"
+            )
+        result = await handler(request, caller, framing, params)
+    except A2AError as error:
+        return error_response(framing, error)
+    except ValidationError as invalid:
+        violations = a2a.pydantic_violations(
+            [dict(e) for e in invalid.errors(include_url=False, include_input=False)]
+        )
+        return error_response(
+            framing,
+            A2AError(
+                a2a.INVALID_PARAMS,
+                "Invalid parameters: "
+                + "; ".join(f"{field}: {text}" for field, text in violations[:3]),
+                "INVALID_PARAMS",
+                violations=violations,
+            ),
+        )
+    except TurnstileError as refused_by_core:
+        return error_response(framing, core_error(refused_by_core))
+    except ApiProblem as problem:
+        if problem.slug == "unauthorized":
+            raise
+        return error_response(framing, problem_error(problem))
+    if isinstance(result, HeldStream):
+        return result
+    return FastJSONResponse(framing.wrap(result))
+
+
+@router.post(RPC_PATH)
+async def json_rpc(request: Request, caller: CallerDep) -> Any:
+    raw = await request.body()
+    try:
+        envelope = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return error_response(Framing(), A2AError(a2a.PARSE_ERROR, "Invalid JSON payload", "PARSE"))
+    if a2a.too_deep(envelope):
+        return error_response(Framing(), nested_error())
+    rpc_id: JSON = None
+    if isinstance(envelope, dict):
+        given = envelope.get("id")
+        if isinstance(given, str | int) and not isinstance(given, bool):
+            rpc_id = given
+    if (
+        not isinstance(envelope, dict)
+        or envelope.get("jsonrpc") != "2.0"
+        or not isinstance(envelope.get("method"), str)
+        or not isinstance(envelope.get("params", {}), dict)
+        or ("id" in envelope and envelope["id"] is not None and rpc_id is None)
+    ):
+        return error_response(
+            Framing(rpc_id),
+            A2AError(
+                a2a.INVALID_REQUEST,
+                "Request payload validation error: a JSON-RPC 2.0 request object with a "
+                "method and object params",
+                "INVALID_REQUEST",
+            ),
+        )
+    params: dict[str, Any] = envelope.get("params") or {}
+    return await invoke(envelope["method"], request, caller, Framing(rpc_id), params)
+
+
+# --- the HTTP+JSON binding ---------------------------------------------------------------------
+REST = Framing(rest=True)
+
+
+async def rest_body(request: Request) -> dict[str, Any] | JSONResponse:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        body = None
+    if not isinstance(body, dict):
+        return error_response(
+            REST, A2AError(a2a.PARSE_ERROR, "the body must be a JSON object", "PARSE")
+        )
+    if a2a.too_deep(body):
+        return error_response(REST, nested_error())
+    return body
+
+
+def nested_error() -> A2AError:
+    return A2AError(
+        a2a.INVALID_REQUEST,
+        f"the request nests deeper than {a2a.MAX_DEPTH} levels",
+        "TOO_DEEP",
+    )
+
+
+@router.post(f"{REST_PATH}/message:send")
+async def rest_send(request: Request, caller: CallerDep) -> Any:
+    body = await rest_body(request)
+    if isinstance(body, JSONResponse):
+        return body
+    return await invoke("SendMessage", request, caller, REST, body)
+
+
+@router.post(f"{REST_PATH}/message:stream")
+async def rest_stream(request: Request, caller: CallerDep) -> Any:
+    body = await rest_body(request)
+    if isinstance(body, JSONResponse):
+        return body
+    return await invoke("SendStreamingMessage", request, caller, REST, body)
+
+
+@router.get(f"{REST_PATH}/tasks")
+async def rest_list(request: Request, caller: CallerDep) -> Any:
+    return await invoke("ListTasks", request, caller, REST, dict(request.query_params))
+
+
+@router.get(REST_PATH + "/tasks/{task_id}:subscribe")
+@router.post(REST_PATH + "/tasks/{task_id}:subscribe")
+async def rest_subscribe(task_id: str, request: Request, caller: CallerDep) -> Any:
+    return await invoke("SubscribeToTask", request, caller, REST, {"id": task_id})
+
+
+@router.post(REST_PATH + "/tasks/{task_id}:cancel")
+async def rest_cancel(task_id: str, request: Request, caller: CallerDep) -> Any:
+    body = await rest_body(request)
+    if isinstance(body, JSONResponse):
+        return body
+    return await invoke("CancelTask", request, caller, REST, {**body, "id": task_id})
+
+
+@router.get(REST_PATH + "/tasks/{task_id}")
+async def rest_get(task_id: str, request: Request, caller: CallerDep) -> Any:
+    return await invoke("GetTask", request, caller, REST, {**request.query_params, "id": task_id})
+
+
+@router.api_route(
+    REST_PATH + "/tasks/{task_id}/pushNotificationConfigs{rest:path}",
+    methods=["GET", "POST", "DELETE"],
+)
+async def rest_push(task_id: str, rest: str, request: Request, caller: CallerDep) -> Any:
+    return await invoke("CreateTaskPushNotificationConfig", request, caller, REST, {})
+
+
+@router.get(f"{REST_PATH}/extendedAgentCard")
+async def rest_extended_card(request: Request, caller: CallerDep) -> Any:
+    return await invoke("GetExtendedAgentCard", request, caller, REST, {})
+
+
+async def visible_task(request: Request, task_id: str, caller: Caller) -> Run:
+    run_id = a2a.uuid_of(task_id)
+    if run_id is None:
+        raise a2a.task_not_found(task_id)
+    try:
+        return await load_run(request, run_id, caller)
+    except RunNotFoundError:
+        raise a2a.task_not_found(task_id) from None
+
+
+async def submit_message(
+    request: Request, caller: Caller, params: a2a.SendMessageParams
+) -> Submitted:
+    """The message as a turn: to the task it names (the answer to its question), to the context
+    it names, or to a new context. The message id is the idempotency key: a retried send,
+    whatever has happened since, answers with the first send's task."""
+    state = state_of(request)
+    message = params.message
+    if message.role != "ROLE_USER":
+        raise a2a.invalid_params("message.role", "a client sends ROLE_USER messages")
+    if params.configuration is not None and params.configuration.push_config:
+        raise A2AError(
+            a2a.PUSH_NOT_SUPPORTED,
+            "push notifications are not supported yet",
+            "PUSH_NOTIFICATION_NOT_SUPPORTED",
+        )
+    agent = a2a.skill_of(params)
+    if agent is not None and agent not in state.agents:
+        raise a2a.invalid_params(
+            "metadata.skill",
+            f"unknown skill {agent[:100]!r}: one of {', '.join(sorted(state.agents))}",
+        )
+    values = a2a.run_input(message)
+    try:
+        storable_json(values)
+    except ValueError as exc:
+        raise a2a.invalid_params("message.parts", str(exc)) from None
+    who = submitter_of(caller)
+    key = IdempotencyKey(
+        key=a2a.KEY_PREFIX + message.message_id,
+        request_hash=request_hash("POST", SEND_PATH, a2a.message_fingerprint(params)),
+    )
+    replay = await state.submissions.stored_outcome(who, key)
+    if replay is not None:
+        return replay
+    session_id: UUID | None = None
+    if message.task_id is not None:
+        run = await visible_task(request, message.task_id, caller)
+        if run.session_id is None:
+            raise A2AError(
+                a2a.UNSUPPORTED_OPERATION,
+                f"task {run.id} is not a conversation's task: it takes no messages",
+                "TASK_HAS_NO_CONTEXT",
+            )
+        if message.context_id is not None and a2a.uuid_of(message.context_id) != run.session_id:
+            raise a2a.invalid_params("message.contextId", "it is not the task's context")
+        if run.status in TERMINAL:
+            raise A2AError(
+                a2a.UNSUPPORTED_OPERATION,
+                f"task {run.id} is {a2a.STATE[run.status]}: it takes no more messages",
+                "TASK_TERMINAL",
+                {"taskId": str(run.id)},
+            )
+        if run.status != "waiting_for_user":
+            raise core_error(RunNotWaitingError(run.id, run.status))
+        session_id = run.session_id
+    elif message.context_id is not None:
+        session_id = a2a.uuid_of(message.context_id)
+        if session_id is None:
+            raise a2a.invalid_params("message.contextId", "not a context this agent gave out")
+    made = None
+    if session_id is None:
+        made = await state.reads.create_session(
+            tenant_id=caller.tenant_id, principal=caller.principal
+        )
+        session_id = made.id
+    try:
+        with tracing.submission("turn", request.headers.get("traceparent")) as span:
+            outcome = await state.submissions.submit_turn(
+                who,
+                session_id,
+                RunSpec(input=values, agent=agent, traceparent=span.traceparent),
+                key,
+            )
+    except TurnstileError:
+        if made is not None:  # a refusal leaves nothing behind, not even the new context
+            await state.reads.discard_empty_session(made.id, tenant_id=caller.tenant_id)
+        raise
+    if made is not None and outcome.replayed:
+        # A twin of this message won meanwhile: its task, in its context; ours goes.
+        await state.reads.discard_empty_session(made.id, tenant_id=caller.tenant_id)
+    state.live.session_changed(session_id)
+    return outcome
+
+
+async def send_message(
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
+) -> dict[str, Any]:
+    params = a2a.SendMessageParams.model_validate(raw)
+    outcome = await submit_message(request, caller, params)
+    run = await load_run(request, outcome.run_id, caller)
+    configuration = params.configuration or a2a.SendConfiguration()
+    if not configuration.return_immediately:
+        run = await until_stopped(request, run, caller)
+    return {"task": a2a.task_of(run, history_length=configuration.history_length)}
+
+
+async def send_streaming_message(
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
+) -> HeldStream:
+    params = a2a.SendMessageParams.model_validate(raw)
+    state = state_of(request)
+    # The stream's place is taken first, so a refusal writes nothing.
+    slot = state.streams.acquire(caller.key_id, caller.tenant_id)
+    try:
+        outcome = await submit_message(request, caller, params)
+        run = await load_run(request, outcome.run_id, caller)
+    except BaseException:
+        slot.release()
+        raise
+    return HeldStream(slot, task_stream(request, run, caller, framing, run.last_event_seq, slot))
+
+
+async def get_task(
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
+) -> dict[str, Any]:
+    params = a2a.TaskParams.model_validate(raw)
+    run = await visible_task(request, params.id, caller)
+    return a2a.task_of(run, history_length=params.history_length)
+
+
+async def cancel_task(
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
+) -> dict[str, Any]:
+    params = a2a.TaskParams.model_validate(raw)
+    run = await visible_task(request, params.id, caller)
+    outcome = await state_of(request).queue.cancel(
+        run.id,
+        actor=caller.actor,
+        reason="cancelled through A2A",
+        tenant_id=caller.tenant_id,
+        principal=visible_principal(caller),
+    )
+    if outcome.changed:
+        tracing.mark("turnstile.cancel", outcome.run.traceparent, {"turnstile.run.id": str(run.id)})
+    return a2a.task_of(outcome.run)
+
+
+async def list_tasks(
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
+) -> dict[str, Any]:
+    """The caller's tasks (its runs, as `GET /runs/{id}` shows them), newest first."""
+    params = a2a.ListTasksParams.model_validate(raw)
+    if params.status_timestamp_after:
+        raise a2a.invalid_params("statusTimestampAfter", "not supported yet")
+    session_id = None
+    if params.context_id:
+        session_id = a2a.uuid_of(params.context_id)
+        if session_id is None:
+            return {"tasks": [], "nextPageToken": "", "pageSize": 0, "totalSize": 0}
+    size = params.page_size or 50
+    try:
+        page = await state_of(request).reads.runs_page(
+            tenant_id=caller.tenant_id,
+            principal=visible_principal(caller),
+            filters={
+                "status": a2a.status_filter(params.status),
+                "min_priority": None,
+                "max_priority": None,
+                "session_id": session_id,
+                "since": None,
+                "until": None,
+            },
+            cursor=params.page_token or None,
+            limit=size,
+        )
+    except InvalidCursorError:
+        raise a2a.invalid_params("pageToken", "not a page token this agent gave out") from None
+    tasks = [
+        a2a.task_of(run, history_length=params.history_length, artifacts=params.include_artifacts)
+        for run in page.runs
+    ]
+    return {
+        "tasks": tasks,
+        "nextPageToken": page.next_cursor or "",
+        "pageSize": size,
+        "totalSize": len(tasks),
+    }
+
+
+def last_event_id(request: Request) -> int | None:
+    value = request.headers.get("Last-Event-ID")
+    if value is None:
+        return None
+    if not re.fullmatch(r"[0-9]{1,18}", value.strip()):
+        raise a2a.invalid_params("Last-Event-ID", "an eventId this agent sent (a number)")
+    return int(value.strip())
+
+
+async def subscribe_to_task(
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
+) -> HeldStream:
+    params = a2a.TaskParams.model_validate(raw)
+    run = await visible_task(request, params.id, caller)
+    resume = last_event_id(request)
+    if run.status in TERMINAL and (resume is None or resume >= run.last_event_seq):
+        raise A2AError(
+            a2a.UNSUPPORTED_OPERATION,
+            f"task {run.id} is {a2a.STATE[run.status]}: there is nothing to subscribe to",
+            "TASK_TERMINAL",
+            {"taskId": str(run.id)},
+        )
+    slot = state_of(request).streams.acquire(caller.key_id, caller.tenant_id)
+    after = run.last_event_seq if resume is None else resume
+    return HeldStream(slot, task_stream(request, run, caller, framing, after, slot))
+
+
+HANDLERS: dict[str, Handler] = {
+    "SendMessage": send_message,
+    "SendStreamingMessage": send_streaming_message,
+    "GetTask": get_task,
+    "CancelTask": cancel_task,
+    "ListTasks": list_tasks,
+    "SubscribeToTask": subscribe_to_task,
+}
+
+
+# --- streams -----------------------------------------------------------------------------------
+def sse(framing: Framing, item: dict[str, Any], event_id: int | None = None) -> bytes:
+    """One StreamResponse as an SSE frame of a JSON-RPC result; a durable event's carries its
+    sequence number, as `id:` and as `metadata.turnstile.eventId` (which the SDK shows)."""
+    if event_id is not None:
+        for value in item.values():
+            value.setdefault("metadata", {}).setdefault("turnstile", {})["eventId"] = str(event_id)
+    data = json.dumps(framing.wrap(item), ensure_ascii=False, separators=(",", ":"))
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}data: {data}\n\n".encode()
+
+
+async def task_stream(
+    request: Request, run: Run, caller: Caller, framing: Framing, after: int, slot: StreamSlot
+) -> AsyncIterator[bytes]:
+    """The task as it stands, then its events after `after` and its live text, until it
+    finishes or asks for input (or the key is revoked, or the server stops)."""
+    state = state_of(request)
+    loop = asyncio.get_running_loop()
+    yield sse(framing, {"task": a2a.task_of(run)}, after)
+    last_sent = loop.time()
+    next_check = loop.time()
+    known = DeltaFilter(run.id)
+    streamed: dict[tuple[int, int], int] = {}  # live text sent, per (epoch, message)
+    caught_up = False
+    with (
+        state.watch.watching(str(run.id)) as changed,
+        state.live.following(run_id=run.id) as inbox,
+    ):
+        while not state.shutdown.is_set() and not slot.ended.is_set():
+            if caught_up and inbox.ready.is_set():
+                for delta in inbox.take():
+                    if not known.news(delta):
+                        continue
+                    where = (delta.epoch, delta.message)
+                    have = streamed.get(where, 0)
+                    if delta.end <= have or delta.offset > have:
+                        continue  # sent already, or a gap: the message's end brings it whole
+                    piece = delta.text[have - delta.offset :]
+                    streamed[where] = have + len(piece)
+                    yield sse(
+                        framing,
+                        a2a.live_piece(run, delta.epoch, delta.message, piece, first=have == 0),
+                    )
+                    last_sent = loop.time()
+            if changed.is_set() or loop.time() >= next_check:
+                changed.clear()
+                progress, events = await state.queue.watch_events(
+                    run.id,
+                    after=after,
+                    limit=STREAM_PAGE,
+                    tenant_id=visible_tenant(caller),
+                    principal=visible_principal(caller),
+                )
+                if progress is None:
+                    return  # deleted by retention meanwhile
+                if any(e.type in ("run.succeeded", "run.failed", "run.waiting") for e in events):
+                    run = await load_run(request, run.id, caller)  # its result or question
+                for event in events:
+                    known.saw(event)
+                    items = a2a.stream_items(event, run)
+                    for index, item in enumerate(items):
+                        last = index == len(items) - 1
+                        yield sse(framing, item, event.seq if last else None)
+                    after = event.seq
+                    last_sent = loop.time()
+                if len(events) == STREAM_PAGE:
+                    continue
+                caught_up = True
+                if progress.status in STOPPED and after >= progress.last_event_seq:
+                    return
+                next_check = loop.time() + recheck_seconds(
+                    progress.status, progress.scheduled_for, active_seconds=STREAM_RECHECK_SECONDS
+                )
+            if loop.time() - last_sent >= KEEPALIVE_SECONDS:
+                yield KEEPALIVE_COMMENT
+                last_sent = loop.time()
+            pause = min(next_check, last_sent + KEEPALIVE_SECONDS) - loop.time()
+            await wait(inbox, changed, state.shutdown, pause, slot)
+
+
+# --- problem+json under /a2a -------------------------------------------------------------------
+class A2AErrors:
+    """Under `/a2a`, a problem+json answer (from the auth dependency, the body limit, a
+    timeout) becomes a JSON-RPC error object with id null: HTTP 200, except a missing or bad
+    key, which stays 401 with its `WWW-Authenticate`. Problems are small: the body is read
+    whole."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path != RPC_PATH and not path.startswith(REST_PATH + "/"):
+            await self.app(scope, receive, send)
+            return
+        start: Message | None = None
+        chunks: list[bytes] = []
+
+        async def sending(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                content_type = dict(message.get("headers", [])).get(b"content-type", b"")
+                if content_type.startswith(b"application/problem+json"):
+                    start = message
+                    return
+            elif message["type"] == "http.response.body" and start is not None:
+                chunks.append(message.get("body", b""))
+                if message.get("more_body", False):
+                    return
+                await self._answer(start, b"".join(chunks), send, rest=path != RPC_PATH)
+                return
+            await send(message)
+
+        await self.app(scope, receive, sending)
+
+    @staticmethod
+    async def _answer(start: Message, raw: bytes, send: Send, *, rest: bool) -> None:
+        try:
+            problem = json.loads(raw)
+        except (ValueError, RecursionError):
+            problem = {}
+        if not isinstance(problem, dict):
+            problem = {}
+        slug = str(problem.get("type", "")).rsplit("/", 1)[-1] or "invalid-request"
+        detail = str(problem.get("detail") or problem.get("title") or slug)
+        status = int(start["status"])
+        if status == 401:
+            error = A2AError(a2a.INVALID_REQUEST, detail, "UNAUTHENTICATED")
+        elif status == 429 or status >= 500:
+            error = A2AError(a2a.INTERNAL_ERROR, detail, slug.upper().replace("-", "_"))
+        elif slug == "malformed-json":
+            error = A2AError(a2a.PARSE_ERROR, "Invalid JSON payload", "PARSE")
+        else:
+            error = A2AError(a2a.INVALID_REQUEST, detail, slug.upper().replace("-", "_"))
+        if rest:  # the HTTP+JSON binding keeps the status (our 5xx too: a real fault)
+            error.http_status = status
+            body = json.dumps(error.status_object(), ensure_ascii=False).encode()
+        else:
+            body = json.dumps(a2a.rpc_error(None, error), ensure_ascii=False).encode()
+        headers = [
+            (name, value)
+            for name, value in start.get("headers", [])
+            if name.lower() not in (b"content-type", b"content-length")
+        ]
+        headers += [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status if rest or status == 401 else 200,
+                "headers": headers,
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def install(app: FastAPI) -> None:
+    """The agent card, the JSON-RPC endpoint and its error shape."""
+    app.include_router(router)
+    app.add_middleware(A2AErrors)
