@@ -2,9 +2,9 @@
 waited for, or streamed), `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, driven by
 the official `openai` SDK unchanged (`OpenAI(base_url=".../v1", api_key=<turnstile key>)`).
 
-A stream (`stream: true`) is this request's own: events numbered from 0, live text from the
-run's deltas, not resumable yet (`starting_after`); the run goes on if the caller leaves, and
-`GET /v1/responses/{id}` has its outcome.
+A stream (`stream: true`) is resumable: `GET /v1/responses/{id}?stream=true&starting_after=N`
+sends the same events numbered after N (app/api/responses_stream.py); the run goes on if the
+caller leaves, and `GET /v1/responses/{id}` has its outcome.
 
 A thin surface: the mapping is app/protocols/openai_responses.py; submissions, reads and cancel
 are the core's, as for `POST /runs` (idempotency with `Idempotency-Key`, which a caller passes
@@ -17,9 +17,7 @@ routes stay out of our OpenAPI document: their contract is OpenAI's, not ours.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Path, Query, Request
@@ -29,6 +27,7 @@ from app.api.auth import CHALLENGE, CallerDep, submitter_of, visible_principal
 from app.api.json_responses import FastJSONResponse
 from app.api.problems import ApiProblem
 from app.api.rate_limits import rate_limit_headers
+from app.api.responses_stream import STOPPED, stream_events
 from app.api.runs import load_run
 from app.api.schemas import storable_json
 from app.api.services import state_of
@@ -39,10 +38,8 @@ from app.api.sessions import (
     submitted_attributes,
 )
 from app.api.streams import HeldStream
-from app.api.streams import wait as stream_wait
 from app.api.watch import (
     POLL_RECHECK_SECONDS,
-    StreamSlot,
     recheck_seconds,
     wait_for_change,
 )
@@ -50,7 +47,6 @@ from app.observability import tracing
 from app.protocols.openai_responses import (
     CreateResponse,
     error_body,
-    final_text,
     response_document,
     run_id_of,
     run_input,
@@ -60,15 +56,13 @@ from app.queue.submit import RunSpec
 from app.security.api_keys import Caller
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import Run
-from app.vocabulary.statuses import TERMINAL
 
 router = APIRouter(prefix="/v1", tags=["openai"], include_in_schema=False)
 
 # How long `background: false` holds the request for the run's end; a run still going then is
 # answered as it is (`queued` or `in_progress`), for the caller to poll.
 SYNC_WAIT_SECONDS = 60.0
-# Where a response stops for its caller: finished, or asking the user.
-STOPPED = {*TERMINAL, "waiting_for_user"}
+MAX_SEQUENCE = 2**62
 ResponseId = Annotated[str, Path(max_length=100)]
 
 # Our problem statuses that OpenAI's API answers differently: bad input is 400 there, and a
@@ -139,134 +133,6 @@ async def until_stopped(request: Request, run: Run, caller: Caller) -> Run:
     return run
 
 
-async def stream_events(
-    request: Request, run: Run, caller: Caller, slot: StreamSlot
-) -> AsyncIterator[bytes]:
-    """The response's events in the Responses vocabulary, numbered by `sequence_number` from
-    0: `response.created`, `response.in_progress` once a worker has it, the output item's
-    `response.output_text.delta` events from the run's live text, its `.done` events with the
-    final text, then `response.completed` (or `response.failed`, `response.incomplete`)."""
-    state = state_of(request)
-    loop = asyncio.get_running_loop()
-    numbers = itertools.count()
-    item_id = f"msg_{run.id.hex}"
-    sent = ""  # the text streamed so far
-    source: tuple[int, int] | None = None  # the (epoch, message) whose text is streamed
-    opened = in_progress = False
-
-    def event(kind: str, **fields: Any) -> bytes:
-        data = {"type": kind, "sequence_number": next(numbers), **fields}
-        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
-
-    def open_item() -> list[bytes]:
-        item = {
-            "type": "message",
-            "id": item_id,
-            "role": "assistant",
-            "status": "in_progress",
-            "content": [],
-        }
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        return [
-            event("response.output_item.added", output_index=0, item=item),
-            event(
-                "response.content_part.added",
-                item_id=item_id,
-                output_index=0,
-                content_index=0,
-                part=part,
-            ),
-        ]
-
-    def text_delta(text: str) -> bytes:
-        return event(
-            "response.output_text.delta",
-            item_id=item_id,
-            output_index=0,
-            content_index=0,
-            delta=text,
-            logprobs=[],
-        )
-
-    def running(run: Run) -> dict[str, Any]:
-        return {**response_document(run, background=False), "status": "in_progress"}
-
-    yield event("response.created", response=response_document(run, background=False))
-    with (
-        state.watch.watching(str(run.id)) as changed,
-        state.live.following(run_id=run.id) as inbox,
-    ):
-        next_check = loop.time()
-        while not state.shutdown.is_set() and not slot.ended.is_set():
-            if inbox.ready.is_set():
-                for delta in inbox.take():
-                    if delta.run_id != run.id:
-                        continue
-                    # One message of one claim is streamed live: a re-run after a crash (a
-                    # later epoch) would repeat the abandoned claim's text, and a later message
-                    # is not a continuation. Their text comes whole with `.done`.
-                    source = source or (delta.epoch, delta.message)
-                    if (delta.epoch, delta.message) != source:
-                        continue
-                    if delta.end <= len(sent) or delta.offset > len(sent):
-                        continue  # already sent, or a gap: `.done` carries the whole text
-                    if not in_progress:  # a delta is proof enough that a worker has it
-                        in_progress = True
-                        yield event("response.in_progress", response=running(run))
-                    if not opened:
-                        opened = True
-                        for frame in open_item():
-                            yield frame
-                    piece = delta.text[len(sent) - delta.offset :]
-                    sent += piece
-                    yield text_delta(piece)
-            if changed.is_set() or loop.time() >= next_check:
-                changed.clear()
-                run = await load_run(request, run.id, caller)
-                if run.status == "running" and not in_progress:
-                    in_progress = True
-                    yield event("response.in_progress", response=running(run))
-                if run.status in STOPPED:
-                    break
-                next_check = loop.time() + recheck_seconds(
-                    run.status, run.scheduled_for, active_seconds=POLL_RECHECK_SECONDS
-                )
-            await stream_wait(inbox, changed, state.shutdown, next_check - loop.time(), slot)
-    if not in_progress and run.started_at is not None:
-        yield event("response.in_progress", response=running(run))
-    document = response_document(run, background=False)
-    final = final_text(run.result) if run.status == "succeeded" else None
-    if final is not None:
-        if not opened:
-            for frame in open_item():
-                yield frame
-        if final.startswith(sent) and len(final) > len(sent):
-            yield text_delta(final[len(sent) :])
-        part = {"type": "output_text", "text": final, "annotations": [], "logprobs": []}
-        yield event(
-            "response.output_text.done",
-            item_id=item_id,
-            output_index=0,
-            content_index=0,
-            text=final,
-            logprobs=[],
-        )
-        yield event(
-            "response.content_part.done",
-            item_id=item_id,
-            output_index=0,
-            content_index=0,
-            part=part,
-        )
-        yield event("response.output_item.done", output_index=0, item=document["output"][0])
-    kind = {
-        "completed": "response.completed",
-        "failed": "response.failed",
-        "incomplete": "response.incomplete",
-    }.get(document["status"], "response.failed")
-    yield event(kind, response=document)
-
-
 @router.post("/responses")
 async def create_response(
     body: CreateResponse,
@@ -304,7 +170,7 @@ async def create_response(
             slot.release()
         raise
     if slot is not None:
-        return HeldStream(slot, stream_events(request, run, caller, slot))
+        return HeldStream(slot, stream_events(request, run, caller, slot, background=background))
     if not background:
         run = await until_stopped(request, run, caller)
     headers = rate_limit_headers(outcome.allowance)
@@ -319,15 +185,15 @@ async def get_response(
     request: Request,
     caller: CallerDep,
     stream: Annotated[bool, Query()] = False,
+    starting_after: Annotated[int | None, Query(ge=0, le=MAX_SEQUENCE)] = None,
 ) -> Any:
-    if stream:
-        raise ApiProblem(
-            "invalid-request",
-            "stream: streaming a response is not supported yet; poll it instead",
-            errors=[{"loc": ["query", "stream"], "msg": "not supported", "type": "unsupported"}],
-        )
+    """The response; with `stream=true`, its events (from the first, or after
+    `starting_after`), in the same numbering as the stream its create sent."""
     run = await visible_run(request, response_id, caller)
-    return FastJSONResponse(response_document(run))
+    if not stream:
+        return FastJSONResponse(response_document(run))
+    slot = state_of(request).streams.acquire(caller.key_id, caller.tenant_id)
+    return HeldStream(slot, stream_events(request, run, caller, slot, after=starting_after))
 
 
 @router.post("/responses/{response_id}/cancel")

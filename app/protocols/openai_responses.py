@@ -257,3 +257,48 @@ def error_body(status: int, problem: dict[str, Any]) -> dict[str, Any]:
     kind = "server_error" if status >= 500 else ERROR_TYPES.get(status, "invalid_request_error")
     code = "invalid_api_key" if status == 401 else (slug.replace("-", "_") if slug else None)
     return {"error": {"message": str(message), "type": kind, "param": param, "code": code}}
+
+
+# --- the stream's numbering ----------------------------------------------------------------
+# A response's stream is one fixed sequence of events, whoever reads it and whenever: a stream
+# opened again with `starting_after=N` computes the same sequence and sends only what comes after
+# N. So every number is a function of the run's text, never of when a connection heard it:
+#
+# - 0 is `response.created`, 1 `response.in_progress`;
+# - each claim of the run (its epoch) that writes text has its own output item, numbered in its
+#   own block from `block_base(epoch)`: the item's `output_item.added`, its `content_part.added`,
+#   then one `output_text.delta` per chunk of its text (`chunk_ends`: words, at most
+#   `CHUNK_LIMIT` characters), so the n-th chunk has the same number on every connection;
+# - a claim abandoned by a crash never gets its text continued: its item is closed
+#   (`output_item.done`, status `incomplete`) and the re-run writes into a new item of its own,
+#   whose block starts `EPOCH_STRIDE` further on, past any number the abandoned item used (its
+#   length was never durable, so the re-run cannot count on it);
+# - the last claim's item ends with `output_text.done`, `content_part.done`, `output_item.done`
+#   and the response's own end event, numbered on from its last chunk.
+#
+# Numbers are contiguous from 0 for a run claimed once; a re-run leaves a gap, which the SDK
+# does not mind (it orders by the number and resumes after one, nothing more).
+EPOCH_STRIDE = 1_000_000_000
+FIRST_BLOCK = 2
+CHUNK_LIMIT = 64
+
+
+def block_base(epoch: int) -> int:
+    """The number of the first event of the item of claim `epoch` (claims count from 1)."""
+    return FIRST_BLOCK + (max(epoch, 1) - 1) * EPOCH_STRIDE
+
+
+def chunk_ends(text: str, *, whole: bool) -> list[int]:
+    """Where the chunks of `text` end, counted from its start: a chunk ends before a word that
+    follows white space, or at `CHUNK_LIMIT` characters. A chunk's end is known once the next
+    character is (so live text gives the same chunks as the whole); with `whole`, the rest is the
+    last chunk."""
+    ends: list[int] = []
+    begin = 0
+    for pos in range(1, len(text)):
+        if pos - begin == CHUNK_LIMIT or (text[pos - 1].isspace() and not text[pos].isspace()):
+            ends.append(pos)
+            begin = pos
+    if whole and begin < len(text):
+        ends.append(len(text))
+    return ends

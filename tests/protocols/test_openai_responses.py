@@ -149,6 +149,50 @@ async def test_a_streamed_response_sends_the_live_text_then_completes(api: Api) 
     assert (await client.responses.retrieve(final.id)).output_text == text
 
 
+def shown(event: Any) -> tuple[str, int, str | None]:
+    """What a stream's event says, beside the response snapshots it carries."""
+    text = getattr(event, "delta", None) or getattr(event, "text", None)
+    return (event.type, event.sequence_number, text if isinstance(text, str) else None)
+
+
+async def test_a_dropped_stream_resumes_after_its_last_sequence_number(api: Api) -> None:
+    client = await sdk(api)
+    text = "every word of this answer comes once and in order, resumed or not"
+    stream = await client.responses.create(
+        model="scripted",
+        input="stream it",
+        stream=True,
+        extra_body={"agent_input": {"script": [{"say": text, "delay": 0.05}]}},
+    )
+    heard = []
+    async for event in stream:
+        heard.append(event)
+        if sum(e.type == "response.output_text.delta" for e in heard) == 2:
+            break  # the connection drops in the middle of the text
+    await stream.close()
+    last = heard[-1].sequence_number
+    resumed = await client.responses.retrieve(
+        heard[0].response.id, stream=True, starting_after=last
+    )  # type: ignore[union-attr]
+    rest = [event async for event in resumed]
+    assert rest[0].sequence_number == last + 1
+    assert rest[-1].type == "response.completed"
+    together = heard + rest
+    assert [e.sequence_number for e in together] == list(range(len(together)))
+    deltas = [e.delta for e in together if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == text
+    # The same stream read again from the start, after the end: the same events, same numbers.
+    again = await client.responses.retrieve(heard[0].response.id, stream=True)  # type: ignore[union-attr]
+    replayed = [event async for event in again]
+    assert [shown(e) for e in replayed] == [shown(e) for e in together]
+    # Resumed from any point, the rest of that same sequence.
+    for point in (0, 3, len(together) - 2):
+        tail = await client.responses.retrieve(
+            replayed[0].response.id, stream=True, starting_after=point
+        )  # type: ignore[union-attr]
+        assert [shown(e) async for e in tail] == [shown(e) for e in replayed[point + 1 :]]
+
+
 async def test_the_openai_agent_gets_the_instructions_and_answers_with_usage_figures(
     database_url: str, engine: AsyncEngine
 ) -> None:
