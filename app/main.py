@@ -378,6 +378,7 @@ def create_app(
     )
     app.state.shutdown = shutdown
     from app.api import (
+        conversation_routes,
         health,
         problems,
         responses_routes,
@@ -424,6 +425,7 @@ def create_app(
     app.include_router(tenants.router)
     # The OpenAI Responses API at /v1, with its own error shape there (issue 35).
     responses_routes.install(app)
+    app.include_router(conversation_routes.router)
     from app.ui import routes as ui
 
     ui.install(app)

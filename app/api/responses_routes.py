@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Annotated, Any
+from uuid import UUID
 
 from fastapi import APIRouter, FastAPI, Path, Query, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -36,6 +37,7 @@ from app.api.sessions import (
     TraceparentHeader,
     idempotency_of,
     submitted_attributes,
+    visible_session,
 )
 from app.api.streams import HeldStream
 from app.api.watch import (
@@ -44,14 +46,19 @@ from app.api.watch import (
     wait_for_change,
 )
 from app.observability import tracing
+from app.protocols.openai_conversations import session_id_of
 from app.protocols.openai_responses import (
     CreateResponse,
+    call_id,
+    call_outputs,
+    conversation_of,
     error_body,
     response_document,
     run_id_of,
     run_input,
     unsupported_field,
 )
+from app.queue.errors import RunNotFoundError, SessionNotFoundError
 from app.queue.submit import RunSpec
 from app.security.api_keys import Caller
 from app.vocabulary.classes import PriorityClass
@@ -133,6 +140,77 @@ async def until_stopped(request: Request, run: Run, caller: Caller) -> Run:
     return run
 
 
+async def session_for(request: Request, body: CreateResponse, caller: Caller) -> UUID | None:
+    """The session a create goes to: its `conversation`'s, or that of its
+    `previous_response_id` (which must be the conversation's latest response: Turnstile keeps
+    one history per conversation, no branches); None for a response of its own."""
+    conversation = conversation_of(body)
+    if conversation is not None and body.previous_response_id is not None:
+        raise invalid(
+            "previous_response_id", "give either conversation or previous_response_id, not both"
+        )
+    if conversation is not None:
+        session_id = session_id_of(conversation)
+        if session_id is None:
+            raise ApiProblem("not-found", f"no conversation {conversation!r}")
+        try:
+            await visible_session(request, session_id, caller)
+        except SessionNotFoundError:
+            raise ApiProblem("not-found", f"no conversation {conversation!r}") from None
+        return session_id
+    if body.previous_response_id is None:
+        return None
+    try:
+        previous = await visible_run(request, body.previous_response_id, caller)
+    except (ApiProblem, RunNotFoundError):
+        raise invalid(
+            "previous_response_id", f"no response {body.previous_response_id!r}"
+        ) from None
+    if previous.session_id is None:
+        raise invalid(
+            "previous_response_id",
+            "that response is not part of a conversation: create the first response with "
+            "conversation=<id> (POST /v1/conversations) to continue it; Turnstile keeps history "
+            "per conversation",
+        )
+    page = await state_of(request).reads.session_runs_page(
+        previous.session_id, cursor=None, limit=1
+    )
+    if page.runs and page.runs[0].id != previous.id:
+        raise invalid(
+            "previous_response_id",
+            "that response is not the latest of its conversation: Turnstile continues a "
+            "conversation from its latest response only (no branches)",
+        )
+    return previous.session_id
+
+
+async def check_answer(
+    request: Request, body: CreateResponse, session_id: UUID | None, caller: Caller
+) -> None:
+    """A `function_call_output` answers the question the conversation's run is waiting on: its
+    `call_id` must be that question's (checked here; the core delivers it)."""
+    outputs = call_outputs(body)
+    if not outputs:
+        return
+    if session_id is None:
+        raise invalid(
+            "input", "a function_call_output answers a response of a conversation: pass it"
+        )
+    session = await visible_session(request, session_id, caller)
+    waiting = None
+    if session.active_status == "waiting_for_user" and session.active_run_id is not None:
+        run = await load_run(request, session.active_run_id, caller)
+        waiting = call_id(run.id, run.inputs_count)
+    given = outputs[-1].call_id
+    if given != waiting:
+        raise invalid(
+            "input",
+            f"no question with call_id {given!r} is waiting in this conversation"
+            + (f" (the waiting one is {waiting!r})" if waiting else ""),
+        )
+
+
 @router.post("/responses")
 async def create_response(
     body: CreateResponse,
@@ -151,18 +229,29 @@ async def create_response(
         storable_json(values)
     except ValueError as exc:
         raise invalid("input", str(exc)) from None
+    session_id = await session_for(request, body, caller)
+    await check_answer(request, body, session_id, caller)
     background = bool(body.background)
     # A caller who waits for the answer is interactive; a background one is back-end work.
+    # (A turn of a conversation is interactive, as every session's turn is.)
     priority = None if background else PriorityClass.INTERACTIVE
     # A stream's place is taken first, so a refusal (429) writes nothing.
     slot = state.streams.acquire(caller.key_id, caller.tenant_id) if body.stream else None
     try:
-        with tracing.submission("run", traceparent) as span:
-            outcome = await state.submissions.submit_run(
-                submitter_of(caller),
-                RunSpec(input=values, agent=agent, priority=priority, traceparent=span.traceparent),
-                await idempotency_of(request, idempotency_key),
+        with tracing.submission("run" if session_id is None else "turn", traceparent) as span:
+            spec = RunSpec(
+                input=values, agent=agent, priority=priority, traceparent=span.traceparent
             )
+            idempotency = await idempotency_of(request, idempotency_key)
+            if session_id is None:
+                outcome = await state.submissions.submit_run(
+                    submitter_of(caller), spec, idempotency
+                )
+            else:
+                outcome = await state.submissions.submit_turn(
+                    submitter_of(caller), session_id, spec, idempotency
+                )
+                state.live.session_changed(session_id)
             span.set(submitted_attributes(outcome))
         run = await load_run(request, outcome.run_id, caller)
     except BaseException:

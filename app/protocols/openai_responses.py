@@ -16,10 +16,10 @@ The router is app/api/responses_routes.py; errors in OpenAI's shape are rendered
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.vocabulary.records import JSON, Run
 
@@ -37,7 +37,7 @@ STATUS: dict[str, str] = {
 
 # Request fields of the Responses API this step does not implement: refused when set, rather
 # than silently ignored, since each would change what the caller gets.
-UNSUPPORTED = ("conversation", "previous_response_id", "tools", "prompt")
+UNSUPPORTED = ("tools", "prompt")
 
 
 class InputText(BaseModel):
@@ -47,13 +47,29 @@ class InputText(BaseModel):
 
 
 class InputMessage(BaseModel):
-    """One message item of `input`; other item types (function calls, files, images) are not
+    """One item of `input`: a message, or a `function_call_output` (the answer to an
+    `ask_user` call, naming its `call_id`); other item types (files, images, reasoning) are not
     spoken yet."""
 
     model_config = ConfigDict(extra="ignore")
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[InputText]
+    type: Literal["message", "function_call_output"] = "message"
+    role: Literal["user", "assistant", "system", "developer"] | None = None
+    content: str | list[InputText] | None = None
+    call_id: str | None = Field(default=None, min_length=1, max_length=200)
+    output: str | list[InputText] | None = None
+
+    @model_validator(mode="after")
+    def complete(self) -> InputMessage:
+        if self.type == "message" and (self.role is None or self.content is None):
+            raise ValueError("a message item needs its role and content")
+        if self.type == "function_call_output" and (self.call_id is None or self.output is None):
+            raise ValueError("a function_call_output item needs its call_id and output")
+        return self
+
+
+class ConversationRef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: str = Field(max_length=100)
 
 
 class CreateResponse(BaseModel):
@@ -64,6 +80,8 @@ class CreateResponse(BaseModel):
     model: str = Field(min_length=1, max_length=200)
     input: str | list[InputMessage]
     instructions: str | None = None
+    conversation: Annotated[str, Field(max_length=100)] | ConversationRef | None = None
+    previous_response_id: str | None = Field(default=None, max_length=100)
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     background: bool | None = None
     stream: bool | None = None
@@ -89,8 +107,29 @@ def run_id_of(response: str) -> UUID | None:
         return None
 
 
-def text_of(content: str | list[InputText]) -> str:
+def text_of(content: str | list[InputText] | None) -> str:
+    if content is None:
+        return ""
     return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+def call_id(run_id: UUID, inputs: int) -> str:
+    """The `call_id` of the question a run asks after its `inputs`-th input (the ask_user
+    `function_call` of its response): the answer that resumes the run names it."""
+    return f"call_{run_id.hex}_{inputs}"
+
+
+def call_outputs(body: CreateResponse) -> list[InputMessage]:
+    """The input's `function_call_output` items."""
+    if isinstance(body.input, str):
+        return []
+    return [item for item in body.input if item.type == "function_call_output"]
+
+
+def conversation_of(body: CreateResponse) -> str | None:
+    if isinstance(body.conversation, ConversationRef):
+        return body.conversation.id
+    return body.conversation
 
 
 def unsupported_field(body: CreateResponse) -> str | None:
@@ -104,15 +143,22 @@ def unsupported_field(body: CreateResponse) -> str | None:
 
 def run_input(body: CreateResponse) -> dict[str, JSON]:
     """The run's input: the extension's keys, then the text (the last user message's, or the
-    input string), every message, the instructions and the metadata."""
+    input string; for an answer, its output), every message, the instructions and the
+    metadata. An answer (a `function_call_output`) keeps its `call_id`, so the transcript shows
+    which question it answers."""
     values: dict[str, JSON] = dict(body.agent_input or {})
     if isinstance(body.input, str):
         text = body.input
         messages: list[JSON] = [{"role": "user", "content": body.input}]
     else:
-        messages = [{"role": m.role, "content": text_of(m.content)} for m in body.input]
-        users = [text_of(m.content) for m in body.input if m.role == "user"]
+        said = [m for m in body.input if m.type == "message"]
+        messages = [{"role": m.role, "content": text_of(m.content)} for m in said]
+        users = [text_of(m.content) for m in said if m.role == "user"]
         text = users[-1] if users else ""
+        outputs = call_outputs(body)
+        if outputs:
+            text = text_of(outputs[-1].output)
+            values["call_id"] = outputs[-1].call_id
     values.update(text=text, messages=messages)
     if body.instructions is not None:
         values["instructions"] = body.instructions
@@ -168,7 +214,7 @@ def output_of(run: Run) -> list[dict[str, Any]]:
             {
                 "type": "function_call",
                 "id": f"fc_{hex_id}_{run.inputs_count}",
-                "call_id": f"call_{hex_id}_{run.inputs_count}",
+                "call_id": call_id(run.id, run.inputs_count),
                 "name": "ask_user",
                 "arguments": json.dumps({"question": run.question}, ensure_ascii=False),
                 "status": "completed",
@@ -219,6 +265,7 @@ def response_document(run: Run, *, background: bool | None = None) -> dict[str, 
         "tools": [],
         "store": True,
         "usage": usage_of(run.result),
+        "conversation": {"id": f"conv_{run.session_id.hex}"} if run.session_id else None,
     }
 
 

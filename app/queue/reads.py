@@ -19,7 +19,7 @@ from uuid import UUID
 from app.queue.core import Queue
 from app.queue.pages import RunsPage, TranscriptPage, runs_page, transcript_page
 from app.queue.tenant_limits import MAX_COUNTED, TenantDepth, Tenants
-from app.store import read_rows
+from app.store import conversation_rows, read_rows
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import JSON, Run
 
@@ -200,6 +200,29 @@ class Reads:
     ) -> TranscriptPage:
         """A session's conversation, oldest first (the caller checked the session is visible)."""
         return await transcript_page(self.queue.engine, session_id, cursor=cursor, limit=limit)
+
+    async def delete_idle_session(
+        self, session_id: UUID, *, tenant_id: str, principal: str | None
+    ) -> bool | None:
+        """Delete a session with its runs (the Responses API's conversation delete): True when
+        deleted, False when a run of it is still active (nothing written), None when the
+        caller sees no such session."""
+        found, deleted = await conversation_rows.delete_idle_session(
+            self.queue.engine,
+            session_id,
+            tenant_id=tenant_id,
+            principal=principal,
+            now=self.queue.clock(),
+        )
+        return deleted if found else None
+
+    async def delete_finished_run(
+        self, run_id: UUID, *, tenant_id: str, principal: str | None
+    ) -> bool:
+        """Delete a finished sessionless run (the Responses API's response delete)."""
+        return await conversation_rows.delete_finished_run(
+            self.queue.engine, run_id, tenant_id=tenant_id, principal=principal
+        )
 
     # --- the dashboard ------------------------------------------------------------------------
     async def runs_page(
