@@ -27,10 +27,10 @@ from app.protocols.openai_conversations import (
     CreateConversation,
     conversation_document,
     conversation_items,
-    item_page,
     session_id_of,
 )
 from app.protocols.openai_conversations import conversation_id as conversation_id_of
+from app.protocols.openai_responses import list_page
 from app.queue.errors import SessionNotFoundError
 from app.queue.reads import SessionView
 from app.security.api_keys import Caller
@@ -141,7 +141,7 @@ async def list_items(
 ) -> Any:
     session = await conversation(request, conversation_id, caller)
     items = conversation_items(await transcript(request, session.id))
-    return FastJSONResponse(item_page(items, order=order, after=after, limit=limit))
+    return FastJSONResponse(list_page(items, order=order, after=after, limit=limit))
 
 
 @router.get("/conversations/{conversation_id}/items/{item_id}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from fastapi import APIRouter, FastAPI, Path, Query, Request
@@ -53,6 +53,8 @@ from app.protocols.openai_responses import (
     call_outputs,
     conversation_of,
     error_body,
+    input_items,
+    list_page,
     response_document,
     run_id_of,
     run_input,
@@ -85,18 +87,22 @@ def invalid(param: str, message: str) -> ApiProblem:
     )
 
 
-def agent_of(model: str, agents: frozenset[str]) -> str:
-    if model.startswith("openai:"):
-        raise invalid(
-            "model",
-            "choosing the upstream model (openai:<model>) is not supported yet; use 'openai'",
-        )
-    if model not in agents:
+def agent_of(model: str, agents: frozenset[str]) -> tuple[str, str | None]:
+    """The Turnstile agent `model` names, and the upstream model it chooses: `openai:<model>`
+    is the `openai` agent asking `<model>` instead of its configured one."""
+    agent, _, upstream = model.partition(":")
+    if agent not in agents:
         raise invalid(
             "model",
             f"unknown model {model!r}: it names a Turnstile agent ({', '.join(sorted(agents))})",
         )
-    return model
+    if not _:
+        return agent, None
+    if agent != "openai":
+        raise invalid("model", f"only the openai agent takes an upstream model, not {agent!r}")
+    if not upstream.strip() or not upstream.isprintable():
+        raise invalid("model", "openai:<model> needs the upstream model's name after the colon")
+    return agent, upstream
 
 
 async def visible_run(request: Request, response: str, caller: Caller) -> Run:
@@ -223,8 +229,10 @@ async def create_response(
     unsupported = unsupported_field(body)
     if unsupported is not None:
         raise invalid(unsupported, "not supported yet by Turnstile's Responses API")
-    agent = agent_of(body.model, state.agents)
+    agent, upstream = agent_of(body.model, state.agents)
     values = run_input(body)
+    if upstream is not None:
+        values["upstream_model"] = upstream  # the openai agent's model for this run
     try:
         storable_json(values)
     except ValueError as exc:
@@ -283,6 +291,38 @@ async def get_response(
         return FastJSONResponse(response_document(run))
     slot = state_of(request).streams.acquire(caller.key_id, caller.tenant_id)
     return HeldStream(slot, stream_events(request, run, caller, slot, after=starting_after))
+
+
+@router.delete("/responses/{response_id}")
+async def delete_response(response_id: ResponseId, request: Request, caller: CallerDep) -> Any:
+    """A finished response outside a conversation is deleted with its run; one still going
+    is cancelled first, and one of a conversation goes with its conversation."""
+    run = await visible_run(request, response_id, caller)
+    if run.session_id is not None:
+        raise invalid(
+            "response_id",
+            "this response is part of a conversation: delete the conversation instead "
+            "(DELETE /v1/conversations/{id})",
+        )
+    deleted = await state_of(request).reads.delete_finished_run(
+        run.id, tenant_id=caller.tenant_id, principal=visible_principal(caller)
+    )
+    if not deleted:
+        raise invalid("response_id", "this response is still going: cancel it first")
+    return FastJSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+@router.get("/responses/{response_id}/input_items")
+async def list_input_items(
+    response_id: ResponseId,
+    request: Request,
+    caller: CallerDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Annotated[Literal["asc", "desc"], Query()] = "desc",
+    after: Annotated[str | None, Query(max_length=100)] = None,
+) -> Any:
+    run = await visible_run(request, response_id, caller)
+    return FastJSONResponse(list_page(input_items(run), order=order, after=after, limit=limit))
 
 
 @router.post("/responses/{response_id}/cancel")

@@ -144,23 +144,3 @@ def conversation_items(entries: list[TranscriptEntry]) -> list[dict[str, Any]]:
                 }
             )
     return items
-
-
-def item_page(
-    items: list[dict[str, Any]], *, order: str, after: str | None, limit: int
-) -> dict[str, Any]:
-    """One page of a conversation's items, as the Conversations API lists them: newest first
-    unless `order` is `asc`, after the item `after` names (an unknown one: from the start)."""
-    ordered = items if order == "asc" else list(reversed(items))
-    if after is not None:
-        ids = [item["id"] for item in ordered]
-        if after in ids:
-            ordered = ordered[ids.index(after) + 1 :]
-    page = ordered[:limit]
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": len(ordered) > limit,
-    }

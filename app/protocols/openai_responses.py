@@ -241,6 +241,7 @@ def response_document(run: Run, *, background: bool | None = None) -> dict[str, 
     values = run.input if isinstance(run.input, dict) else {}
     instructions = values.get("instructions")
     metadata = values.get("metadata")
+    upstream = values.get("upstream_model")
     status = STATUS.get(run.status, "in_progress")
     error = None
     if run.status == "failed":
@@ -256,7 +257,7 @@ def response_document(run: Run, *, background: bool | None = None) -> dict[str, 
         "incomplete_details": None,
         "instructions": instructions if isinstance(instructions, str) else None,
         "metadata": metadata if isinstance(metadata, dict) else {},
-        "model": run.agent,
+        "model": f"{run.agent}:{upstream}" if isinstance(upstream, str) else run.agent,
         "output": output_of(run),
         "parallel_tool_calls": False,
         "temperature": None,
@@ -349,3 +350,65 @@ def chunk_ends(text: str, *, whole: bool) -> list[int]:
     if whole and begin < len(text):
         ends.append(len(text))
     return ends
+
+
+def input_items(run: Run) -> list[dict[str, Any]]:
+    """The items of a response's input (`GET /v1/responses/{id}/input_items`), oldest first:
+    the messages it was created with (an answer's `function_call_output` as that item)."""
+    values = run.input if isinstance(run.input, dict) else {}
+    hex_id = run.id.hex
+    items: list[dict[str, Any]] = []
+    messages = values.get("messages")
+    for number, message in enumerate(messages if isinstance(messages, list) else []):
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        text = message.get("content")
+        assistant = role == "assistant"
+        part: dict[str, Any] = {
+            "type": "output_text" if assistant else "input_text",
+            "text": text if isinstance(text, str) else json.dumps(text, ensure_ascii=False),
+        }
+        if assistant:
+            part.update(annotations=[], logprobs=[])
+        items.append(
+            {
+                "type": "message",
+                "id": f"msg_{hex_id}_in{number}",
+                "role": role if isinstance(role, str) else "user",
+                "status": "completed",
+                "content": [part],
+            }
+        )
+    answered = values.get("call_id")
+    if isinstance(answered, str):
+        items.append(
+            {
+                "type": "function_call_output",
+                "id": f"fco_{hex_id}_in",
+                "call_id": answered,
+                "output": str(values.get("text", "")),
+                "status": "completed",
+            }
+        )
+    return items
+
+
+def list_page(
+    items: list[dict[str, Any]], *, order: str, after: str | None, limit: int
+) -> dict[str, Any]:
+    """One page of items as OpenAI's lists are: newest first unless `order` is `asc`, after
+    the item `after` names (an unknown one: from the start)."""
+    ordered = items if order == "asc" else list(reversed(items))
+    if after is not None:
+        ids = [item["id"] for item in ordered]
+        if after in ids:
+            ordered = ordered[ids.index(after) + 1 :]
+    page = ordered[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(ordered) > limit,
+    }

@@ -223,6 +223,13 @@ async def test_the_openai_agent_gets_the_instructions_and_answers_with_usage_fig
                 {"role": "system", "content": "Answer in one line."},
                 {"role": "user", "content": "Weather?"},
             ]
+            # `openai:<model>` asks that upstream model instead of the configured one.
+            fake.say("Still sunny.")
+            chosen = await client.responses.create(model="openai:gpt-test-mini", input="Now?")
+            assert chosen.output_text == "Still sunny."
+            assert chosen.model == "openai:gpt-test-mini"
+            assert fake.requests[-1]["model"] == "gpt-test-mini"
+            assert request["model"] != "gpt-test-mini"
         finally:
             while SDK_CLIENTS:
                 await SDK_CLIENTS.pop().close()
@@ -263,6 +270,49 @@ async def test_a_response_is_cancelled(api: Api) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         await client.responses.cancel(done.id)
     assert openai_error(refused.value)["code"] == "run_finished"
+
+
+async def test_a_response_lists_its_input_items_and_is_deleted(api: Api) -> None:
+    client = await sdk(api)
+    response = await client.responses.create(
+        model="scripted",
+        input=[
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": "first"},
+            {"role": "assistant", "content": "noted"},
+            {"role": "user", "content": "second"},
+        ],
+    )
+    items = [item async for item in client.responses.input_items.list(response.id)]
+    texts = [(i.role, i.content[0].text) for i in items]  # type: ignore[union-attr]
+    assert texts == [
+        ("user", "second"),
+        ("assistant", "noted"),
+        ("user", "first"),
+        ("developer", "be brief"),
+    ]
+    page = await client.responses.input_items.list(response.id, order="asc", limit=2)
+    assert [i.id for i in page.data] == [items[3].id, items[2].id]
+    assert page.has_more
+    await client.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.delete(response.id)
+    # One still going is not deleted under its worker: cancel it first.
+    going = await client.responses.create(
+        model="scripted",
+        input="wait",
+        background=True,
+        extra_body={"agent_input": {"script": [{"call": "sleep", "args": {"seconds": 30}}]}},
+    )
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.responses.delete(going.id)
+    assert "cancel" in refused.value.message
+    await client.responses.cancel(going.id)
+    await client.responses.delete(going.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(going.id)
 
 
 async def test_a_create_retried_with_an_idempotency_key_is_one_run(api: Api) -> None:
@@ -326,7 +376,8 @@ async def test_bad_input_is_a_bad_request_in_openais_shape(api: Api) -> None:
     before = await count_runs(api.engine)
     cases: list[tuple[dict[str, Any], str | None]] = [
         ({"model": "no-such-agent", "input": "hi"}, "model"),
-        ({"model": "openai:gpt-5", "input": "hi"}, "model"),
+        ({"model": "scripted:gpt-5", "input": "hi"}, "model"),
+        ({"model": "openai:", "input": "hi"}, "model"),
         ({"model": "scripted"}, "input"),
         ({"model": "scripted", "input": 12}, "input"),
         ({"model": "scripted", "input": [{"role": "robot", "content": "x"}]}, "input.0.role"),
