@@ -408,7 +408,11 @@ async def test_bad_input_is_a_bad_request_in_openais_shape(api: Api) -> None:
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
     lambda inner: (
         st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
     ),
@@ -446,9 +450,22 @@ BODIES = st.fixed_dictionaries(
         "agent_input": st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=3) | JSON_VALUES,
         "stream": JSON_VALUES,
         "previous_response_id": JSON_VALUES,
+        "conversation": st.sampled_from(["conv_" + "0" * 32, "conv_x"]) | JSON_VALUES,
         "tools": JSON_VALUES,
         "temperature": JSON_VALUES,
     },
+)
+
+
+CONVERSATIONS = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "items": st.lists(JSON_VALUES, max_size=2) | JSON_VALUES,
+            "metadata": st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=2) | JSON_VALUES,
+        },
+    )
+    | JSON_VALUES
 )
 
 
@@ -465,13 +482,35 @@ async def test_a_bounded_fuzz_of_v1_answers_openai_errors_never_a_5xx(api: Api) 
     headers = {"Authorization": f"Bearer {key}"}
 
     @settings(max_examples=60, deadline=None, derandomize=True, database=None)
-    @given(body=BODIES, response_id=st.text(max_size=40))
-    def probe(body: dict[str, Any], response_id: str) -> None:
+    @given(
+        body=BODIES,
+        response_id=st.text(max_size=40),
+        query=st.dictionaries(
+            st.sampled_from(["stream", "starting_after", "limit", "order", "after"]),
+            st.text(max_size=8) | st.integers().map(str),
+            max_size=3,
+        ),
+        conversation=CONVERSATIONS,
+    )
+    def probe(
+        body: dict[str, Any], response_id: str, query: dict[str, str], conversation: Any
+    ) -> None:
         body = {**body, "background": True}  # a valid body is answered at once, not waited for
         with httpx.Client(base_url=api.base, headers=headers, timeout=30) as client:
             assert_openai_shaped(client.post("/v1/responses", json=body))
             target = quote(response_id, safe="")
-            assert_openai_shaped(client.get(f"/v1/responses/{target}"))
+            assert_openai_shaped(client.get(f"/v1/responses/{target}", params=query))
             assert_openai_shaped(client.post(f"/v1/responses/{target}/cancel"))
+            assert_openai_shaped(client.delete(f"/v1/responses/{target}"))
+            assert_openai_shaped(client.get(f"/v1/responses/{target}/input_items", params=query))
+            assert_openai_shaped(client.post("/v1/conversations", json=conversation))
+            conv = quote("conv_" + response_id, safe="")
+            assert_openai_shaped(client.get(f"/v1/conversations/{conv}"))
+            assert_openai_shaped(client.post(f"/v1/conversations/{conv}", json=conversation))
+            assert_openai_shaped(client.get(f"/v1/conversations/{conv}/items", params=query))
+            assert_openai_shaped(client.get(f"/v1/conversations/{conv}/items/{target}"))
+            assert_openai_shaped(client.post(f"/v1/conversations/{conv}/items", json=conversation))
+            assert_openai_shaped(client.delete(f"/v1/conversations/{conv}/items/{target}"))
+            assert_openai_shaped(client.delete(f"/v1/conversations/{conv}"))
 
     await asyncio.to_thread(probe)
