@@ -33,6 +33,7 @@ from app.protocols.openai_responses import (
     block_base,
     chunk_ends,
     final_text,
+    message_id,
     response_document,
 )
 from app.security.api_keys import Caller
@@ -87,12 +88,15 @@ class ResponseStream:
         yield f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
     def item_id(self, item: Item) -> str:
-        return f"msg_{self.run.id.hex}_{item.epoch}"
+        return message_id(self.run.id, item.epoch)
 
     def document(self, run: Run, status: str | None = None) -> dict[str, Any]:
+        """The response as an event carries it; at `created` and `in_progress` without output
+        (whatever the run has by now comes as items: the SDK's stream helper builds its
+        snapshot from those, and refuses an item at an index it already holds)."""
         document = response_document(run, background=self.background)
         if status is not None:
-            document["status"] = status
+            document.update(status=status, output=[], completed_at=None)
         return document
 
     def created(self) -> Iterator[bytes]:
@@ -219,12 +223,11 @@ class ResponseStream:
         where = {"item_id": item_id, "output_index": item.index, "content_index": 0}
         yield from self.frame(number, "response.output_text.done", **where, text=final, logprobs=[])
         yield from self.frame(number + 1, "response.content_part.done", **where, part=part)
-        done_item = {**document["output"][0], "id": item_id}
-        done = {**document, "output": [done_item]}
+        done_item = document["output"][0]
         yield from self.frame(
             number + 2, "response.output_item.done", output_index=item.index, item=done_item
         )
-        yield from self.frame(number + 3, "response.completed", response=done)
+        yield from self.frame(number + 3, "response.completed", response=document)
 
 
 async def stream_events(

@@ -207,6 +207,12 @@ def _failure_message(failure: JSON) -> str:
     return json.dumps(failure, ensure_ascii=False)
 
 
+def message_id(run_id: UUID, epoch: int) -> str:
+    """The id of the message item a claim of the run writes: the final one is the last
+    claim's, as its stream showed it (a crash's re-run writes an item of its own)."""
+    return f"msg_{run_id.hex}_{max(epoch, 1)}"
+
+
 def output_of(run: Run) -> list[dict[str, Any]]:
     hex_id = run.id.hex
     if run.status == "waiting_for_user":
@@ -228,7 +234,7 @@ def output_of(run: Run) -> list[dict[str, Any]]:
     return [
         {
             "type": "message",
-            "id": f"msg_{hex_id}",
+            "id": message_id(run.id, run.lease_epoch),
             "role": "assistant",
             "status": "completed",
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],

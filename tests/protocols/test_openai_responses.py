@@ -193,6 +193,26 @@ async def test_a_dropped_stream_resumes_after_its_last_sequence_number(api: Api)
         assert [shown(e) async for e in tail] == [shown(e) for e in replayed[point + 1 :]]
 
 
+async def test_the_sdks_stream_helper_assembles_the_response_and_resumes_it(api: Api) -> None:
+    client = await sdk(api)
+    text = "the helper builds its snapshot from the items, then resumes"
+    async with client.responses.stream(
+        model="scripted",
+        input="stream it",
+        extra_body={"agent_input": {"script": [{"say": text, "delay": 0.02}]}},
+    ) as stream:
+        final = await stream.get_final_response()
+    assert final.status == "completed"
+    assert final.output_text == text
+    assert (await client.responses.retrieve(final.id)).output[0].id == final.output[0].id
+    # The helper resumes by reading the stream from the start and leaving out what it had.
+    async with client.responses.stream(response_id=final.id, starting_after=5) as resumed:
+        rest = [event async for event in resumed]
+        again = await resumed.get_final_response()
+    assert rest[0].sequence_number == 6
+    assert again.output_text == text
+
+
 async def test_the_openai_agent_gets_the_instructions_and_answers_with_usage_figures(
     database_url: str, engine: AsyncEngine
 ) -> None:

@@ -57,6 +57,10 @@ async def test_a_worker_killed_mid_stream_completes_the_response_once(
                 events.append(event)
             response_id = events[0].response.id
             replay = [e async for e in await client.responses.retrieve(response_id, stream=True)]
+            # The SDK's stream helper assembles the same answer from that stream.
+            async with client.responses.stream(response_id=response_id) as helper:
+                assembled = await helper.get_final_response()
+    assert assembled.output_text == ANSWER
     numbers = [e.sequence_number for e in events]
     assert numbers == sorted(set(numbers))  # each once, in order
     kinds = [e.type for e in events]
