@@ -117,13 +117,19 @@ async def delete_conversation(
     deleted = await state_of(request).reads.delete_idle_session(
         session.id, tenant_id=caller.tenant_id, principal=visible_principal(caller)
     )
-    if deleted is None:
+    if deleted == "missing":
         raise ApiProblem("not-found", f"no conversation {conversation_id!r}")
-    if not deleted:
+    if deleted == "active":
         raise ApiProblem(
             "session-busy",
             "a response of this conversation is still going (queued, in progress or waiting "
             "for an answer): cancel it first",
+        )
+    if deleted == "dead_letter":
+        raise ApiProblem(
+            "session-busy",
+            "a response of this conversation failed and is in the dead letter: an operator "
+            "dismisses it (or resubmits it) first",
         )
     return FastJSONResponse(
         {"id": conversation_id_of(session.id), "object": "conversation.deleted", "deleted": True}

@@ -307,8 +307,17 @@ async def delete_response(response_id: ResponseId, request: Request, caller: Cal
     deleted = await state_of(request).reads.delete_finished_run(
         run.id, tenant_id=caller.tenant_id, principal=visible_principal(caller)
     )
-    if not deleted:
+    if deleted == "missing":
+        raise ApiProblem("not-found", f"no response {response_id!r}")
+    if deleted == "active":
         raise invalid("response_id", "this response is still going: cancel it first")
+    if deleted == "dead_letter":
+        raise invalid(
+            "response_id",
+            "this response failed and is in the dead letter: an operator dismisses it first",
+        )
+    if deleted == "in_session":
+        raise invalid("response_id", "this response is part of a conversation")
     return FastJSONResponse({"id": response_id, "object": "response", "deleted": True})
 
 

@@ -6,6 +6,7 @@ sessionless run. What the outcomes mean is app/queue/reads.py's.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 from uuid import UUID
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -20,20 +21,34 @@ async def delete_idle_session(
     tenant_id: str,
     principal: str | None,
     now: datetime | None,
-) -> tuple[bool, bool]:
-    """(found, deleted): the session was visible, and it was deleted (no run of it active)."""
+) -> Literal["deleted", "active", "dead_letter", "in_session", "missing"]:
+    """Deleted; or kept because a run of it is active, or failed and not dismissed; or not
+    visible to the caller."""
     params = {"session_id": session_id, "tenant_id": tenant_id, "principal": principal}
     async with engine.begin() as conn:
         # The lock every submission to the session takes first: a turn in flight commits
         # before the delete looks at the session's runs, or finds no session after it.
         await conn.execute(q("lock_session"), {**params, "now": now})
         row = (await conn.execute(q("delete_idle_session"), params)).mappings().one()
-        return bool(row["found"]), bool(row["deleted"])
+        if not row["found"]:
+            return "missing"
+        if row["deleted"]:
+            return "deleted"
+        return "active" if row["active"] else "dead_letter"
 
 
 async def delete_finished_run(
     engine: AsyncEngine, run_id: UUID, *, tenant_id: str, principal: str | None
-) -> bool:
+) -> Literal["deleted", "active", "dead_letter", "in_session", "missing"]:
+    """As `delete_idle_session`, for one sessionless run; a run of a session is kept
+    (`in_session`: it goes with its session)."""
     async with engine.begin() as conn:
         params = {"run_id": run_id, "tenant_id": tenant_id, "principal": principal}
-        return (await conn.execute(q("delete_finished_run"), params)).first() is not None
+        row = (await conn.execute(q("delete_finished_run"), params)).mappings().first()
+        if row is None:
+            return "missing"
+        if row["deleted"]:
+            return "deleted"
+        if row["in_session"]:
+            return "in_session"
+        return "dead_letter" if row["dead_letter"] else "active"

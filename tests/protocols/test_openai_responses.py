@@ -333,6 +333,15 @@ async def test_a_response_lists_its_input_items_and_is_deleted(api: Api) -> None
     await client.responses.delete(going.id)
     with pytest.raises(openai.NotFoundError):
         await client.responses.retrieve(going.id)
+    # A failed one is in the dead letter, which is the operator's: kept.
+    failed = await client.responses.create(
+        model="scripted", input="x", extra_body={"agent_input": {"script": [{"nothing": 1}]}}
+    )
+    assert failed.status == "failed"
+    with pytest.raises(openai.BadRequestError) as kept:
+        await client.responses.delete(failed.id)
+    assert "dead letter" in kept.value.message
+    assert (await client.responses.retrieve(failed.id)).status == "failed"
 
 
 async def test_a_create_retried_with_an_idempotency_key_is_one_run(api: Api) -> None:
