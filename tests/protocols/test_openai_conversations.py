@@ -178,7 +178,11 @@ async def test_an_ask_user_call_answered_with_its_output_resumes_the_same_run(ap
     assert call.type == "function_call"
     assert call.name == "ask_user"
     assert json.loads(call.arguments) == {"question": "Which account?"}
-    # A busy conversation: the question is waiting, so an unknown call_id is refused.
+    # A run waiting for its answer keeps the conversation: not deleted under it.
+    with pytest.raises(openai.ConflictError) as busy:
+        await client.conversations.delete(conversation.id)
+    assert busy.value.body["code"] == "session_busy"  # type: ignore[index]
+    # The question is waiting, so an unknown call_id is refused.
     with pytest.raises(openai.BadRequestError) as wrong:
         await client.responses.create(
             model="scripted",
