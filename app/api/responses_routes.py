@@ -1,6 +1,9 @@
-"""The OpenAI Responses API at `/v1` (issue 35, first step): `POST /v1/responses` (background,
-waited for, or streamed), `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, driven by
-the official `openai` SDK unchanged (`OpenAI(base_url=".../v1", api_key=<turnstile key>)`).
+"""The OpenAI Responses API at `/v1` (issue 35): `POST /v1/responses` (background, waited for,
+or streamed; alone, or a turn of a conversation), `GET /v1/responses/{id}` (or its stream),
+`POST /v1/responses/{id}/cancel`, `DELETE /v1/responses/{id}` and
+`GET /v1/responses/{id}/input_items`, driven by the official `openai` SDK unchanged
+(`OpenAI(base_url=".../v1", api_key=<turnstile key>)`). The conversations are
+app/api/conversation_routes.py; the whole mapping is docs/responses-api.md.
 
 A stream (`stream: true`) is resumable: `GET /v1/responses/{id}?stream=true&starting_after=N`
 sends the same events numbered after N (app/api/responses_stream.py); the run goes on if the
@@ -71,7 +74,7 @@ router = APIRouter(prefix="/v1", tags=["openai"], include_in_schema=False)
 # How long `background: false` holds the request for the run's end; a run still going then is
 # answered as it is (`queued` or `in_progress`), for the caller to poll.
 SYNC_WAIT_SECONDS = 60.0
-MAX_SEQUENCE = 2**62
+MAX_SEQUENCE = 2**62  # beyond any number a stream gives (app/protocols: block_base)
 ResponseId = Annotated[str, Path(max_length=100)]
 
 # Our problem statuses that OpenAI's API answers differently: bad input is 400 there, and a
@@ -90,13 +93,13 @@ def invalid(param: str, message: str) -> ApiProblem:
 def agent_of(model: str, agents: frozenset[str]) -> tuple[str, str | None]:
     """The Turnstile agent `model` names, and the upstream model it chooses: `openai:<model>`
     is the `openai` agent asking `<model>` instead of its configured one."""
-    agent, _, upstream = model.partition(":")
+    agent, colon, upstream = model.partition(":")
     if agent not in agents:
         raise invalid(
             "model",
             f"unknown model {model!r}: it names a Turnstile agent ({', '.join(sorted(agents))})",
         )
-    if not _:
+    if not colon:
         return agent, None
     if agent != "openai":
         raise invalid("model", f"only the openai agent takes an upstream model, not {agent!r}")
