@@ -22,7 +22,7 @@ from openai.types.responses import Response
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.protocols.openai_responses import run_id_of
+from app.protocols.openai_responses import CHUNK_LIMIT, chunk_ends, run_id_of
 from tests.runtime.test_openai_agent import FakeModel
 from tests.support.api import Api, running_api
 from tests.support.servers import running_server
@@ -153,6 +153,21 @@ def shown(event: Any) -> tuple[str, int, str | None]:
     """What a stream's event says, beside the response snapshots it carries."""
     text = getattr(event, "delta", None) or getattr(event, "text", None)
     return (event.type, event.sequence_number, text if isinstance(text, str) else None)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(text=st.text(alphabet=" \nab\u00e9\U0001f600", max_size=200), cut=st.integers(0, 200))
+def test_live_text_is_cut_into_the_chunks_of_the_whole(text: str, cut: int) -> None:
+    """What makes a stream resumable: the chunks of any heard prefix of a message are the first
+    chunks of the whole message, so the n-th delta is the same on every connection."""
+    live = chunk_ends(text[:cut], whole=False)
+    whole = chunk_ends(text, whole=True)
+    assert whole[: len(live)] == live
+    assert all(end < len(text[:cut]) for end in live)  # each confirmed by the next character
+    assert (whole[-1] if whole else 0) == len(text)
+    pieces = [text[a:b] for a, b in zip([0, *whole], whole, strict=False)]
+    assert "".join(pieces) == text
+    assert all(0 < len(piece) <= CHUNK_LIMIT for piece in pieces)
 
 
 async def test_a_dropped_stream_resumes_after_its_last_sequence_number(api: Api) -> None:
