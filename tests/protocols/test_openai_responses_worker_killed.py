@@ -52,11 +52,19 @@ async def test_a_worker_killed_mid_stream_completes_the_response_once(
                     break
             first.process.kill()  # SIGKILL, mid-text
             await first.process.wait()
+        before_kill = events[-1].sequence_number
         async with turnstile("worker", ready=b"running slots", env=env):
             async for event in stream:
                 events.append(event)
             response_id = events[0].response.id
             replay = [e async for e in await client.responses.retrieve(response_id, stream=True)]
+            # Resumed from where the first claim's text was when its worker died: the re-run's
+            # item whole, after that number (the abandoned item was never stored: nothing of it
+            # comes again).
+            resumed = await client.responses.retrieve(
+                response_id, stream=True, starting_after=before_kill
+            )
+            after_kill = [e async for e in resumed]
             # The SDK's stream helper assembles the same answer from that stream.
             async with client.responses.stream(response_id=response_id) as helper:
                 assembled = await helper.get_final_response()
@@ -94,6 +102,10 @@ async def test_a_worker_killed_mid_stream_completes_the_response_once(
     )
     assert added_event.sequence_number == block_base(epoch)
     assert block_base(epoch) - block_base(1) >= EPOCH_STRIDE
+    assert all(e.sequence_number > before_kill for e in after_kill)
+    resumed_deltas = [e.delta for e in after_kill if e.type == "response.output_text.delta"]
+    assert "".join(resumed_deltas) == ANSWER
+    assert [e.type for e in after_kill][-1] == "response.completed"
     # Read again from the start: the completed answer once, in the re-run's item only.
     replay_deltas = [e.delta for e in replay if e.type == "response.output_text.delta"]
     assert "".join(replay_deltas) == ANSWER
