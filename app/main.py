@@ -379,6 +379,7 @@ def create_app(
     app.state.shutdown = shutdown
     from app.api import (
         a2a_routes,
+        conversation_routes,
         health,
         problems,
         responses_routes,
@@ -425,6 +426,7 @@ def create_app(
     app.include_router(tenants.router)
     # The OpenAI Responses API at /v1, with its own error shape there (issue 35).
     responses_routes.install(app)
+    app.include_router(conversation_routes.router)
     # The Agent2Agent protocol: the agent card and JSON-RPC at /a2a, its own error shape there.
     a2a_routes.install(app)
     from app.ui import routes as ui

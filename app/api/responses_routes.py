@@ -1,10 +1,13 @@
-"""The OpenAI Responses API at `/v1` (issue 35, first step): `POST /v1/responses` (background,
-waited for, or streamed), `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, driven by
-the official `openai` SDK unchanged (`OpenAI(base_url=".../v1", api_key=<turnstile key>)`).
+"""The OpenAI Responses API at `/v1` (issue 35): `POST /v1/responses` (background, waited for,
+or streamed; alone, or a turn of a conversation), `GET /v1/responses/{id}` (or its stream),
+`POST /v1/responses/{id}/cancel`, `DELETE /v1/responses/{id}` and
+`GET /v1/responses/{id}/input_items`, driven by the official `openai` SDK unchanged
+(`OpenAI(base_url=".../v1", api_key=<turnstile key>)`). The conversations are
+app/api/conversation_routes.py; the whole mapping is docs/responses-api.md.
 
-A stream (`stream: true`) is this request's own: events numbered from 0, live text from the
-run's deltas, not resumable yet (`starting_after`); the run goes on if the caller leaves, and
-`GET /v1/responses/{id}` has its outcome.
+A stream (`stream: true`) is resumable: `GET /v1/responses/{id}?stream=true&starting_after=N`
+sends the same events numbered after N (app/api/responses_stream.py); the run goes on if the
+caller leaves, and `GET /v1/responses/{id}` has its outcome.
 
 A thin surface: the mapping is app/protocols/openai_responses.py; submissions, reads and cancel
 are the core's, as for `POST /runs` (idempotency with `Idempotency-Key`, which a caller passes
@@ -17,10 +20,9 @@ routes stay out of our OpenAPI document: their contract is OpenAI's, not ours.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
+from uuid import UUID
 
 from fastapi import APIRouter, FastAPI, Path, Query, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -29,6 +31,7 @@ from app.api.auth import CHALLENGE, CallerDep, submitter_of, visible_principal
 from app.api.json_responses import FastJSONResponse
 from app.api.problems import ApiProblem
 from app.api.rate_limits import rate_limit_headers
+from app.api.responses_stream import STOPPED, stream_events
 from app.api.runs import load_run
 from app.api.schemas import storable_json
 from app.api.services import state_of
@@ -37,38 +40,41 @@ from app.api.sessions import (
     TraceparentHeader,
     idempotency_of,
     submitted_attributes,
+    visible_session,
 )
 from app.api.streams import HeldStream
-from app.api.streams import wait as stream_wait
 from app.api.watch import (
     POLL_RECHECK_SECONDS,
-    StreamSlot,
     recheck_seconds,
     wait_for_change,
 )
 from app.observability import tracing
+from app.protocols.openai_conversations import session_id_of
 from app.protocols.openai_responses import (
     CreateResponse,
+    call_id,
+    call_outputs,
+    conversation_of,
     error_body,
-    final_text,
+    input_items,
+    list_page,
     response_document,
     run_id_of,
     run_input,
     unsupported_field,
 )
+from app.queue.errors import RunNotFoundError, SessionNotFoundError
 from app.queue.submit import RunSpec
 from app.security.api_keys import Caller
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import Run
-from app.vocabulary.statuses import TERMINAL
 
 router = APIRouter(prefix="/v1", tags=["openai"], include_in_schema=False)
 
 # How long `background: false` holds the request for the run's end; a run still going then is
 # answered as it is (`queued` or `in_progress`), for the caller to poll.
 SYNC_WAIT_SECONDS = 60.0
-# Where a response stops for its caller: finished, or asking the user.
-STOPPED = {*TERMINAL, "waiting_for_user"}
+MAX_SEQUENCE = 2**62  # beyond any number a stream gives (app/protocols: block_base)
 ResponseId = Annotated[str, Path(max_length=100)]
 
 # Our problem statuses that OpenAI's API answers differently: bad input is 400 there, and a
@@ -84,18 +90,22 @@ def invalid(param: str, message: str) -> ApiProblem:
     )
 
 
-def agent_of(model: str, agents: frozenset[str]) -> str:
-    if model.startswith("openai:"):
-        raise invalid(
-            "model",
-            "choosing the upstream model (openai:<model>) is not supported yet; use 'openai'",
-        )
-    if model not in agents:
+def agent_of(model: str, agents: frozenset[str]) -> tuple[str, str | None]:
+    """The Turnstile agent `model` names, and the upstream model it chooses: `openai:<model>`
+    is the `openai` agent asking `<model>` instead of its configured one."""
+    agent, colon, upstream = model.partition(":")
+    if agent not in agents:
         raise invalid(
             "model",
             f"unknown model {model!r}: it names a Turnstile agent ({', '.join(sorted(agents))})",
         )
-    return model
+    if not colon:
+        return agent, None
+    if agent != "openai":
+        raise invalid("model", f"only the openai agent takes an upstream model, not {agent!r}")
+    if not upstream.strip() or not upstream.isprintable():
+        raise invalid("model", "openai:<model> needs the upstream model's name after the colon")
+    return agent, upstream
 
 
 async def visible_run(request: Request, response: str, caller: Caller) -> Run:
@@ -139,132 +149,75 @@ async def until_stopped(request: Request, run: Run, caller: Caller) -> Run:
     return run
 
 
-async def stream_events(
-    request: Request, run: Run, caller: Caller, slot: StreamSlot
-) -> AsyncIterator[bytes]:
-    """The response's events in the Responses vocabulary, numbered by `sequence_number` from
-    0: `response.created`, `response.in_progress` once a worker has it, the output item's
-    `response.output_text.delta` events from the run's live text, its `.done` events with the
-    final text, then `response.completed` (or `response.failed`, `response.incomplete`)."""
-    state = state_of(request)
-    loop = asyncio.get_running_loop()
-    numbers = itertools.count()
-    item_id = f"msg_{run.id.hex}"
-    sent = ""  # the text streamed so far
-    source: tuple[int, int] | None = None  # the (epoch, message) whose text is streamed
-    opened = in_progress = False
-
-    def event(kind: str, **fields: Any) -> bytes:
-        data = {"type": kind, "sequence_number": next(numbers), **fields}
-        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
-
-    def open_item() -> list[bytes]:
-        item = {
-            "type": "message",
-            "id": item_id,
-            "role": "assistant",
-            "status": "in_progress",
-            "content": [],
-        }
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        return [
-            event("response.output_item.added", output_index=0, item=item),
-            event(
-                "response.content_part.added",
-                item_id=item_id,
-                output_index=0,
-                content_index=0,
-                part=part,
-            ),
-        ]
-
-    def text_delta(text: str) -> bytes:
-        return event(
-            "response.output_text.delta",
-            item_id=item_id,
-            output_index=0,
-            content_index=0,
-            delta=text,
-            logprobs=[],
+async def session_for(request: Request, body: CreateResponse, caller: Caller) -> UUID | None:
+    """The session a create goes to: its `conversation`'s, or that of its
+    `previous_response_id` (which must be the conversation's latest response: Turnstile keeps
+    one history per conversation, no branches); None for a response of its own."""
+    conversation = conversation_of(body)
+    if conversation is not None and body.previous_response_id is not None:
+        raise invalid(
+            "previous_response_id", "give either conversation or previous_response_id, not both"
         )
-
-    def running(run: Run) -> dict[str, Any]:
-        return {**response_document(run, background=False), "status": "in_progress"}
-
-    yield event("response.created", response=response_document(run, background=False))
-    with (
-        state.watch.watching(str(run.id)) as changed,
-        state.live.following(run_id=run.id) as inbox,
-    ):
-        next_check = loop.time()
-        while not state.shutdown.is_set() and not slot.ended.is_set():
-            if inbox.ready.is_set():
-                for delta in inbox.take():
-                    if delta.run_id != run.id:
-                        continue
-                    # One message of one claim is streamed live: a re-run after a crash (a
-                    # later epoch) would repeat the abandoned claim's text, and a later message
-                    # is not a continuation. Their text comes whole with `.done`.
-                    source = source or (delta.epoch, delta.message)
-                    if (delta.epoch, delta.message) != source:
-                        continue
-                    if delta.end <= len(sent) or delta.offset > len(sent):
-                        continue  # already sent, or a gap: `.done` carries the whole text
-                    if not in_progress:  # a delta is proof enough that a worker has it
-                        in_progress = True
-                        yield event("response.in_progress", response=running(run))
-                    if not opened:
-                        opened = True
-                        for frame in open_item():
-                            yield frame
-                    piece = delta.text[len(sent) - delta.offset :]
-                    sent += piece
-                    yield text_delta(piece)
-            if changed.is_set() or loop.time() >= next_check:
-                changed.clear()
-                run = await load_run(request, run.id, caller)
-                if run.status == "running" and not in_progress:
-                    in_progress = True
-                    yield event("response.in_progress", response=running(run))
-                if run.status in STOPPED:
-                    break
-                next_check = loop.time() + recheck_seconds(
-                    run.status, run.scheduled_for, active_seconds=POLL_RECHECK_SECONDS
-                )
-            await stream_wait(inbox, changed, state.shutdown, next_check - loop.time(), slot)
-    if not in_progress and run.started_at is not None:
-        yield event("response.in_progress", response=running(run))
-    document = response_document(run, background=False)
-    final = final_text(run.result) if run.status == "succeeded" else None
-    if final is not None:
-        if not opened:
-            for frame in open_item():
-                yield frame
-        if final.startswith(sent) and len(final) > len(sent):
-            yield text_delta(final[len(sent) :])
-        part = {"type": "output_text", "text": final, "annotations": [], "logprobs": []}
-        yield event(
-            "response.output_text.done",
-            item_id=item_id,
-            output_index=0,
-            content_index=0,
-            text=final,
-            logprobs=[],
+    if conversation is not None:
+        session_id = session_id_of(conversation)
+        if session_id is None:
+            raise ApiProblem("not-found", f"no conversation {conversation!r}")
+        try:
+            await visible_session(request, session_id, caller)
+        except SessionNotFoundError:
+            raise ApiProblem("not-found", f"no conversation {conversation!r}") from None
+        return session_id
+    if body.previous_response_id is None:
+        return None
+    try:
+        previous = await visible_run(request, body.previous_response_id, caller)
+    except (ApiProblem, RunNotFoundError):
+        raise invalid(
+            "previous_response_id", f"no response {body.previous_response_id!r}"
+        ) from None
+    if previous.session_id is None:
+        raise invalid(
+            "previous_response_id",
+            "that response is not part of a conversation: create the first response with "
+            "conversation=<id> (POST /v1/conversations) to continue it; Turnstile keeps history "
+            "per conversation",
         )
-        yield event(
-            "response.content_part.done",
-            item_id=item_id,
-            output_index=0,
-            content_index=0,
-            part=part,
+    page = await state_of(request).reads.session_runs_page(
+        previous.session_id, cursor=None, limit=1
+    )
+    if page.runs and page.runs[0].id != previous.id:
+        raise invalid(
+            "previous_response_id",
+            "that response is not the latest of its conversation: Turnstile continues a "
+            "conversation from its latest response only (no branches)",
         )
-        yield event("response.output_item.done", output_index=0, item=document["output"][0])
-    kind = {
-        "completed": "response.completed",
-        "failed": "response.failed",
-        "incomplete": "response.incomplete",
-    }.get(document["status"], "response.failed")
-    yield event(kind, response=document)
+    return previous.session_id
+
+
+async def check_answer(
+    request: Request, body: CreateResponse, session_id: UUID | None, caller: Caller
+) -> None:
+    """A `function_call_output` answers the question the conversation's run is waiting on: its
+    `call_id` must be that question's (checked here; the core delivers it)."""
+    outputs = call_outputs(body)
+    if not outputs:
+        return
+    if session_id is None:
+        raise invalid(
+            "input", "a function_call_output answers a response of a conversation: pass it"
+        )
+    session = await visible_session(request, session_id, caller)
+    waiting = None
+    if session.active_status == "waiting_for_user" and session.active_run_id is not None:
+        run = await load_run(request, session.active_run_id, caller)
+        waiting = call_id(run.id, run.inputs_count)
+    given = outputs[-1].call_id
+    if given != waiting:
+        raise invalid(
+            "input",
+            f"no question with call_id {given!r} is waiting in this conversation"
+            + (f" (the waiting one is {waiting!r})" if waiting else ""),
+        )
 
 
 @router.post("/responses")
@@ -279,24 +232,37 @@ async def create_response(
     unsupported = unsupported_field(body)
     if unsupported is not None:
         raise invalid(unsupported, "not supported yet by Turnstile's Responses API")
-    agent = agent_of(body.model, state.agents)
+    agent, upstream = agent_of(body.model, state.agents)
     values = run_input(body)
+    if upstream is not None:
+        values["upstream_model"] = upstream  # the openai agent's model for this run
     try:
         storable_json(values)
     except ValueError as exc:
         raise invalid("input", str(exc)) from None
+    session_id = await session_for(request, body, caller)
+    await check_answer(request, body, session_id, caller)
     background = bool(body.background)
     # A caller who waits for the answer is interactive; a background one is back-end work.
+    # (A turn of a conversation is interactive, as every session's turn is.)
     priority = None if background else PriorityClass.INTERACTIVE
     # A stream's place is taken first, so a refusal (429) writes nothing.
     slot = state.streams.acquire(caller.key_id, caller.tenant_id) if body.stream else None
     try:
-        with tracing.submission("run", traceparent) as span:
-            outcome = await state.submissions.submit_run(
-                submitter_of(caller),
-                RunSpec(input=values, agent=agent, priority=priority, traceparent=span.traceparent),
-                await idempotency_of(request, idempotency_key),
+        with tracing.submission("run" if session_id is None else "turn", traceparent) as span:
+            spec = RunSpec(
+                input=values, agent=agent, priority=priority, traceparent=span.traceparent
             )
+            idempotency = await idempotency_of(request, idempotency_key)
+            if session_id is None:
+                outcome = await state.submissions.submit_run(
+                    submitter_of(caller), spec, idempotency
+                )
+            else:
+                outcome = await state.submissions.submit_turn(
+                    submitter_of(caller), session_id, spec, idempotency
+                )
+                state.live.session_changed(session_id)
             span.set(submitted_attributes(outcome))
         run = await load_run(request, outcome.run_id, caller)
     except BaseException:
@@ -304,7 +270,7 @@ async def create_response(
             slot.release()
         raise
     if slot is not None:
-        return HeldStream(slot, stream_events(request, run, caller, slot))
+        return HeldStream(slot, stream_events(request, run, caller, slot, background=background))
     if not background:
         run = await until_stopped(request, run, caller)
     headers = rate_limit_headers(outcome.allowance)
@@ -319,15 +285,56 @@ async def get_response(
     request: Request,
     caller: CallerDep,
     stream: Annotated[bool, Query()] = False,
+    starting_after: Annotated[int | None, Query(ge=0, le=MAX_SEQUENCE)] = None,
 ) -> Any:
-    if stream:
-        raise ApiProblem(
-            "invalid-request",
-            "stream: streaming a response is not supported yet; poll it instead",
-            errors=[{"loc": ["query", "stream"], "msg": "not supported", "type": "unsupported"}],
-        )
+    """The response; with `stream=true`, its events (from the first, or after
+    `starting_after`), in the same numbering as the stream its create sent."""
     run = await visible_run(request, response_id, caller)
-    return FastJSONResponse(response_document(run))
+    if not stream:
+        return FastJSONResponse(response_document(run))
+    slot = state_of(request).streams.acquire(caller.key_id, caller.tenant_id)
+    return HeldStream(slot, stream_events(request, run, caller, slot, after=starting_after))
+
+
+@router.delete("/responses/{response_id}")
+async def delete_response(response_id: ResponseId, request: Request, caller: CallerDep) -> Any:
+    """A finished response outside a conversation is deleted with its run; one still going
+    is cancelled first, and one of a conversation goes with its conversation."""
+    run = await visible_run(request, response_id, caller)
+    if run.session_id is not None:
+        raise invalid(
+            "response_id",
+            "this response is part of a conversation: delete the conversation instead "
+            "(DELETE /v1/conversations/{id})",
+        )
+    deleted = await state_of(request).reads.delete_finished_run(
+        run.id, tenant_id=caller.tenant_id, principal=visible_principal(caller)
+    )
+    if deleted == "missing":
+        raise ApiProblem("not-found", f"no response {response_id!r}")
+    if deleted == "active":
+        raise invalid("response_id", "this response is still going: cancel it first")
+    if deleted == "dead_letter":
+        raise invalid(
+            "response_id",
+            "this response failed and is in the dead letter: an operator dismisses it first",
+        )
+    if deleted == "in_session":
+        raise invalid("response_id", "this response is part of a conversation")
+    return FastJSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+@router.get("/responses/{response_id}/input_items")
+async def list_input_items(
+    response_id: ResponseId,
+    request: Request,
+    caller: CallerDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Annotated[Literal["asc", "desc"], Query()] = "desc",
+    after: Annotated[str | None, Query(max_length=100)] = None,
+) -> Any:
+    run = await visible_run(request, response_id, caller)
+    return FastJSONResponse(list_page(input_items(run), order=order, after=after, limit=limit))
 
 
 @router.post("/responses/{response_id}/cancel")

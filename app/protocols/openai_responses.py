@@ -1,13 +1,16 @@
 """The OpenAI Responses API's objects mapped onto Turnstile's runs: pure functions, no HTTP.
 
-A response is a sessionless run. `model` names the Turnstile agent; the run's input is
-`{"text", "messages", "instructions", "metadata"}` (plus the keys of the `agent_input`
-extension, which is how a caller drives an agent such as `scripted` that reads more than text),
-so a read of the run gives back everything its response document shows. Statuses map as in
-`STATUS`; a run waiting for the user ends its response (status `incomplete`) with a
-`function_call` item named `ask_user` whose arguments carry the question. The output is the
-run's final text as one `output_text` message. Usage figures are the run's token counts where
-its agent recorded them (the `openai` agent does), zeros otherwise.
+A response is a run: sessionless, or a turn of a conversation's session
+(app/protocols/openai_conversations.py). `model` names the Turnstile agent (`openai:<model>`:
+the `openai` agent asking that upstream model, carried in the run's input as `upstream_model`);
+the run's input is `{"text", "messages", "instructions", "metadata"}` (plus the keys of the
+`agent_input` extension, which is how a caller drives an agent such as `scripted` that reads
+more than text; an answer's `call_id`), so a read of the run gives back everything its response
+document shows. Statuses map as in `STATUS`; a run waiting for the user ends its response
+(status `incomplete`) with a `function_call` item named `ask_user` whose arguments carry the
+question (a `function_call_output` naming its `call_id` answers it). The output is the run's
+final text as one `output_text` message. Usage figures are the run's token counts where its
+agent recorded them (the `openai` agent does), zeros otherwise.
 
 The router is app/api/responses_routes.py; errors in OpenAI's shape are rendered there too
 (`error_body` below).
@@ -16,10 +19,10 @@ The router is app/api/responses_routes.py; errors in OpenAI's shape are rendered
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.vocabulary.records import JSON, Run
 
@@ -37,7 +40,7 @@ STATUS: dict[str, str] = {
 
 # Request fields of the Responses API this step does not implement: refused when set, rather
 # than silently ignored, since each would change what the caller gets.
-UNSUPPORTED = ("conversation", "previous_response_id", "tools", "prompt")
+UNSUPPORTED = ("tools", "prompt")
 
 
 class InputText(BaseModel):
@@ -47,13 +50,29 @@ class InputText(BaseModel):
 
 
 class InputMessage(BaseModel):
-    """One message item of `input`; other item types (function calls, files, images) are not
+    """One item of `input`: a message, or a `function_call_output` (the answer to an
+    `ask_user` call, naming its `call_id`); other item types (files, images, reasoning) are not
     spoken yet."""
 
     model_config = ConfigDict(extra="ignore")
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[InputText]
+    type: Literal["message", "function_call_output"] = "message"
+    role: Literal["user", "assistant", "system", "developer"] | None = None
+    content: str | list[InputText] | None = None
+    call_id: str | None = Field(default=None, min_length=1, max_length=200)
+    output: str | list[InputText] | None = None
+
+    @model_validator(mode="after")
+    def complete(self) -> InputMessage:
+        if self.type == "message" and (self.role is None or self.content is None):
+            raise ValueError("a message item needs its role and content")
+        if self.type == "function_call_output" and (self.call_id is None or self.output is None):
+            raise ValueError("a function_call_output item needs its call_id and output")
+        return self
+
+
+class ConversationRef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: str = Field(max_length=100)
 
 
 class CreateResponse(BaseModel):
@@ -64,6 +83,8 @@ class CreateResponse(BaseModel):
     model: str = Field(min_length=1, max_length=200)
     input: str | list[InputMessage]
     instructions: str | None = None
+    conversation: Annotated[str, Field(max_length=100)] | ConversationRef | None = None
+    previous_response_id: str | None = Field(default=None, max_length=100)
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     background: bool | None = None
     stream: bool | None = None
@@ -89,8 +110,29 @@ def run_id_of(response: str) -> UUID | None:
         return None
 
 
-def text_of(content: str | list[InputText]) -> str:
+def text_of(content: str | list[InputText] | None) -> str:
+    if content is None:
+        return ""
     return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+def call_id(run_id: UUID, inputs: int) -> str:
+    """The `call_id` of the question a run asks after its `inputs`-th input (the ask_user
+    `function_call` of its response): the answer that resumes the run names it."""
+    return f"call_{run_id.hex}_{inputs}"
+
+
+def call_outputs(body: CreateResponse) -> list[InputMessage]:
+    """The input's `function_call_output` items."""
+    if isinstance(body.input, str):
+        return []
+    return [item for item in body.input if item.type == "function_call_output"]
+
+
+def conversation_of(body: CreateResponse) -> str | None:
+    if isinstance(body.conversation, ConversationRef):
+        return body.conversation.id
+    return body.conversation
 
 
 def unsupported_field(body: CreateResponse) -> str | None:
@@ -104,15 +146,22 @@ def unsupported_field(body: CreateResponse) -> str | None:
 
 def run_input(body: CreateResponse) -> dict[str, JSON]:
     """The run's input: the extension's keys, then the text (the last user message's, or the
-    input string), every message, the instructions and the metadata."""
+    input string; for an answer, its output), every message, the instructions and the
+    metadata. An answer (a `function_call_output`) keeps its `call_id`, so the transcript shows
+    which question it answers."""
     values: dict[str, JSON] = dict(body.agent_input or {})
     if isinstance(body.input, str):
         text = body.input
         messages: list[JSON] = [{"role": "user", "content": body.input}]
     else:
-        messages = [{"role": m.role, "content": text_of(m.content)} for m in body.input]
-        users = [text_of(m.content) for m in body.input if m.role == "user"]
+        said = [m for m in body.input if m.type == "message"]
+        messages = [{"role": m.role, "content": text_of(m.content)} for m in said]
+        users = [text_of(m.content) for m in said if m.role == "user"]
         text = users[-1] if users else ""
+        outputs = call_outputs(body)
+        if outputs:
+            text = text_of(outputs[-1].output)
+            values["call_id"] = outputs[-1].call_id
     values.update(text=text, messages=messages)
     if body.instructions is not None:
         values["instructions"] = body.instructions
@@ -161,6 +210,12 @@ def _failure_message(failure: JSON) -> str:
     return json.dumps(failure, ensure_ascii=False)
 
 
+def message_id(run_id: UUID, epoch: int) -> str:
+    """The id of the message item a claim of the run writes: the final one is the last
+    claim's, as its stream showed it (a crash's re-run writes an item of its own)."""
+    return f"msg_{run_id.hex}_{max(epoch, 1)}"
+
+
 def output_of(run: Run) -> list[dict[str, Any]]:
     hex_id = run.id.hex
     if run.status == "waiting_for_user":
@@ -168,7 +223,7 @@ def output_of(run: Run) -> list[dict[str, Any]]:
             {
                 "type": "function_call",
                 "id": f"fc_{hex_id}_{run.inputs_count}",
-                "call_id": f"call_{hex_id}_{run.inputs_count}",
+                "call_id": call_id(run.id, run.inputs_count),
                 "name": "ask_user",
                 "arguments": json.dumps({"question": run.question}, ensure_ascii=False),
                 "status": "completed",
@@ -182,7 +237,7 @@ def output_of(run: Run) -> list[dict[str, Any]]:
     return [
         {
             "type": "message",
-            "id": f"msg_{hex_id}",
+            "id": message_id(run.id, run.lease_epoch),
             "role": "assistant",
             "status": "completed",
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
@@ -195,6 +250,7 @@ def response_document(run: Run, *, background: bool | None = None) -> dict[str, 
     values = run.input if isinstance(run.input, dict) else {}
     instructions = values.get("instructions")
     metadata = values.get("metadata")
+    upstream = values.get("upstream_model")
     status = STATUS.get(run.status, "in_progress")
     error = None
     if run.status == "failed":
@@ -210,7 +266,7 @@ def response_document(run: Run, *, background: bool | None = None) -> dict[str, 
         "incomplete_details": None,
         "instructions": instructions if isinstance(instructions, str) else None,
         "metadata": metadata if isinstance(metadata, dict) else {},
-        "model": run.agent,
+        "model": f"{run.agent}:{upstream}" if isinstance(upstream, str) else run.agent,
         "output": output_of(run),
         "parallel_tool_calls": False,
         "temperature": None,
@@ -219,6 +275,7 @@ def response_document(run: Run, *, background: bool | None = None) -> dict[str, 
         "tools": [],
         "store": True,
         "usage": usage_of(run.result),
+        "conversation": {"id": f"conv_{run.session_id.hex}"} if run.session_id else None,
     }
 
 
@@ -257,3 +314,110 @@ def error_body(status: int, problem: dict[str, Any]) -> dict[str, Any]:
     kind = "server_error" if status >= 500 else ERROR_TYPES.get(status, "invalid_request_error")
     code = "invalid_api_key" if status == 401 else (slug.replace("-", "_") if slug else None)
     return {"error": {"message": str(message), "type": kind, "param": param, "code": code}}
+
+
+# --- the stream's numbering ----------------------------------------------------------------
+# A response's stream is one fixed sequence of events, whoever reads it and whenever: a stream
+# opened again with `starting_after=N` computes the same sequence and sends only what comes after
+# N. So every number is a function of the run's text, never of when a connection heard it:
+#
+# - 0 is `response.created`, 1 `response.in_progress`;
+# - each claim of the run (its epoch) that writes text has its own output item, numbered in its
+#   own block from `block_base(epoch)`: the item's `output_item.added`, its `content_part.added`,
+#   then one `output_text.delta` per chunk of its text (`chunk_ends`: words, at most
+#   `CHUNK_LIMIT` characters), so the n-th chunk has the same number on every connection;
+# - a claim abandoned by a crash never gets its text continued: its item is closed
+#   (`output_item.done`, status `incomplete`) and the re-run writes into a new item of its own,
+#   whose block starts `EPOCH_STRIDE` further on, past any number the abandoned item used (its
+#   length was never durable, so the re-run cannot count on it);
+# - the last claim's item ends with `output_text.done`, `content_part.done`, `output_item.done`
+#   and the response's own end event, numbered on from its last chunk.
+#
+# Numbers are contiguous from 0 for a run claimed once; a re-run leaves a gap, which the SDK
+# does not mind (it orders by the number and resumes after one, nothing more).
+EPOCH_STRIDE = 1_000_000_000
+FIRST_BLOCK = 2
+CHUNK_LIMIT = 64
+
+
+def block_base(epoch: int) -> int:
+    """The number of the first event of the item of claim `epoch` (claims count from 1)."""
+    return FIRST_BLOCK + (max(epoch, 1) - 1) * EPOCH_STRIDE
+
+
+def chunk_ends(text: str, *, whole: bool) -> list[int]:
+    """Where the chunks of `text` end, counted from its start: a chunk ends before a word that
+    follows white space, or at `CHUNK_LIMIT` characters. A chunk's end is known once the next
+    character is (so live text gives the same chunks as the whole); with `whole`, the rest is the
+    last chunk."""
+    ends: list[int] = []
+    begin = 0
+    for pos in range(1, len(text)):
+        if pos - begin == CHUNK_LIMIT or (text[pos - 1].isspace() and not text[pos].isspace()):
+            ends.append(pos)
+            begin = pos
+    if whole and begin < len(text):
+        ends.append(len(text))
+    return ends
+
+
+def input_items(run: Run) -> list[dict[str, Any]]:
+    """The items of a response's input (`GET /v1/responses/{id}/input_items`), oldest first:
+    the messages it was created with (an answer's `function_call_output` as that item)."""
+    values = run.input if isinstance(run.input, dict) else {}
+    hex_id = run.id.hex
+    items: list[dict[str, Any]] = []
+    messages = values.get("messages")
+    for number, message in enumerate(messages if isinstance(messages, list) else []):
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        text = message.get("content")
+        assistant = role == "assistant"
+        part: dict[str, Any] = {
+            "type": "output_text" if assistant else "input_text",
+            "text": text if isinstance(text, str) else json.dumps(text, ensure_ascii=False),
+        }
+        if assistant:
+            part.update(annotations=[], logprobs=[])
+        items.append(
+            {
+                "type": "message",
+                "id": f"msg_{hex_id}_in{number}",
+                "role": role if isinstance(role, str) else "user",
+                "status": "completed",
+                "content": [part],
+            }
+        )
+    answered = values.get("call_id")
+    if isinstance(answered, str):
+        items.append(
+            {
+                "type": "function_call_output",
+                "id": f"fco_{hex_id}_in",
+                "call_id": answered,
+                "output": str(values.get("text", "")),
+                "status": "completed",
+            }
+        )
+    return items
+
+
+def list_page(
+    items: list[dict[str, Any]], *, order: str, after: str | None, limit: int
+) -> dict[str, Any]:
+    """One page of items as OpenAI's lists are: newest first unless `order` is `asc`, after
+    the item `after` names (an unknown one: from the start)."""
+    ordered = items if order == "asc" else list(reversed(items))
+    if after is not None:
+        ids = [item["id"] for item in ordered]
+        if after in ids:
+            ordered = ordered[ids.index(after) + 1 :]
+    page = ordered[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(ordered) > limit,
+    }

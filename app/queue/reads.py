@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from app.queue.core import Queue
 from app.queue.pages import RunsPage, TranscriptPage, runs_page, transcript_page
 from app.queue.tenant_limits import MAX_COUNTED, TenantDepth, Tenants
-from app.store import read_rows
+from app.store import conversation_rows, read_rows
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import JSON, Run
 
@@ -27,6 +27,11 @@ BUSIEST_TENANTS = 10
 """How many tenants the dashboard's overview lists one by one."""
 
 STUCK_REASONS = ("lease_expired", "queued_too_long", "waiting_too_long")
+
+Deletion = Literal["deleted", "active", "dead_letter", "in_session", "missing"]
+"""What a delete of a conversation (a session) or a response (a run) did: deleted; kept because
+a run is still going, or failed and not dismissed (the dead letter is the operator's), or is
+part of a session; or the caller sees no such thing."""
 
 
 @dataclass
@@ -206,6 +211,28 @@ class Reads:
     ) -> TranscriptPage:
         """A session's conversation, oldest first (the caller checked the session is visible)."""
         return await transcript_page(self.queue.engine, session_id, cursor=cursor, limit=limit)
+
+    async def delete_idle_session(
+        self, session_id: UUID, *, tenant_id: str, principal: str | None
+    ) -> Deletion:
+        """Delete a session with its runs (the Responses API's conversation delete), unless a
+        run of it is active or failed and not dismissed (nothing written then)."""
+        return await conversation_rows.delete_idle_session(
+            self.queue.engine,
+            session_id,
+            tenant_id=tenant_id,
+            principal=principal,
+            now=self.queue.clock(),
+        )
+
+    async def delete_finished_run(
+        self, run_id: UUID, *, tenant_id: str, principal: str | None
+    ) -> Deletion:
+        """Delete a finished sessionless run (the Responses API's response delete), unless it
+        failed and is not dismissed."""
+        return await conversation_rows.delete_finished_run(
+            self.queue.engine, run_id, tenant_id=tenant_id, principal=principal
+        )
 
     # --- the dashboard ------------------------------------------------------------------------
     async def runs_page(

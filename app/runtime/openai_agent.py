@@ -3,15 +3,17 @@
 
 The message list is rebuilt from the run's state at every decision, never trusted from memory:
 a run starts with the service's prompt and its first input's `instructions` (a string, as the
-Responses API's `instructions` arrive) as system messages; a run of a session then has the
-session's history (`RunState.history`, turned into messages and cut to `history_max_messages`
-and `history_max_chars` by app/runtime/history.py, oldest exchanges first); then the first
-input is the user's message (its `text` when it is an object); each assistant turn the model
-produced is kept in `state.agent["turns"]` with the runtime steps its tool calls became; every
-tool call's result comes from the run's recorded tool outcomes (an `uncertain` one reaches the
-model as "the outcome is unknown", never as a failure), and answers to `ask_user` from the
-run's answers. A tool call that a recovered run settled but whose turn was lost in the crash
-gets a turn of its own, so the model always sees every call that may have had an effect.
+Responses API's `instructions` arrive) as system messages (its `upstream_model`, a string,
+names the model asked instead of the service's: the Responses API's `model: "openai:<model>"`);
+a run of a session then has the session's history (`RunState.history`, turned into messages and
+cut to `history_max_messages` and `history_max_chars` by app/runtime/history.py, oldest
+exchanges first); then the first input is the user's message (its `text` when it is an object);
+each assistant turn the model produced is kept in `state.agent["turns"]` with the runtime steps
+its tool calls became; every tool call's result comes from the run's recorded tool outcomes (an
+`uncertain` one reaches the model as "the outcome is unknown", never as a failure), and answers
+to `ask_user` from the run's answers. A tool call that a recovered run settled but whose turn
+was lost in the crash gets a turn of its own, so the model always sees every call that may have
+had an effect.
 
 Failures: timeouts, 429 (honouring Retry-After) and 5xx are transient and retried here with
 bounded backoff, then reported as transient (the run is released early); other 4xx, malformed
@@ -119,7 +121,7 @@ class OpenAIAgent:
         if deferred is not None:
             return deferred
         with tracing.model_call(
-            "openai", "chat", self.model, urlsplit(self.url).hostname or ""
+            "openai", "chat", self.model_of(state), urlsplit(self.url).hostname or ""
         ) as span:
             reply = await self._complete(self._messages(state, turns), state)
             span.set(_genai_attributes(reply))
@@ -276,6 +278,13 @@ class OpenAIAgent:
                 return Ask(call.get("question"))
         return None
 
+    def model_of(self, state: RunState) -> str:
+        """The upstream model of this run: its first input's `upstream_model` (a string, as the
+        Responses API's `model: "openai:<model>"` arrives), else the service's."""
+        first = state.inputs[0] if state.inputs else None
+        chosen = first.get("upstream_model") if isinstance(first, dict) else None
+        return chosen if isinstance(chosen, str) and chosen else self.model
+
     def _messages(self, state: RunState, turns: list[dict[str, JSON]]) -> list[dict[str, JSON]]:
         messages: list[dict[str, JSON]] = []
         if self.system_prompt:
@@ -374,7 +383,7 @@ class OpenAIAgent:
         self, messages: list[dict[str, JSON]], state: RunState | None = None
     ) -> dict[str, JSON]:
         body: dict[str, JSON] = {
-            "model": self.model,
+            "model": self.model if state is None else self.model_of(state),
             "messages": messages,
             "tools": self._tool_schema(),
         }

@@ -2,7 +2,8 @@
 
 The statements live in `app/store/sql/`, one file per concern (runs.sql: the transitions of
 runs; reads.sql; submission.sql; workers.sql; dashboard.sql; schedules.sql; webhooks.sql;
-tenants.sql; deltas.sql; credentials.sql: API keys and dashboard sessions). A statement starts
+tenants.sql; deltas.sql; credentials.sql: API keys and dashboard sessions; conversations.sql:
+the Responses API's deletions). A statement starts
 at a `-- name: x` line and runs to the next one; a `-- fenced` line among its leading comments
 marks it as a worker write under a lease. `{{now}}` expands to the injectable clock,
 `coalesce(CAST(:now AS timestamptz), now())`. A `-- fragment: x` block (up to the next
@@ -80,6 +81,7 @@ FILES = (
     "tenants.sql",
     "deltas.sql",
     "credentials.sql",
+    "conversations.sql",
 )
 
 

@@ -22,7 +22,7 @@ from openai.types.responses import Response
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.protocols.openai_responses import run_id_of
+from app.protocols.openai_responses import CHUNK_LIMIT, chunk_ends, run_id_of
 from tests.runtime.test_openai_agent import FakeModel
 from tests.support.api import Api, running_api
 from tests.support.servers import running_server
@@ -149,6 +149,85 @@ async def test_a_streamed_response_sends_the_live_text_then_completes(api: Api) 
     assert (await client.responses.retrieve(final.id)).output_text == text
 
 
+def shown(event: Any) -> tuple[str, int, str | None]:
+    """What a stream's event says, beside the response snapshots it carries."""
+    text = getattr(event, "delta", None) or getattr(event, "text", None)
+    return (event.type, event.sequence_number, text if isinstance(text, str) else None)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(text=st.text(alphabet=" \nab\u00e9\U0001f600", max_size=200), cut=st.integers(0, 200))
+def test_live_text_is_cut_into_the_chunks_of_the_whole(text: str, cut: int) -> None:
+    """What makes a stream resumable: the chunks of any heard prefix of a message are the first
+    chunks of the whole message, so the n-th delta is the same on every connection."""
+    live = chunk_ends(text[:cut], whole=False)
+    whole = chunk_ends(text, whole=True)
+    assert whole[: len(live)] == live
+    assert all(end < len(text[:cut]) for end in live)  # each confirmed by the next character
+    assert (whole[-1] if whole else 0) == len(text)
+    pieces = [text[a:b] for a, b in zip([0, *whole], whole, strict=False)]
+    assert "".join(pieces) == text
+    assert all(0 < len(piece) <= CHUNK_LIMIT for piece in pieces)
+
+
+async def test_a_dropped_stream_resumes_after_its_last_sequence_number(api: Api) -> None:
+    client = await sdk(api)
+    text = "every word of this answer comes once and in order, resumed or not"
+    stream = await client.responses.create(
+        model="scripted",
+        input="stream it",
+        stream=True,
+        extra_body={"agent_input": {"script": [{"say": text, "delay": 0.05}]}},
+    )
+    heard = []
+    async for event in stream:
+        heard.append(event)
+        if sum(e.type == "response.output_text.delta" for e in heard) == 2:
+            break  # the connection drops in the middle of the text
+    await stream.close()
+    last = heard[-1].sequence_number
+    resumed = await client.responses.retrieve(
+        heard[0].response.id, stream=True, starting_after=last
+    )  # type: ignore[union-attr]
+    rest = [event async for event in resumed]
+    assert rest[0].sequence_number == last + 1
+    assert rest[-1].type == "response.completed"
+    together = heard + rest
+    assert [e.sequence_number for e in together] == list(range(len(together)))
+    deltas = [e.delta for e in together if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == text
+    # The same stream read again from the start, after the end: the same events, same numbers.
+    again = await client.responses.retrieve(heard[0].response.id, stream=True)  # type: ignore[union-attr]
+    replayed = [event async for event in again]
+    assert [shown(e) for e in replayed] == [shown(e) for e in together]
+    # Resumed from any point, the rest of that same sequence.
+    for point in (0, 3, len(together) - 2):
+        tail = await client.responses.retrieve(
+            replayed[0].response.id, stream=True, starting_after=point
+        )  # type: ignore[union-attr]
+        assert [shown(e) async for e in tail] == [shown(e) for e in replayed[point + 1 :]]
+
+
+async def test_the_sdks_stream_helper_assembles_the_response_and_resumes_it(api: Api) -> None:
+    client = await sdk(api)
+    text = "the helper builds its snapshot from the items, then resumes"
+    async with client.responses.stream(
+        model="scripted",
+        input="stream it",
+        extra_body={"agent_input": {"script": [{"say": text, "delay": 0.02}]}},
+    ) as stream:
+        final = await stream.get_final_response()
+    assert final.status == "completed"
+    assert final.output_text == text
+    assert (await client.responses.retrieve(final.id)).output[0].id == final.output[0].id
+    # The helper resumes by reading the stream from the start and leaving out what it had.
+    async with client.responses.stream(response_id=final.id, starting_after=5) as resumed:
+        rest = [event async for event in resumed]
+        again = await resumed.get_final_response()
+    assert rest[0].sequence_number == 6
+    assert again.output_text == text
+
+
 async def test_the_openai_agent_gets_the_instructions_and_answers_with_usage_figures(
     database_url: str, engine: AsyncEngine
 ) -> None:
@@ -179,6 +258,13 @@ async def test_the_openai_agent_gets_the_instructions_and_answers_with_usage_fig
                 {"role": "system", "content": "Answer in one line."},
                 {"role": "user", "content": "Weather?"},
             ]
+            # `openai:<model>` asks that upstream model instead of the configured one.
+            fake.say("Still sunny.")
+            chosen = await client.responses.create(model="openai:gpt-test-mini", input="Now?")
+            assert chosen.output_text == "Still sunny."
+            assert chosen.model == "openai:gpt-test-mini"
+            assert fake.requests[-1]["model"] == "gpt-test-mini"
+            assert request["model"] != "gpt-test-mini"
         finally:
             while SDK_CLIENTS:
                 await SDK_CLIENTS.pop().close()
@@ -219,6 +305,58 @@ async def test_a_response_is_cancelled(api: Api) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         await client.responses.cancel(done.id)
     assert openai_error(refused.value)["code"] == "run_finished"
+
+
+async def test_a_response_lists_its_input_items_and_is_deleted(api: Api) -> None:
+    client = await sdk(api)
+    response = await client.responses.create(
+        model="scripted",
+        input=[
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": "first"},
+            {"role": "assistant", "content": "noted"},
+            {"role": "user", "content": "second"},
+        ],
+    )
+    items = [item async for item in client.responses.input_items.list(response.id)]
+    texts = [(i.role, i.content[0].text) for i in items]  # type: ignore[union-attr]
+    assert texts == [
+        ("user", "second"),
+        ("assistant", "noted"),
+        ("user", "first"),
+        ("developer", "be brief"),
+    ]
+    page = await client.responses.input_items.list(response.id, order="asc", limit=2)
+    assert [i.id for i in page.data] == [items[3].id, items[2].id]
+    assert page.has_more
+    await client.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.delete(response.id)
+    # One still going is not deleted under its worker: cancel it first.
+    going = await client.responses.create(
+        model="scripted",
+        input="wait",
+        background=True,
+        extra_body={"agent_input": {"script": [{"call": "sleep", "args": {"seconds": 30}}]}},
+    )
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.responses.delete(going.id)
+    assert "cancel" in refused.value.message
+    await client.responses.cancel(going.id)
+    await client.responses.delete(going.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(going.id)
+    # A failed one is in the dead letter, which is the operator's: kept.
+    failed = await client.responses.create(
+        model="scripted", input="x", extra_body={"agent_input": {"script": [{"nothing": 1}]}}
+    )
+    assert failed.status == "failed"
+    with pytest.raises(openai.BadRequestError) as kept:
+        await client.responses.delete(failed.id)
+    assert "dead letter" in kept.value.message
+    assert (await client.responses.retrieve(failed.id)).status == "failed"
 
 
 async def test_a_create_retried_with_an_idempotency_key_is_one_run(api: Api) -> None:
@@ -282,7 +420,8 @@ async def test_bad_input_is_a_bad_request_in_openais_shape(api: Api) -> None:
     before = await count_runs(api.engine)
     cases: list[tuple[dict[str, Any], str | None]] = [
         ({"model": "no-such-agent", "input": "hi"}, "model"),
-        ({"model": "openai:gpt-5", "input": "hi"}, "model"),
+        ({"model": "scripted:gpt-5", "input": "hi"}, "model"),
+        ({"model": "openai:", "input": "hi"}, "model"),
         ({"model": "scripted"}, "input"),
         ({"model": "scripted", "input": 12}, "input"),
         ({"model": "scripted", "input": [{"role": "robot", "content": "x"}]}, "input.0.role"),
@@ -313,7 +452,11 @@ async def test_bad_input_is_a_bad_request_in_openais_shape(api: Api) -> None:
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
     lambda inner: (
         st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
     ),
@@ -351,9 +494,22 @@ BODIES = st.fixed_dictionaries(
         "agent_input": st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=3) | JSON_VALUES,
         "stream": JSON_VALUES,
         "previous_response_id": JSON_VALUES,
+        "conversation": st.sampled_from(["conv_" + "0" * 32, "conv_x"]) | JSON_VALUES,
         "tools": JSON_VALUES,
         "temperature": JSON_VALUES,
     },
+)
+
+
+CONVERSATIONS = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "items": st.lists(JSON_VALUES, max_size=2) | JSON_VALUES,
+            "metadata": st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=2) | JSON_VALUES,
+        },
+    )
+    | JSON_VALUES
 )
 
 
@@ -370,13 +526,35 @@ async def test_a_bounded_fuzz_of_v1_answers_openai_errors_never_a_5xx(api: Api) 
     headers = {"Authorization": f"Bearer {key}"}
 
     @settings(max_examples=60, deadline=None, derandomize=True, database=None)
-    @given(body=BODIES, response_id=st.text(max_size=40))
-    def probe(body: dict[str, Any], response_id: str) -> None:
+    @given(
+        body=BODIES,
+        response_id=st.text(max_size=40),
+        query=st.dictionaries(
+            st.sampled_from(["stream", "starting_after", "limit", "order", "after"]),
+            st.text(max_size=8) | st.integers().map(str),
+            max_size=3,
+        ),
+        conversation=CONVERSATIONS,
+    )
+    def probe(
+        body: dict[str, Any], response_id: str, query: dict[str, str], conversation: Any
+    ) -> None:
         body = {**body, "background": True}  # a valid body is answered at once, not waited for
         with httpx.Client(base_url=api.base, headers=headers, timeout=30) as client:
             assert_openai_shaped(client.post("/v1/responses", json=body))
             target = quote(response_id, safe="")
-            assert_openai_shaped(client.get(f"/v1/responses/{target}"))
+            assert_openai_shaped(client.get(f"/v1/responses/{target}", params=query))
             assert_openai_shaped(client.post(f"/v1/responses/{target}/cancel"))
+            assert_openai_shaped(client.delete(f"/v1/responses/{target}"))
+            assert_openai_shaped(client.get(f"/v1/responses/{target}/input_items", params=query))
+            assert_openai_shaped(client.post("/v1/conversations", json=conversation))
+            conv = quote("conv_" + response_id, safe="")
+            assert_openai_shaped(client.get(f"/v1/conversations/{conv}"))
+            assert_openai_shaped(client.post(f"/v1/conversations/{conv}", json=conversation))
+            assert_openai_shaped(client.get(f"/v1/conversations/{conv}/items", params=query))
+            assert_openai_shaped(client.get(f"/v1/conversations/{conv}/items/{target}"))
+            assert_openai_shaped(client.post(f"/v1/conversations/{conv}/items", json=conversation))
+            assert_openai_shaped(client.delete(f"/v1/conversations/{conv}/items/{target}"))
+            assert_openai_shaped(client.delete(f"/v1/conversations/{conv}"))
 
     await asyncio.to_thread(probe)
