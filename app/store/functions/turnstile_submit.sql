@@ -26,6 +26,11 @@ CREATE OR REPLACE FUNCTION turnstile_submit(
     -- tenant_limits row overrides either.
     p_submit_rate double precision DEFAULT NULL,
     p_submit_burst integer DEFAULT NULL,
+    -- A new run's deadline to start (docs/start-deadlines.md): seconds after it becomes
+    -- eligible, or a time; NULL both: none. An answer to a waiting run ignores them (it has
+    -- started already).
+    p_start_within double precision DEFAULT NULL,
+    p_start_before timestamptz DEFAULT NULL,
     OUT outcome text,              -- created, delivered or replayed
     OUT the_run runs,              -- the run created or delivered to (NULL on a replay)
     OUT stored_status integer,     -- on a replay: the stored answer
@@ -60,6 +65,9 @@ DECLARE
     v_owner text := p_principal;
     v_active runs;
     v_stored idempotency_keys;
+    v_start_before timestamptz := coalesce(
+        p_start_before,
+        coalesce(p_scheduled_for, v_now) + make_interval(secs => p_start_within));
 BEGIN
     SELECT a.rate, a.burst, a.tokens INTO rate_limit, rate_burst, rate_tokens
     FROM turnstile_submit_allowance(p_tenant, v_now, p_submit_rate, p_submit_burst) a;
@@ -192,7 +200,7 @@ BEGIN
             ARRAY[p_scheduled_for], ARRAY[NULL::uuid], ARRAY[NULL::timestamptz],
             ARRAY[NULL::uuid], ARRAY[p_traceparent],
             ARRAY[jsonb_build_object('resubmitted_from', NULL, 'by', p_actor)],
-            true, p_max_queued);
+            true, p_max_queued, ARRAY[v_start_before]);
         IF NOT FOUND THEN
             -- The one-active-run index refused it: something got past the routing.
             SELECT * INTO v_active FROM runs
@@ -202,11 +210,14 @@ BEGIN
                                             'active_run_id', v_active.id,
                                             'status', v_active.status)::text;
         END IF;
-        -- The session too, so its streams in every API process look again now.
+        -- The session too, so its streams in every API process look again now; and its
+        -- deadline to start, so the expirer wakes for it if it is sooner than the one it
+        -- waits for.
         PERFORM pg_notify('turnstile', jsonb_strip_nulls(jsonb_build_object(
             'work', jsonb_build_array(the_run.priority),
             'sessions', CASE WHEN p_session IS NOT NULL
-                             THEN jsonb_build_array(left(p_session::text, 8)) END))::text);
+                             THEN jsonb_build_array(left(p_session::text, 8)) END,
+            'start_before', the_run.start_before))::text);
         outcome := 'created';
     END IF;
 
