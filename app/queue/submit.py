@@ -302,9 +302,11 @@ class Submissions:
     def _start_deadline(
         self, spec: RunSpec, default_class: PriorityClass
     ) -> tuple[float | None, datetime | None]:
-        """The deadline to start the submission gives a new run, checked against the queue's
-        clock (the database's runs close to this process's): the spec's, else its class's
-        default. The database computes the time from start_within on its own clock."""
+        """The deadline to start the submission gives a new run: the spec's, else its class's
+        default. Checked here against the queue's clock (the database's runs close to this
+        process's), but for one in the past: `turnstile_submit` refuses that after the
+        idempotency key, so a late retry of an accepted submission replays it. The database
+        computes the time from start_within on its own clock."""
         now = self.queue.clock() or datetime.now(UTC)
         problem = start_deadline_problem(
             start_within=spec.start_within,
@@ -435,6 +437,9 @@ def _refusal(name: str, detail: dict[str, Any]) -> Exception:
         return IdempotencyKeyReusedError(detail["key"])
     if name == "run-not-waiting":
         return RunNotWaitingError(UUID(detail["run_id"]), "not waiting")
+    if name == "start-deadline-passed":
+        now = _iso_utc(detail["now"])
+        return InvalidStartDeadlineError("start_before", f"is in the past (it is {now} now)")
     if name == "queue-quota":
         return QueueQuotaError(detail["tenant_id"], detail["max_queued"], int(detail["queued"]))
     if name == "answer-conflict":

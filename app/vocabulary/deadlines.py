@@ -3,8 +3,9 @@ deadline against the time it is given, shared by the API's bodies, the settings 
 
 A run's deadline to start is `start_within` seconds after it becomes eligible (its
 `scheduled_for`, else its creation) or a time, `start_before`. A deadline in the past by more
-than `START_BEFORE_TOLERANCE_SECONDS` is refused: a clock a little behind the service's should
-not turn a run into an error, but a deadline long gone is a client's mistake.
+than `START_BEFORE_TOLERANCE_SECONDS` is refused (by `turnstile_submit`, which spells the same
+bound): a clock a little behind the service's should not turn a run into an error, but a
+deadline long gone is a client's mistake.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def start_deadline_problem(
     scheduled_for: datetime | None,
     now: datetime,
 ) -> tuple[str, str] | None:
-    """What is wrong with a run's deadline to start, as (field, message); None when nothing."""
+    """What is wrong with a run's deadline to start, as (field, message); None when nothing.
+    A `start_before` in the past beyond the tolerance is refused by the database, after the
+    submission's idempotency key (a late retry of an accepted submission is replayed)."""
     if start_within is not None and start_before is not None:
         return "start_before", "give start_within or start_before, not both"
     if start_within is not None and not (
@@ -40,8 +43,6 @@ def start_deadline_problem(
         )
     if start_before is None:
         return None
-    if start_before < now - timedelta(seconds=START_BEFORE_TOLERANCE_SECONDS):
-        return "start_before", f"is in the past (it is {now.isoformat()} now)"
     eligible = max(scheduled_for or now, now)
     if scheduled_for is not None and start_before <= scheduled_for:
         return "start_before", "must be after scheduled_for: the run could never start"

@@ -17,12 +17,13 @@ from app.maintenance.expirer import Expirer
 from app.queue.core import Queue, QueueConfig
 from app.queue.errors import InvalidStartDeadlineError, SessionBusyError
 from app.queue.reads import Reads
-from app.queue.submit import RunSpec, Submissions, Submitter
+from app.queue.submit import IdempotencyKey, RunSpec, Submissions, Submitter
 from app.queue.webhook_endpoints import Webhooks
 from app.runtime.http_tool import HttpRequestTool
 from app.runtime.webhook_delivery import register_endpoint
 from app.security.secret_box import SecretBox
 from app.vocabulary.classes import PriorityClass
+from app.vocabulary.deadlines import START_BEFORE_TOLERANCE_SECONDS
 from app.vocabulary.records import NewRun, Run
 from tests.support.clock import ManualClock
 from tests.support.waiting import eventually
@@ -234,7 +235,24 @@ async def test_refused_deadlines_write_nothing(
         await submissions(queue).submit_run(ALICE, given)
     assert refused.value.field == field
     assert await scalar(queue, "SELECT count(*) FROM runs") == 0
-    # A time a moment ago (a client's clock a little behind) is taken, and expires at once.
-    taken = RunSpec(input={}, start_before=clock.now - timedelta(seconds=1))
-    run_id = (await submissions(queue).submit_run(ALICE, taken)).run_id
+
+
+async def test_a_deadline_a_moment_ago_is_taken_and_a_late_retry_replays(
+    queue: Queue, clock: ManualClock
+) -> None:
+    submit = submissions(queue)
+    # Within the tolerance of a client's clock a little behind: taken, and expired at once.
+    moment = clock.now - timedelta(seconds=START_BEFORE_TOLERANCE_SECONDS - 0.5)
+    run_id = (await submit.submit_run(ALICE, RunSpec(input={}, start_before=moment))).run_id
     assert [r.id for r in await queue.expire_overdue()] == [run_id]
+    beyond = clock.now - timedelta(seconds=START_BEFORE_TOLERANCE_SECONDS + 0.5)
+    with pytest.raises(InvalidStartDeadlineError):
+        await submit.submit_run(ALICE, RunSpec(input={}, start_before=beyond))
+    # A keyed submission retried after its deadline passed replays the first outcome: the
+    # check comes after the key.
+    key = IdempotencyKey(key="k", request_hash="h")
+    spec = RunSpec(input={}, start_before=clock.now + timedelta(seconds=1))
+    first = await submit.submit_run(ALICE, spec, key)
+    clock.advance(60)
+    again = await submit.submit_run(ALICE, spec, key)
+    assert (again.replayed, again.run_id) == (True, first.run_id)

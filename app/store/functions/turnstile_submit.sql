@@ -57,8 +57,8 @@ LANGUAGE plpgsql VOLATILE AS $fn$
 --    routed again if a cancel got there first); a run queued or running, TS409 session-busy;
 -- 5. a new run through turnstile_create_runs (the queued quota: TS429 queue-quota);
 -- 6. the 2xx answer stored under the key.
--- Refusals raise SQLSTATE TS404/TS409/TS429 with the problem's name as the message and its
--- fields as JSON in the detail; the transaction then rolls back whole, the key included.
+-- Refusals raise SQLSTATE TS404/TS409/TS422/TS429 with the problem's name as the message and
+-- its fields as JSON in the detail; the transaction then rolls back whole, the key included.
 DECLARE
     v_now timestamptz := coalesce(p_now, now());
     v_taken boolean;
@@ -192,6 +192,13 @@ BEGIN
     END IF;
 
     IF outcome IS NULL THEN
+        -- A deadline to start long past is the client's mistake (a few seconds are a clock's
+        -- skew: app/vocabulary/deadlines.py, START_BEFORE_TOLERANCE_SECONDS). Checked here,
+        -- after the key: a retry of a submission that was accepted replays it, however late.
+        IF p_start_before < v_now - interval '5 seconds' THEN
+            RAISE EXCEPTION 'start-deadline-passed' USING ERRCODE = 'TS422',
+                DETAIL = jsonb_build_object('start_before', p_start_before, 'now', v_now)::text;
+        END IF;
         SELECT * INTO the_run
         FROM turnstile_create_runs(
             v_now, ARRAY[p_run_id], ARRAY[p_tenant], ARRAY[v_owner], ARRAY[p_session],
