@@ -65,9 +65,11 @@ DECLARE
     v_owner text := p_principal;
     v_active runs;
     v_stored idempotency_keys;
+    -- start_within counts from when the run becomes eligible: scheduled_for, or now when
+    -- that is later (greatest ignores a NULL).
     v_start_before timestamptz := coalesce(
         p_start_before,
-        coalesce(p_scheduled_for, v_now) + make_interval(secs => p_start_within));
+        greatest(p_scheduled_for, v_now) + make_interval(secs => p_start_within));
 BEGIN
     SELECT a.rate, a.burst, a.tokens INTO rate_limit, rate_burst, rate_tokens
     FROM turnstile_submit_allowance(p_tenant, v_now, p_submit_rate, p_submit_burst) a;

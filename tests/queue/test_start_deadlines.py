@@ -172,6 +172,11 @@ async def test_the_class_defaults_apply_when_a_submission_names_no_deadline(
         (await submit.submit_run(ALICE, RunSpec(**{**spec.__dict__, "start_within": 5}))).run_id,
     )
     assert scheduled.start_before == later + timedelta(seconds=5)
+    # A scheduled_for already past: eligible now, so the deadline counts from now.
+    earlier = clock.now - timedelta(hours=1)
+    overdue = RunSpec(input={}, scheduled_for=earlier, start_within=5)
+    past = await current(queue, (await submit.submit_run(ALICE, overdue)).run_id)
+    assert past.start_before == clock.now + timedelta(seconds=5)
     explicit = await current(
         queue,
         (
