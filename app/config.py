@@ -24,9 +24,10 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.vocabulary.allowed_hosts import parse_allowed
+from app.vocabulary.deadlines import MAX_START_WITHIN_SECONDS
 
 if TYPE_CHECKING:
-    from app.vocabulary.classes import ClassLimits
+    from app.vocabulary.classes import ClassLimits, PriorityClass
     from app.vocabulary.layout import SlotGroup
 
 
@@ -155,6 +156,30 @@ class Settings(BaseSettings):
     retry_backoff_base_seconds: float = Field(default=5.0, ge=0)
     retry_backoff_max_seconds: float = Field(default=300.0, ge=0)
     sweep_interval_seconds: float = Field(default=5.0, gt=0)
+    # --- start deadlines (docs/start-deadlines.md) ---------------------------------------------
+    start_within_interactive: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_START_WITHIN_SECONDS,
+        allow_inf_nan=False,
+        description="The deadline to start of a new interactive run that names none, in "
+        "seconds after it becomes eligible: still queued then, it ends cancelled ('expired'). "
+        "Unset: none.",
+    )
+    start_within_async: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_START_WITHIN_SECONDS,
+        allow_inf_nan=False,
+        description="As TURNSTILE_START_WITHIN_INTERACTIVE, for async runs.",
+    )
+    start_within_maintenance: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_START_WITHIN_SECONDS,
+        allow_inf_nan=False,
+        description="As TURNSTILE_START_WITHIN_INTERACTIVE, for maintenance runs.",
+    )
     idempotency_ttl_seconds: float = Field(default=86_400.0, gt=0)
     retention_seconds: float = Field(
         default=7 * 86_400.0,
@@ -499,6 +524,18 @@ class Settings(BaseSettings):
             return None
         parse_class_limits(value)  # its ValueError names the part that is wrong
         return value
+
+    @property
+    def start_within_defaults(self) -> dict[PriorityClass, float]:
+        """TURNSTILE_START_WITHIN_<CLASS> by class, the classes without one left out."""
+        from app.vocabulary.classes import PriorityClass
+
+        given = {
+            PriorityClass.INTERACTIVE: self.start_within_interactive,
+            PriorityClass.ASYNC: self.start_within_async,
+            PriorityClass.MAINTENANCE: self.start_within_maintenance,
+        }
+        return {klass: seconds for klass, seconds in given.items() if seconds is not None}
 
     @property
     def tenant_running_limits(self) -> ClassLimits:

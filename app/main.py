@@ -114,6 +114,7 @@ def submissions_for(queue: Queue, settings: Settings) -> Submissions:
         lock_timeout_ms=settings.lock_timeout_ms,
         submit_rate_per_second=settings.submit_rate_per_second,
         submit_burst=settings.submit_burst,
+        start_within=settings.start_within_defaults,
     )
 
 
@@ -285,6 +286,7 @@ async def services(
             maintainer = Maintainer(
                 queue, settings, metrics, holder=pool.worker_id, on_success=succeeded
             )
+            notifier.on_deadlines(maintainer.expirer.deadline_submitted)
             maintainer.start()
         submissions = submissions_for(queue, settings)
         state = AppState(

@@ -28,6 +28,7 @@ from app.queue.errors import (
     InvalidCursorError,
     InvalidLimitsError,
     InvalidScheduleError,
+    InvalidStartDeadlineError,
     QueueQuotaError,
     RateLimitedError,
     RunFinishedError,
@@ -314,7 +315,7 @@ def _core_problem(exc: TurnstileError, request: Request) -> JSONResponse:
                 }
             ],
         )
-    if isinstance(exc, InvalidScheduleError):
+    if isinstance(exc, InvalidScheduleError | InvalidStartDeadlineError):
         return problem_response(
             "invalid-request",
             f"body.{exc.field}: {exc.message}",

@@ -18,11 +18,13 @@ from pydantic import (
     JsonValue,
     StrictFloat,
     StrictInt,
+    model_validator,
 )
 
 from app.queue.pages import RunsPage, TranscriptPage
 from app.queue.tenant_limits import MAX_RATE
 from app.vocabulary.classes import PriorityClass
+from app.vocabulary.deadlines import MAX_START_WITHIN_SECONDS
 from app.vocabulary.records import MIN_SUBMIT_RATE
 from app.vocabulary.statuses import RunStatus
 
@@ -131,6 +133,29 @@ class TurnRequest(Strict):
     scheduled_for: StorableTime = Field(
         default=None, description="Not claimable before this time (RFC 3339 with offset)."
     )
+    start_within: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_START_WITHIN_SECONDS,
+        allow_inf_nan=False,
+        strict=True,
+        description="A deadline to start, in seconds after the run becomes eligible (its "
+        "`scheduled_for`, else now): a new run still queued then ends `cancelled` with reason "
+        "`expired` (docs/start-deadlines.md). Default: the class's "
+        "(TURNSTILE_START_WITHIN_<CLASS>), else none. Ignored by an answer to a waiting run.",
+    )
+    start_before: StorableTime = Field(
+        default=None,
+        description="The deadline to start as a time (RFC 3339 with offset); not with "
+        "`start_within`. A time in the past (beyond a few seconds of clock skew), before "
+        "`scheduled_for`, or over 30 days after the run becomes eligible is refused.",
+    )
+
+    @model_validator(mode="after")
+    def _one_deadline(self) -> TurnRequest:
+        if self.start_within is not None and self.start_before is not None:
+            raise ValueError("give start_within or start_before, not both")
+        return self
 
 
 class RunRequest(TurnRequest):
@@ -165,6 +190,11 @@ class RunDocument(BaseModel):
     )
     fire_at: datetime | None = Field(
         default=None, description="The schedule's fire time this run is for."
+    )
+    start_before: datetime | None = Field(
+        default=None,
+        description="Its deadline to start: still queued and never claimed then, it ends "
+        "`cancelled` with reason `expired` (docs/start-deadlines.md).",
     )
     model_config = ConfigDict(populate_by_name=True)
 

@@ -78,6 +78,8 @@ def spec_from(
         priority=priority,
         scheduled_for=body.scheduled_for,
         traceparent=traceparent,
+        start_within=body.start_within,
+        start_before=body.start_before,
     )
 
 

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Callable
 
 from app.config import Settings
+from app.maintenance.expirer import Expirer
 from app.maintenance.pruners import IdempotencyPruner, RunRetention, SessionRetention
 from app.maintenance.queue_metrics import QueueMetrics
 from app.maintenance.scheduler import Scheduler
@@ -28,7 +29,16 @@ class Maintainer:
         holder: str,
         on_success: Callable[[str], None] | None = None,
     ) -> None:
+        # Ends runs past their deadline to start, at their deadline (woken by the process's
+        # notifications through `deadline_submitted`), at least every sweep interval.
+        self.expirer = Expirer(
+            queue,
+            holder=holder,
+            interval=settings.sweep_interval_seconds,
+            on_success=on_success,
+        )
         self.services: list[MaintenanceService] = [
+            self.expirer,
             Sweeper(
                 queue,
                 holder=holder,

@@ -27,6 +27,7 @@ TRANSITIONS = (
     "succeeded",
     "failed",
     "cancelled",
+    "expired",  # of the cancelled, those past their deadline to start (docs/start-deadlines.md)
     "requeued",
     "released",
     "fenced",

@@ -71,6 +71,11 @@ _TRANSITION = {"succeeded": "succeeded", "failed": "failed", "queued": "released
 """The observer's name of an ended hold, by the status it ended in (`waiting_for_user` is not
 a transition the metrics count)."""
 
+EXPIRER = "expirer"
+EXPIRED = "expired"
+"""Who ends a run past its deadline to start, and the reason its run.cancelled event and its
+webhook give (docs/start-deadlines.md)."""
+
 PASSED_OVER_RETRIES = 3
 """How many times a fair claim that claimed nothing, having passed over runs of a tenant that a
 concurrent claim had just brought to its limit, is asked again at once (docs/adr/0006)."""
@@ -231,6 +236,7 @@ class Queue:
                 "actor": new.actor,
                 "traceparent": new.traceparent,
                 "max_queued": self.config.tenant_max_queued,
+                "start_before": new.start_before,
             },
             conn,
         )
@@ -590,6 +596,7 @@ class Queue:
                 "tenant_id": tenant_id,
                 "principal": principal,
                 "unknown": UNKNOWN_OUTCOME,
+                "overdue": False,
                 **self._hook_attempts(),
             },
             conn,
@@ -625,12 +632,52 @@ class Queue:
                 "tenant_id": tenant_id,
                 "principal": None,
                 "unknown": UNKNOWN_OUTCOME,
+                "overdue": False,
                 **self._hook_attempts(),
             },
         )
         for row in rows:
             self.observer.transition("cancelled", int(row["priority"]))
         return len(rows)
+
+    async def expire_overdue(self, *, limit: int = 500) -> list[Run]:
+        """End every queued run never claimed whose deadline to start has passed: cancelled,
+        reason 'expired' (docs/start-deadlines.md), through the cancel's own statement, so its
+        event, webhook deliveries and freed session are a cancel's; no attempt is used. A
+        batch of `limit` at a time; `cancel_runs` checks each run again on its locked row, so
+        one a claim took meanwhile is left alone."""
+        expired: list[Run] = []
+        while True:
+            now = self.clock()
+            found = await self.db.rows("overdue_runs", {"limit": limit, "now": now})
+            if not found:
+                return expired
+            rows = await self.db.rows(
+                "cancel_runs",
+                {
+                    "run_ids": [row["id"] for row in found],
+                    "actor": EXPIRER,
+                    "reason": EXPIRED,
+                    "tenant_id": None,
+                    "principal": None,
+                    "unknown": UNKNOWN_OUTCOME,
+                    "overdue": True,
+                    "now": now,
+                    **self._hook_attempts(),
+                },
+            )
+            for row in rows:
+                self.observer.transition("cancelled", int(row["priority"]))
+                self.observer.transition("expired", int(row["priority"]))
+            expired.extend(Run.from_row(row) for row in rows)
+            if len(found) < limit:
+                return expired
+
+    async def next_start_deadline(self) -> float | None:
+        """Seconds until the earliest deadline to start of a queued run never claimed (at most
+        0 when one has passed); None when no such run has one."""
+        rows = await self.db.rows("next_start_deadline", {})
+        return float(rows[0]["seconds"]) if rows else None
 
     # --- reads --------------------------------------------------------------------------------
     async def get_run(

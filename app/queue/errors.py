@@ -167,3 +167,13 @@ class HoldingLimitError(TurnstileError):
         self.kind = kind
         self.limit = limit
         self.held = held
+
+
+class InvalidStartDeadlineError(TurnstileError):
+    """A run's deadline to start is refused (docs/start-deadlines.md); `field` names which
+    (`start_within` or `start_before`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message

@@ -38,6 +38,7 @@ from app.queue.errors import (
     AnswerConflictError,
     IdempotencyKeyInFlightError,
     IdempotencyKeyReusedError,
+    InvalidStartDeadlineError,
     QueueQuotaError,
     RateLimitedError,
     RunNotFailedError,
@@ -51,6 +52,7 @@ from app.queue.webhook_endpoints import WEBHOOK_AGENT
 from app.store import submission_rows
 from app.store.transactions import transaction
 from app.vocabulary.classes import PriorityClass
+from app.vocabulary.deadlines import start_deadline_problem
 from app.vocabulary.records import JSON, NewRun, Run, SubmitAllowance
 
 ACCEPTED = 202
@@ -78,6 +80,10 @@ class RunSpec:
     # The W3C trace context the run's work joins; not part of the request's hash (a retry
     # from another span of the caller is the same request).
     traceparent: str | None = None
+    # A new run's deadline to start (docs/start-deadlines.md): seconds after it becomes
+    # eligible, or a time; neither, the class's default (Submissions' start_within).
+    start_within: float | None = None
+    start_before: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,7 @@ class Submissions:
         lock_timeout_ms: int,
         submit_rate_per_second: float | None = None,
         submit_burst: int | None = None,
+        start_within: dict[PriorityClass, float] | None = None,
     ) -> None:
         self.queue = queue
         self.default_agent = default_agent
@@ -125,6 +132,9 @@ class Submissions:
         # tenant's own limits set one).
         self.submit_rate = submit_rate_per_second
         self.submit_burst = submit_burst
+        # The process defaults of a new run's deadline to start, by class (a class left out:
+        # none), for a submission that gives neither start_within nor start_before.
+        self.start_within = dict(start_within or {})
 
     # --- public -------------------------------------------------------------------------------
     async def submit_turn(
@@ -238,6 +248,7 @@ class Submissions:
         does, step by step). A refusal comes back as SQLSTATE TS404/TS409/TS429 and rolls the
         whole call back; a refusal other than the rate limit's then reads the tenant's allowance
         (one more round trip, on refusals only) so that its answer shows it too."""
+        start_within, start_before = self._start_deadline(spec, default_class)
         args = (
             self.queue.clock(),
             who.tenant_id,
@@ -263,6 +274,8 @@ class Submissions:
             self.queue.config.tenant_max_queued,
             self.submit_rate,
             self.submit_burst,
+            start_within,
+            start_before,
         )
         # A keyed submission may be sent again after its connection died mid-call: the key
         # makes a second call a replay of whatever the first committed.
@@ -285,6 +298,28 @@ class Submissions:
         if outcome == "created":
             self.queue.observer.transition("enqueued", run.priority)
         return Submitted(ACCEPTED, run.to_document(), run.id, False, outcome, allowance)
+
+    def _start_deadline(
+        self, spec: RunSpec, default_class: PriorityClass
+    ) -> tuple[float | None, datetime | None]:
+        """The deadline to start the submission gives a new run: the spec's, else its class's
+        default. Checked here against the queue's clock (the database's runs close to this
+        process's), but for one in the past: `turnstile_submit` refuses that after the
+        idempotency key, so a late retry of an accepted submission replays it. The database
+        computes the time from start_within on its own clock."""
+        now = self.queue.clock() or datetime.now(UTC)
+        problem = start_deadline_problem(
+            start_within=spec.start_within,
+            start_before=spec.start_before,
+            scheduled_for=spec.scheduled_for,
+            now=now,
+        )
+        if problem is not None:
+            raise InvalidStartDeadlineError(*problem)
+        if spec.start_within is None and spec.start_before is None:
+            return self.start_within.get(spec.priority or default_class), None
+        within = None if spec.start_within is None else float(spec.start_within)
+        return within, spec.start_before
 
     async def allowance(self, tenant_id: str) -> SubmitAllowance | None:
         """The tenant's submission rate limit and its bucket as they stand, without spending
@@ -421,6 +456,9 @@ def _refusal(name: str, detail: dict[str, Any]) -> Exception:
         return IdempotencyKeyReusedError(detail["key"])
     if name == "run-not-waiting":
         return RunNotWaitingError(UUID(detail["run_id"]), "not waiting")
+    if name == "start-deadline-passed":
+        now = _iso_utc(detail["now"])
+        return InvalidStartDeadlineError("start_before", f"is in the past (it is {now} now)")
     if name == "queue-quota":
         return QueueQuotaError(detail["tenant_id"], detail["max_queued"], int(detail["queued"]))
     if name == "answer-conflict":

@@ -63,9 +63,10 @@ END_ARRAYS = ("run_ids", "epochs", "outcomes", "values", "steps", "states")
 END_RESULTS = ("ids", "epochs", "seqs", "statuses", "priorities")
 """end_holds' result: the ends written, as parallel arrays in one row."""
 
-_REFUSALS = ("TS404", "TS409", "TS429")
+_REFUSALS = ("TS404", "TS409", "TS422", "TS429")
 """SQLSTATEs our own functions raise for a refusal (migration 0007; TS429, a tenant's queued
-quota (migration 0011) or its submission rate limit (migration 0012): the message names which)."""
+quota (migration 0011) or its submission rate limit (migration 0012): the message names which;
+TS422, a deadline to start long past (migration 0018))."""
 
 REPLAY_ATTEMPTS = 5
 """How often a fenced write of unknown outcome is replayed before its error is raised: each
@@ -86,7 +87,7 @@ def _lost(exc: BaseException) -> bool:
 
 
 def refusal(exc: DBAPIError) -> tuple[str, dict[str, Any]] | None:
-    """A refusal one of our functions raised (SQLSTATE TS404/TS409/TS429, the problem's name
+    """A refusal one of our functions raised (SQLSTATE TS404/TS409/TS422/TS429, the problem's name
     as the message, its fields as JSON in the detail), whichever path sent the statement:
     directly, the driver's error is the wrapper's `orig`; through SQLAlchemy's dialect, the
     cause of its own adapted error."""

@@ -113,6 +113,9 @@ runs = Table(
     # No foreign key: a deleted schedule's runs keep its id, so an operator can still find them.
     Column("schedule_id", UUID(as_uuid=True), nullable=True),
     _ts("fire_at"),
+    # The run's deadline to start (docs/start-deadlines.md): still queued and never claimed at
+    # this time, it ends cancelled ('expired'). NULL: none.
+    _ts("start_before"),
     CheckConstraint(
         "status IN ('queued', 'running', 'waiting_for_user', 'succeeded', 'failed', 'cancelled')",
         name="status",
@@ -138,6 +141,7 @@ runs = Table(
     # The driver reads PostgreSQL's infinities back as naive datetime.max/min: no run may hold
     # one (migration 0015, NOT VALID there: rows from before it are normalised or terminal).
     CheckConstraint("isfinite(scheduled_for)", name="finite_times"),
+    CheckConstraint("isfinite(start_before)", name="start_before_finite"),
     # ADR-0004 decision 10: one non-terminal run per session, enforced by the schema.
     Index(
         "uq_runs_session_id_active",
@@ -178,6 +182,14 @@ runs = Table(
         "ix_runs_lease_expires_at",
         "lease_expires_at",
         postgresql_where=text("status = 'running'"),
+    ),
+    # The expirer's: queued runs never claimed that have a deadline to start, by deadline.
+    Index(
+        "ix_runs_start_before",
+        "start_before",
+        postgresql_where=text(
+            "status = 'queued' AND start_before IS NOT NULL AND started_at IS NULL"
+        ),
     ),
     # The runs waiting for their users, counted by the depth reads (migration 0016).
     Index(

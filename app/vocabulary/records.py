@@ -145,6 +145,9 @@ class Run:
     # The W3C trace context the run's work joins (app/observability/tracing.py); internal, not
     # part of the run's document.
     traceparent: str | None = None
+    # Its deadline to start (docs/start-deadlines.md): queued and never claimed then, it ends
+    # cancelled ('expired'). None: no deadline.
+    start_before: datetime | None = None
 
     @property
     def priority_class(self) -> PriorityClass:
@@ -207,6 +210,7 @@ class Run:
             "dismissed_at": _iso(self.dismissed_at),
             "schedule_id": str(self.schedule_id) if self.schedule_id else None,
             "fire_at": _iso(self.fire_at),
+            "start_before": _iso(self.start_before),
         }
 
 
@@ -215,7 +219,7 @@ def _iso(value: datetime | None) -> str | None:
 
 
 _RUN_FIELDS = [f for f in Run.__dataclass_fields__]
-_LATER_FIELDS = frozenset({"session_run_no", "traceparent"})
+_LATER_FIELDS = frozenset({"session_run_no", "traceparent", "start_before"})
 _UUID_FIELDS = ("id", "session_id", "resubmitted_from", "schedule_id")
 _TIME_FIELDS = (
     "scheduled_for",
@@ -226,6 +230,7 @@ _TIME_FIELDS = (
     "started_at",
     "finished_at",
     "dismissed_at",
+    "start_before",
 )
 
 
@@ -252,6 +257,7 @@ class NewRun:
     resubmitted_from: UUID | None = None
     actor: str | None = None  # the key that submitted it, recorded in run.created
     traceparent: str | None = None  # the trace its work joins (a valid W3C traceparent)
+    start_before: datetime | None = None  # its deadline to start (None: none)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ the number of rows: `{"work": [priority, ...]}` when runs became claimable,
 changed status, `{"sessions": ["<session id prefix>"]}` when a session got a new run (its
 streams, held by whichever API process, look again: migration 0013), and `"more": true` when
 more runs changed than the payload names, which subscribers take as "anything may have
-changed".
+changed", and `"start_before": "<time>"` when a new run has a deadline to start (the expirer
+wakes if it is sooner than the one it waits for: docs/start-deadlines.md).
 
 With `listen_deltas` (API processes, which hold streams), the same connection also listens on
 `turnstile_deltas` (live output, docs/adr/0007-live-output-deltas.md) and hands each
@@ -28,6 +29,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -44,6 +46,7 @@ WorkCallback = Callable[[set[int] | None], None]  # None: "anything may have cha
 RunsCallback = Callable[[set[str] | None], None]  # run id prefixes; None: "look at everything"
 DeltasCallback = Callable[[list[Delta]], None]
 SessionsCallback = Callable[[set[str] | None], None]  # session id prefixes; None: all of them
+DeadlineCallback = Callable[[datetime], None]  # a new run's deadline to start
 
 
 class Notifier:
@@ -67,6 +70,7 @@ class Notifier:
         self._runs: list[RunsCallback] = []
         self._deltas: list[DeltasCallback] = []
         self._sessions: list[SessionsCallback] = []
+        self._deadlines: list[DeadlineCallback] = []
         self.listen_deltas = listen_deltas
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -86,6 +90,9 @@ class Notifier:
 
     def on_sessions(self, callback: SessionsCallback) -> None:
         self._sessions.append(callback)
+
+    def on_deadlines(self, callback: DeadlineCallback) -> None:
+        self._deadlines.append(callback)
 
     async def start(self) -> None:
         if self._task is None:
@@ -123,6 +130,14 @@ class Notifier:
             named = {str(prefix) for prefix in sessions}
             for sessions_callback in self._sessions:
                 sessions_callback(named)
+        start_before = message.get("start_before")
+        if start_before and self._deadlines:
+            try:
+                at = datetime.fromisoformat(str(start_before))
+            except ValueError:
+                return
+            for deadline_callback in self._deadlines:
+                deadline_callback(at)
 
     def _wake_everyone(self) -> None:
         for callback in self._work:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from uuid import UUID, uuid4
 
@@ -27,6 +28,7 @@ from turnstile_client import (
     AsyncTurnstile,
     ConnectionLostError,
     Event,
+    InvalidRequestError,
     NotFoundError,
     RateLimitedError,
     ResponseTimeoutError,
@@ -476,3 +478,38 @@ async def test_the_readme_short_example_runs(api: Api) -> None:
     out, err = await asyncio.wait_for(process.communicate(), 120)
     assert process.returncode == 0, err.decode()
     assert out.decode().splitlines() == ["succeeded hello"]
+
+
+async def test_deadlines_to_start_through_both_clients(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    # This process serves async runs only: its turns wait, and the expirer ends them.
+    async with running_api(
+        database_url, engine, workers=True, slots="async:1", partial_layout=True
+    ) as api:
+        key = await api.key()
+        async with AsyncTurnstile(api.base, key) as turnstile:
+            session = await turnstile.create_session()
+            run = await turnstile.submit_turn(session, "hi", start_within=0.5)
+            assert run.start_before is not None
+            ended = await turnstile.wait(run, timeout=30)
+            assert (ended.status, ended.attempts, ended.started_at) == ("cancelled", 0, None)
+            events = [event async for event in turnstile.events(run)]
+            assert events[-1].data == {"by": "expirer", "reason": "expired"}
+            # The session is free: its next turn is a new run.
+            again = await turnstile.submit_turn(session, "again")
+            assert (again.id != run.id, again.status) == (True, "queued")
+            with pytest.raises(InvalidRequestError):
+                await turnstile.submit_run({}, start_before="2020-01-01T00:00:00Z")
+            with pytest.raises(ValueError, match="not both"):
+                await turnstile.submit_run({}, start_within=1, start_before=datetime.now(UTC))
+
+        def blocking() -> tuple[datetime | None, datetime | None]:
+            with Turnstile(api.base, key) as client:
+                later = datetime.now(UTC) + timedelta(hours=1)
+                run = client.submit_run({}, scheduled_for=later, start_within=60)
+                return run.scheduled_for, run.start_before
+
+        scheduled_for, start_before = await asyncio.to_thread(blocking)
+        assert scheduled_for is not None
+        assert start_before == scheduled_for + timedelta(seconds=60)

@@ -24,6 +24,8 @@ SERVICES = (
     "scheduler",
     # Stale has_work flags of tenants' count rows (docs/adr/0006, "Striped queued counts").
     "work-settler",
+    # Runs past their deadline to start (docs/start-deadlines.md).
+    "expirer",
 )
 
 

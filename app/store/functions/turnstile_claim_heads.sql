@@ -21,6 +21,9 @@ BEGIN
         WHERE q.tenant_id = p_tenant AND q.status = 'queued'
           AND q.priority = p.priority
           AND coalesce(q.scheduled_for, q.created_at) <= p_now
+          -- Never a run past its deadline to start (the expirer ends it); a filter on the
+          -- rows the range reads, so the index scan and its order stay as they are.
+          AND (q.start_before IS NULL OR q.start_before > p_now OR q.started_at IS NOT NULL)
           AND q.id <> ALL(p_held)
         ORDER BY coalesce(q.scheduled_for, q.created_at)
         LIMIT p_take

@@ -15,7 +15,9 @@ CREATE OR REPLACE FUNCTION turnstile_create_runs(
     p_traceparents text[],
     p_created jsonb[],                -- what the run.created event says besides the basics
     p_apply_quota boolean,            -- false: exempt (ticks, deliveries, resubmissions)
-    p_max_queued integer              -- the process default queued quota (NULL: none)
+    p_max_queued integer,             -- the process default queued quota (NULL: none)
+    -- Each run's deadline to start (docs/start-deadlines.md; NULL entries, or no array: none).
+    p_start_before timestamptz[] DEFAULT NULL
 )
 RETURNS SETOF runs
 LANGUAGE plpgsql VOLATILE
@@ -64,22 +66,26 @@ BEGIN
     WITH spec AS (
         SELECT * FROM unnest(p_ids, p_tenants, p_principals, p_sessions, p_priorities,
                              p_agents, p_inputs, p_max_attempts, p_scheduled, p_schedule_ids,
-                             p_fire_ats, p_resubmitted_from, p_traceparents, p_created)
+                             p_fire_ats, p_resubmitted_from, p_traceparents, p_created,
+                             coalesce(p_start_before, '{}'))
             AS s(id, tenant_id, principal, session_id, priority, agent, input, max_attempts,
-                 scheduled_for, schedule_id, fire_at, resubmitted_from, traceparent, created)
+                 scheduled_for, schedule_id, fire_at, resubmitted_from, traceparent, created,
+                 start_before)
     ),
     created AS (
         INSERT INTO runs AS r (id, tenant_id, principal, session_id, session_run_no, status,
                                priority, agent, input, max_attempts, scheduled_for,
                                schedule_id, fire_at, last_event_seq, inputs_count,
-                               resubmitted_from, traceparent, created_at, updated_at)
+                               resubmitted_from, traceparent, start_before, created_at,
+                               updated_at)
         SELECT s.id, s.tenant_id, s.principal, s.session_id,
                CASE WHEN s.session_id IS NOT NULL THEN
                    (SELECT coalesce(max(n.session_run_no), 0) + 1 FROM runs n
                     WHERE n.session_id = s.session_id)
                END,
                'queued', s.priority, s.agent, s.input, s.max_attempts, s.scheduled_for,
-               s.schedule_id, s.fire_at, 1, 1, s.resubmitted_from, s.traceparent, v_now, v_now
+               s.schedule_id, s.fire_at, 1, 1, s.resubmitted_from, s.traceparent,
+               s.start_before, v_now, v_now
         FROM spec s
         -- One run per tick (uq_runs_schedule_tick), one active run per session
         -- (uq_runs_session_id_active): what exists already is left alone.
@@ -91,6 +97,9 @@ BEGIN
         SELECT c.id, 1, 'run.created', 0,
                jsonb_build_object('priority', c.priority, 'agent', c.agent,
                                   'principal', c.principal, 'scheduled_for', c.scheduled_for)
+               || CASE WHEN c.start_before IS NOT NULL
+                       THEN jsonb_build_object('start_before', c.start_before)
+                       ELSE '{}'::jsonb END
                || coalesce(s.created, '{}'::jsonb),
                c.created_at
         FROM created c JOIN spec s ON s.id = c.id

@@ -26,6 +26,11 @@ CREATE OR REPLACE FUNCTION turnstile_submit(
     -- tenant_limits row overrides either.
     p_submit_rate double precision DEFAULT NULL,
     p_submit_burst integer DEFAULT NULL,
+    -- A new run's deadline to start (docs/start-deadlines.md): seconds after it becomes
+    -- eligible, or a time; NULL both: none. An answer to a waiting run ignores them (it has
+    -- started already).
+    p_start_within double precision DEFAULT NULL,
+    p_start_before timestamptz DEFAULT NULL,
     OUT outcome text,              -- created, delivered or replayed
     OUT the_run runs,              -- the run created or delivered to (NULL on a replay)
     OUT stored_status integer,     -- on a replay: the stored answer
@@ -52,14 +57,19 @@ LANGUAGE plpgsql VOLATILE AS $fn$
 --    routed again if a cancel got there first); a run queued or running, TS409 session-busy;
 -- 5. a new run through turnstile_create_runs (the queued quota: TS429 queue-quota);
 -- 6. the 2xx answer stored under the key.
--- Refusals raise SQLSTATE TS404/TS409/TS429 with the problem's name as the message and its
--- fields as JSON in the detail; the transaction then rolls back whole, the key included.
+-- Refusals raise SQLSTATE TS404/TS409/TS422/TS429 with the problem's name as the message and
+-- its fields as JSON in the detail; the transaction then rolls back whole, the key included.
 DECLARE
     v_now timestamptz := coalesce(p_now, now());
     v_taken boolean;
     v_owner text := p_principal;
     v_active runs;
     v_stored idempotency_keys;
+    -- start_within counts from when the run becomes eligible: scheduled_for, or now when
+    -- that is later (greatest ignores a NULL).
+    v_start_before timestamptz := coalesce(
+        p_start_before,
+        greatest(p_scheduled_for, v_now) + make_interval(secs => p_start_within));
 BEGIN
     SELECT a.rate, a.burst, a.tokens INTO rate_limit, rate_burst, rate_tokens
     FROM turnstile_submit_allowance(p_tenant, v_now, p_submit_rate, p_submit_burst) a;
@@ -184,6 +194,13 @@ BEGIN
     END IF;
 
     IF outcome IS NULL THEN
+        -- A deadline to start long past is the client's mistake (a few seconds are a clock's
+        -- skew: app/vocabulary/deadlines.py, START_BEFORE_TOLERANCE_SECONDS). Checked here,
+        -- after the key: a retry of a submission that was accepted replays it, however late.
+        IF p_start_before < v_now - interval '5 seconds' THEN
+            RAISE EXCEPTION 'start-deadline-passed' USING ERRCODE = 'TS422',
+                DETAIL = jsonb_build_object('start_before', p_start_before, 'now', v_now)::text;
+        END IF;
         SELECT * INTO the_run
         FROM turnstile_create_runs(
             v_now, ARRAY[p_run_id], ARRAY[p_tenant], ARRAY[v_owner], ARRAY[p_session],
@@ -192,7 +209,7 @@ BEGIN
             ARRAY[p_scheduled_for], ARRAY[NULL::uuid], ARRAY[NULL::timestamptz],
             ARRAY[NULL::uuid], ARRAY[p_traceparent],
             ARRAY[jsonb_build_object('resubmitted_from', NULL, 'by', p_actor)],
-            true, p_max_queued);
+            true, p_max_queued, ARRAY[v_start_before]);
         IF NOT FOUND THEN
             -- The one-active-run index refused it: something got past the routing.
             SELECT * INTO v_active FROM runs
@@ -202,11 +219,14 @@ BEGIN
                                             'active_run_id', v_active.id,
                                             'status', v_active.status)::text;
         END IF;
-        -- The session too, so its streams in every API process look again now.
+        -- The session too, so its streams in every API process look again now; and its
+        -- deadline to start, so the expirer wakes for it if it is sooner than the one it
+        -- waits for.
         PERFORM pg_notify('turnstile', jsonb_strip_nulls(jsonb_build_object(
             'work', jsonb_build_array(the_run.priority),
             'sessions', CASE WHEN p_session IS NOT NULL
-                             THEN jsonb_build_array(left(p_session::text, 8)) END))::text);
+                             THEN jsonb_build_array(left(p_session::text, 8)) END,
+            'start_before', the_run.start_before))::text);
         outcome := 'created';
     END IF;
 

@@ -180,11 +180,12 @@ hook_link AS (
 -- lock (a resubmission takes lock_session first).
 SELECT r.*,
        -- A run of a session names the session too: its streams, in whichever API process,
-       -- look again now.
+       -- look again now; a deadline to start wakes the expirer if it is sooner.
        pg_notify('turnstile', jsonb_strip_nulls(jsonb_build_object(
            'work', jsonb_build_array(r.priority),
            'sessions', CASE WHEN r.session_id IS NOT NULL
-                            THEN jsonb_build_array(left(r.session_id::text, 8)) END))::text)
+                            THEN jsonb_build_array(left(r.session_id::text, 8)) END,
+           'start_before', r.start_before))::text)
 FROM turnstile_create_runs(
     {{now}}, ARRAY[CAST(:id AS uuid)], ARRAY[CAST(:tenant_id AS text)],
     ARRAY[CAST(:principal AS text)], ARRAY[CAST(:session_id AS uuid)],
@@ -197,7 +198,8 @@ FROM turnstile_create_runs(
     ARRAY[jsonb_build_object('resubmitted_from', CAST(:resubmitted_from AS uuid),
                              'by', CAST(:actor AS text))],
     -- A resubmitted webhook delivery is exempt from the quota, as deliveries are.
-    CAST(:agent AS text) <> 'webhook', CAST(:max_queued AS integer)) AS r;
+    CAST(:agent AS text) <> 'webhook', CAST(:max_queued AS integer),
+    ARRAY[CAST(:start_before AS timestamptz)]) AS r;
 
 
 -- name: enqueue_many
@@ -268,6 +270,7 @@ claimed AS (
         WHERE q.status = 'queued'
           AND q.priority = ANY(CAST(:priorities AS smallint[]))
           AND coalesce(q.scheduled_for, q.created_at) <= {{now}}
+          AND (q.start_before IS NULL OR q.start_before > {{now}} OR q.started_at IS NOT NULL)
         ORDER BY q.priority, coalesce(q.scheduled_for, q.created_at)
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
@@ -728,6 +731,26 @@ LIMIT :limit
 FOR UPDATE SKIP LOCKED;
 
 
+-- name: overdue_runs
+-- The expirer's first step (docs/start-deadlines.md): a batch of queued runs never claimed
+-- whose deadline to start has passed, earliest first, from ix_runs_start_before. Not locked
+-- here: cancel_runs checks each again on the row it locks.
+SELECT id FROM runs
+WHERE status = 'queued' AND started_at IS NULL AND start_before <= {{now}}
+ORDER BY start_before
+LIMIT :limit;
+
+
+-- name: next_start_deadline
+-- How long until the earliest deadline to start of a queued run never claimed (negative when
+-- passed); no row when there is none. The expirer sleeps until then: one probe of
+-- ix_runs_start_before.
+SELECT extract(epoch FROM r.start_before - {{now}}) AS seconds FROM runs r
+WHERE r.status = 'queued' AND r.started_at IS NULL AND r.start_before IS NOT NULL
+ORDER BY r.start_before
+LIMIT 1;
+
+
 -- name: deliver_input
 -- An answer to a run waiting for the user (turnstile_deliver_input): the same run back to the
 -- queue; no row when it is not waiting.
@@ -763,6 +786,11 @@ locked AS MATERIALIZED (
       AND status IN ('queued', 'running', 'waiting_for_user')
       AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = :tenant_id)
       AND (CAST(:principal AS text) IS NULL OR principal = :principal)
+      -- The expirer's cancel (overdue true, reason 'expired'): only a run still queued and
+      -- never claimed whose deadline to start has passed, checked on the row as locked (a
+      -- claim that committed meanwhile has started it: it is left alone).
+      AND (NOT CAST(:overdue AS boolean)
+           OR (status = 'queued' AND started_at IS NULL AND start_before <= {{now}}))
     ORDER BY id
     FOR UPDATE
 ),

@@ -159,4 +159,5 @@ FROM turnstile_submit(
     p_wait_ms => $10, p_lock_timeout_ms => $11, p_run_id => $12, p_agent => $13,
     p_default_agent => $14, p_priority => $15, p_default_priority => $16,
     p_scheduled_for => $17, p_input => $18, p_max_attempts => $19,
-    p_traceparent => $20, p_max_queued => $21, p_submit_rate => $22, p_submit_burst => $23) r;
+    p_traceparent => $20, p_max_queued => $21, p_submit_rate => $22, p_submit_burst => $23,
+    p_start_within => $24, p_start_before => $25) r;

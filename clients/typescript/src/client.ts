@@ -81,6 +81,11 @@ export interface SubmitOptions extends CallOptions {
   priority?: PriorityClass;
   /** Not claimable before this time (a string must be RFC 3339 with an offset). */
   scheduledFor?: Date | string;
+  /** A deadline to start, in seconds after the run becomes eligible: still queued then, it
+   * ends `cancelled` with reason `expired` (docs/start-deadlines.md). Not with `startBefore`. */
+  startWithin?: number;
+  /** The deadline to start as a time (a string must be RFC 3339 with an offset). */
+  startBefore?: Date | string;
   /** Yours, to make a retry across restarts safe; default `turnstile-client-<uuid>`. */
   idempotencyKey?: string;
 }
@@ -182,6 +187,13 @@ function submissionBody(input: Json, options: SubmitOptions): TurnBody {
       options.scheduledFor instanceof Date
         ? options.scheduledFor.toISOString()
         : options.scheduledFor;
+  }
+  if (options.startWithin !== undefined) {
+    body.start_within = options.startWithin;
+  }
+  if (options.startBefore !== undefined) {
+    body.start_before =
+      options.startBefore instanceof Date ? options.startBefore.toISOString() : options.startBefore;
   }
   return body;
 }

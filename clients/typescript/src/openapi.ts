@@ -659,6 +659,8 @@ export interface components {
             session_id: string | null;
             /** Session Run No */
             session_run_no?: number | null;
+            /** Start Before */
+            start_before?: string | null;
             /** Started At */
             started_at: string | null;
             status: components["schemas"]["RunStatus"];
@@ -683,6 +685,10 @@ export interface components {
             priority?: components["schemas"]["PriorityClass"] | null;
             /** Scheduled For */
             scheduled_for?: string | null;
+            /** Start Before */
+            start_before?: string | null;
+            /** Start Within */
+            start_within?: number | null;
         };
         /**
          * RunStatus
@@ -922,6 +928,10 @@ export interface components {
             priority?: components["schemas"]["PriorityClass"] | null;
             /** Scheduled For */
             scheduled_for?: string | null;
+            /** Start Before */
+            start_before?: string | null;
+            /** Start Within */
+            start_within?: number | null;
         };
         /** WebhookCreated */
         WebhookCreated: {

@@ -97,12 +97,18 @@ class AsyncTurnstile:
         agent: str | None = None,
         priority: PriorityClass | None = None,
         scheduled_for: datetime | str | None = None,
+        start_within: float | None = None,
+        start_before: datetime | str | None = None,
         idempotency_key: str | None = None,
     ) -> Run:
         """A user's turn: a new run, or, when the session's run waits for the user, the answer
         that sends that same run back to the queue. Raises `SessionBusyError` (with
-        `active_run_id`) when the session's run is queued or running."""
-        body = calls.submission_body(input, agent, priority, scheduled_for)
+        `active_run_id`) when the session's run is queued or running. `start_within` (seconds
+        after the run becomes eligible) or `start_before` (a time) gives a new run a deadline to
+        start: still queued then, it ends `cancelled` with reason `expired`."""
+        body = calls.submission_body(
+            input, agent, priority, scheduled_for, start_within, start_before
+        )
         key = idempotency_key or calls.new_idempotency_key()
         return calls.as_run(await self._send(calls.submit_turn(session, body, key)))
 
@@ -119,10 +125,15 @@ class AsyncTurnstile:
         agent: str | None = None,
         priority: PriorityClass | None = None,
         scheduled_for: datetime | str | None = None,
+        start_within: float | None = None,
+        start_before: datetime | str | None = None,
         idempotency_key: str | None = None,
     ) -> Run:
-        """A sessionless run (back-end work, `async` unless `priority` says otherwise)."""
-        body = calls.submission_body(input, agent, priority, scheduled_for)
+        """A sessionless run (back-end work, `async` unless `priority` says otherwise), with an
+        optional deadline to start as for `submit_turn`."""
+        body = calls.submission_body(
+            input, agent, priority, scheduled_for, start_within, start_before
+        )
         key = idempotency_key or calls.new_idempotency_key()
         return calls.as_run(await self._send(calls.submit_run(body, key)))
 

@@ -69,6 +69,8 @@ def submission_body(
     agent: str | None,
     priority: str | None,
     scheduled_for: datetime | str | None,
+    start_within: float | None = None,
+    start_before: datetime | str | None = None,
 ) -> dict[str, Any]:
     """A turn's or run's body; fields left out take the server's defaults (or, for an answer,
     the waiting run's values)."""
@@ -78,12 +80,22 @@ def submission_body(
     if priority is not None:
         body["priority"] = priority
     if scheduled_for is not None:
-        if isinstance(scheduled_for, datetime):
-            if scheduled_for.tzinfo is None:
-                raise ValueError("scheduled_for needs a time zone (the API takes RFC 3339)")
-            scheduled_for = scheduled_for.isoformat()
-        body["scheduled_for"] = scheduled_for
+        body["scheduled_for"] = _rfc3339("scheduled_for", scheduled_for)
+    if start_within is not None and start_before is not None:
+        raise ValueError("give start_within or start_before, not both")
+    if start_within is not None:
+        body["start_within"] = float(start_within)
+    if start_before is not None:
+        body["start_before"] = _rfc3339("start_before", start_before)
     return body
+
+
+def _rfc3339(name: str, value: datetime | str) -> str:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError(f"{name} needs a time zone (the API takes RFC 3339)")
+        return value.isoformat()
+    return value
 
 
 def create_session() -> Call:

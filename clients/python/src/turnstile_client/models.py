@@ -59,6 +59,8 @@ class Run:
     finished_at: datetime | None
     dismissed_at: datetime | None
     raw: dict[str, Any] = field(repr=False, compare=False)
+    # Its deadline to start (None: none, or a server that predates deadlines).
+    start_before: datetime | None = None
 
     @property
     def finished(self) -> bool:
@@ -93,6 +95,7 @@ class Run:
             finished_at=_time(document.get("finished_at")),
             dismissed_at=_time(document.get("dismissed_at")),
             raw=document,
+            start_before=_time(document.get("start_before")),
         )
 
 
