@@ -5,6 +5,11 @@ or streamed; alone, or a turn of a conversation), `GET /v1/responses/{id}` (or i
 (`OpenAI(base_url=".../v1", api_key=<turnstile key>)`). The conversations are
 app/api/conversation_routes.py; the whole mapping is docs/responses-api.md.
 
+`previous_response_id` continues the session of the response it names (its conversation's,
+or the chain a stored response of its own started: `placement_of`), from its latest response
+only, since a session's history has no branches; `store: false` makes a sessionless run that
+nothing continues.
+
 A stream (`stream: true`) is resumable: `GET /v1/responses/{id}?stream=true&starting_after=N`
 sends the same events numbered after N (app/api/responses_stream.py); the run goes on if the
 caller leaves, and `GET /v1/responses/{id}` has its outcome.

@@ -1,16 +1,18 @@
 """The OpenAI Responses API's objects mapped onto Turnstile's runs: pure functions, no HTTP.
 
-A response is a run: sessionless, or a turn of a conversation's session
-(app/protocols/openai_conversations.py). `model` names the Turnstile agent (`openai:<model>`:
-the `openai` agent asking that upstream model, carried in the run's input as `upstream_model`);
-the run's input is `{"text", "messages", "instructions", "metadata"}` (plus the keys of the
-`agent_input` extension, which is how a caller drives an agent such as `scripted` that reads
-more than text; an answer's `call_id`), so a read of the run gives back everything its response
-document shows. Statuses map as in `STATUS`; a run waiting for the user ends its response
-(status `incomplete`) with a `function_call` item named `ask_user` whose arguments carry the
-question (a `function_call_output` naming its `call_id` answers it). The output is the run's
-final text as one `output_text` message. Usage figures are the run's token counts where its
-agent recorded them (the `openai` agent does), zeros otherwise.
+A response is a run: a turn of a conversation's session (app/protocols/openai_conversations.py);
+or, created with neither `conversation` nor `previous_response_id`, the first turn of a session
+of its own (a chain, marked `CHAIN` in its input, which `previous_response_id` continues); or,
+with `store: false`, a sessionless run that nothing continues (`NOT_STORED`). `model` names the
+Turnstile agent (`openai:<model>`: the `openai` agent asking that upstream model, carried in the
+run's input as `upstream_model`); the run's input is `{"text", "messages", "instructions",
+"metadata"}` (plus the keys of the `agent_input` extension, which is how a caller drives an
+agent such as `scripted` that reads more than text; an answer's `call_id`), so a read of the run
+gives back everything its response document shows. Statuses map as in `STATUS`; a run waiting
+for the user ends its response (status `incomplete`) with a `function_call` item named
+`ask_user` whose arguments carry the question (a `function_call_output` naming its `call_id`
+answers it). The output is the run's final text as one `output_text` message. Usage figures are
+the run's token counts where its agent recorded them (the `openai` agent does), zeros otherwise.
 
 The router is app/api/responses_routes.py; errors in OpenAI's shape are rendered there too
 (`error_body` below).
