@@ -6,7 +6,7 @@ chain's latest is refused (Turnstile cannot branch a history), as is chaining fr
 `store: false` one; a create retried with its `Idempotency-Key` replays and makes no second
 session; another tenant's response is not found; an `ask_user` question is answered through
 `previous_response_id`; a chain's response is deleted alone only while it is the chain's only
-one."""
+one; a refused create (the rate limit) leaves no session behind."""
 
 from __future__ import annotations
 
@@ -262,3 +262,23 @@ async def test_a_chains_response_is_deleted_alone_only_while_it_is_the_only_one(
     deleted = await client.conversations.delete(chain)
     assert deleted.deleted is True
     assert await counts(api.engine) == before
+
+
+async def test_a_response_over_the_rate_limit_is_refused_and_leaves_no_session(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with running_api(
+        database_url, engine, workers=True, submit_rate_per_second=0.001, submit_burst=1
+    ) as limited:
+        try:
+            client = await sdk(limited)
+            await client.responses.create(model="scripted", input="first", background=True)
+            before = await counts(engine)
+            with pytest.raises(openai.RateLimitError) as refused:
+                await client.responses.create(model="scripted", input="second", background=True)
+            assert int(refused.value.response.headers["retry-after"]) >= 1
+            # No run, and not even the session the response would have started.
+            assert await counts(engine) == before
+        finally:
+            while SDK_CLIENTS:
+                await SDK_CLIENTS.pop().close()
