@@ -10,7 +10,7 @@
 -- never emptied behind the operator's back, as retention keeps it. The session's runs go in
 -- the same statement, as retention deletes them (the foreign key is checked at the statement's end, when they are gone); their
 -- events, inputs, checkpoints, journal and webhook deliveries follow by cascade. Its idempotency
--- keys are not touched: they expire on their own TTL. With :only_run (a response's delete, for
+-- keys are not touched: they expire on their own TTL. With only_run set (a response's delete, for
 -- the session of a chain of responses) the session goes only while that run is its only one,
 -- decided under the same lock, so a response chained onto it meanwhile is never deleted.
 WITH target AS MATERIALIZED (
