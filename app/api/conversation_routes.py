@@ -6,8 +6,11 @@ A conversation is a session (app/protocols/openai_conversations.py has the mappi
 response joins it with `conversation` (or `previous_response_id`) on create
 (app/api/responses_routes.py). What our transcript cannot do is refused in OpenAI's error shape,
 saying why, never half done: items added other than through a response (a run writes the
-transcript, under its fence), an item deleted on its own, and metadata (sessions store none
-yet). Deleting a conversation deletes its session and runs, once none of them is active.
+transcript, under its fence) and an item deleted on its own. A conversation's metadata is its
+session's (`sessions.metadata`, migration 0020): given on create, set key by key on update
+(the keys given are set, the others kept, as OpenAI's API does; 16 pairs at most, counted on
+the merged set). Deleting a conversation deletes its session and runs, once none of them is
+active.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from app.protocols.openai_conversations import (
     session_id_of,
 )
 from app.protocols.openai_conversations import conversation_id as conversation_id_of
-from app.protocols.openai_responses import list_page
+from app.protocols.openai_responses import MAX_METADATA_PAIRS, list_page
 from app.queue.errors import SessionNotFoundError
 from app.queue.reads import SessionView
 from app.security.api_keys import Caller
@@ -48,11 +51,6 @@ READ_ONLY = (
     "a conversation's items are its runs' transcript, written by the runs themselves: add items "
     "by creating a response with conversation=<id>, remove them by deleting the conversation"
 )
-
-
-def unsupported_metadata(body: CreateConversation) -> None:
-    if body.metadata:
-        raise invalid("metadata", "conversation metadata is not stored by Turnstile yet")
 
 
 async def conversation(request: Request, conversation: str, caller: Caller) -> SessionView:
@@ -82,11 +80,14 @@ async def transcript(request: Request, session_id: UUID) -> list[TranscriptEntry
 async def create_conversation(body: CreateConversation, request: Request, caller: CallerDep) -> Any:
     if body.items:
         raise invalid("items", READ_ONLY)
-    unsupported_metadata(body)
     session = await state_of(request).reads.create_session(
-        tenant_id=caller.tenant_id, principal=caller.principal
+        tenant_id=caller.tenant_id, principal=caller.principal, metadata=body.metadata
     )
-    return FastJSONResponse(conversation_document(session.id, session.created_at))
+    return FastJSONResponse(document(session))
+
+
+def document(session: SessionView) -> dict[str, Any]:
+    return conversation_document(session.id, session.created_at, session.metadata)
 
 
 @router.get("/conversations/{conversation_id}")
@@ -94,7 +95,7 @@ async def get_conversation(
     conversation_id: ConversationId, request: Request, caller: CallerDep
 ) -> Any:
     session = await conversation(request, conversation_id, caller)
-    return FastJSONResponse(conversation_document(session.id, session.created_at))
+    return FastJSONResponse(document(session))
 
 
 @router.post("/conversations/{conversation_id}")
@@ -104,9 +105,29 @@ async def update_conversation(
     request: Request,
     caller: CallerDep,
 ) -> Any:
+    """The keys of `metadata` are set, the others kept (OpenAI's update); `items` are not
+    taken here (they come from the conversation's responses)."""
     session = await conversation(request, conversation_id, caller)
-    unsupported_metadata(body)
-    return FastJSONResponse(conversation_document(session.id, session.created_at))
+    if body.items:
+        raise invalid("items", READ_ONLY)
+    if body.metadata:
+        pairs = await state_of(request).reads.update_session_metadata(
+            session.id,
+            tenant_id=session.tenant_id,
+            principal=visible_principal(caller),
+            metadata=body.metadata,
+            max_pairs=MAX_METADATA_PAIRS,
+        )
+        if pairs is None:
+            raise ApiProblem("not-found", f"no conversation {conversation_id!r}")
+        if pairs > MAX_METADATA_PAIRS:
+            raise invalid(
+                "metadata",
+                f"a conversation holds at most {MAX_METADATA_PAIRS} metadata pairs: with these "
+                f"keys set it would hold {pairs} (nothing was changed)",
+            )
+        session = await conversation(request, conversation_id, caller)
+    return FastJSONResponse(document(session))
 
 
 @router.delete("/conversations/{conversation_id}")

@@ -5,6 +5,11 @@ or streamed; alone, or a turn of a conversation), `GET /v1/responses/{id}` (or i
 (`OpenAI(base_url=".../v1", api_key=<turnstile key>)`). The conversations are
 app/api/conversation_routes.py; the whole mapping is docs/responses-api.md.
 
+`previous_response_id` continues the session of the response it names (its conversation's,
+or the chain a stored response of its own started: `placement_of`), from its latest response
+only, since a session's history has no branches; `store: false` makes a sessionless run that
+nothing continues.
+
 A stream (`stream: true`) is resumable: `GET /v1/responses/{id}?stream=true&starting_after=N`
 sends the same events numbered after N (app/api/responses_stream.py); the run goes on if the
 caller leaves, and `GET /v1/responses/{id}` has its outcome.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
@@ -49,8 +55,10 @@ from app.api.watch import (
     wait_for_change,
 )
 from app.observability import tracing
-from app.protocols.openai_conversations import session_id_of
+from app.protocols.openai_conversations import conversation_id, session_id_of
 from app.protocols.openai_responses import (
+    CHAIN,
+    NOT_STORED,
     CreateResponse,
     call_id,
     call_outputs,
@@ -59,12 +67,13 @@ from app.protocols.openai_responses import (
     input_items,
     list_page,
     response_document,
+    response_id,
     run_id_of,
     run_input,
     unsupported_field,
 )
-from app.queue.errors import RunNotFoundError, SessionNotFoundError
-from app.queue.submit import RunSpec
+from app.queue.errors import RunNotFoundError, SessionNotFoundError, TurnstileError
+from app.queue.submit import IdempotencyKey, RunSpec, Submitted
 from app.security.api_keys import Caller
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import Run
@@ -149,14 +158,42 @@ async def until_stopped(request: Request, run: Run, caller: Caller) -> Run:
     return run
 
 
-async def session_for(request: Request, body: CreateResponse, caller: Caller) -> UUID | None:
-    """The session a create goes to: its `conversation`'s, or that of its
-    `previous_response_id` (which must be the conversation's latest response: Turnstile keeps
-    one history per conversation, no branches); None for a response of its own."""
+@dataclass(frozen=True)
+class Placement:
+    """Where a create's run goes: the session it is a turn of (None: a sessionless run, or,
+    with `new_chain`, a session made for it), whether that session is a chain of responses
+    (no conversation: `previous_response_id` continues it) and whether the create answers the
+    run waiting there (it takes that run's class then)."""
+
+    session_id: UUID | None
+    chain: bool
+    new_chain: bool = False
+    answers: bool = False
+
+
+NOT_FORKABLE = (
+    "that response is not the latest of its {what}: OpenAI's API would branch a new history "
+    "from it, but Turnstile keeps one history per session, turn after turn, with no branches; "
+    "continue from the latest response ({latest}), or start a new one without "
+    "previous_response_id"
+)
+
+
+async def placement_of(request: Request, body: CreateResponse, caller: Caller) -> Placement:
+    """The session a create goes to: its `conversation`'s; or that of its
+    `previous_response_id`, which must be its session's latest response (a session's history
+    has no branches); or, for a response of its own stored (`store` left out or true), a
+    session of its own, the first turn of a chain; `store: false` is a sessionless run."""
     conversation = conversation_of(body)
     if conversation is not None and body.previous_response_id is not None:
         raise invalid(
             "previous_response_id", "give either conversation or previous_response_id, not both"
+        )
+    if body.store is False and (conversation is not None or body.previous_response_id):
+        raise invalid(
+            "store",
+            "store=false: a response of a conversation, or one continuing another with "
+            "previous_response_id, is kept in its session's history; leave store out (or true)",
         )
     if conversation is not None:
         session_id = session_id_of(conversation)
@@ -166,32 +203,44 @@ async def session_for(request: Request, body: CreateResponse, caller: Caller) ->
             await visible_session(request, session_id, caller)
         except SessionNotFoundError:
             raise ApiProblem("not-found", f"no conversation {conversation!r}") from None
-        return session_id
+        return Placement(session_id, chain=False)
     if body.previous_response_id is None:
-        return None
+        if body.store is False:
+            return Placement(None, chain=False)
+        return Placement(None, chain=True, new_chain=True)
     try:
         previous = await visible_run(request, body.previous_response_id, caller)
-    except (ApiProblem, RunNotFoundError):
-        raise invalid(
-            "previous_response_id", f"no response {body.previous_response_id!r}"
+    except (ApiProblem, RunNotFoundError):  # both mean not found (or not the caller's)
+        message = f"no response {body.previous_response_id!r}"
+        raise ApiProblem(
+            "not-found",
+            message,
+            errors=[{"loc": ["body", "previous_response_id"], "msg": message, "type": "missing"}],
         ) from None
+    values = previous.input if isinstance(previous.input, dict) else {}
     if previous.session_id is None:
         raise invalid(
             "previous_response_id",
-            "that response is not part of a conversation: create the first response with "
-            "conversation=<id> (POST /v1/conversations) to continue it; Turnstile keeps history "
-            "per conversation",
+            "that response was created with store=false, so it keeps no history to continue"
+            if values.get(NOT_STORED) is True
+            else "that response is a run outside any session (not created through this API "
+            "with store): it keeps no history to continue",
         )
+    chain = values.get(CHAIN) is True
     page = await state_of(request).reads.session_runs_page(
         previous.session_id, cursor=None, limit=1
     )
     if page.runs and page.runs[0].id != previous.id:
         raise invalid(
             "previous_response_id",
-            "that response is not the latest of its conversation: Turnstile continues a "
-            "conversation from its latest response only (no branches)",
+            NOT_FORKABLE.format(
+                what="chain of responses" if chain else "conversation",
+                latest=response_id(page.runs[0].id),
+            ),
         )
-    return previous.session_id
+    return Placement(
+        previous.session_id, chain=chain, answers=previous.status == "waiting_for_user"
+    )
 
 
 async def check_answer(
@@ -220,6 +269,51 @@ async def check_answer(
         )
 
 
+def priority_of(place: Placement, background: bool) -> PriorityClass | None:
+    """A caller who waits for the answer is interactive; a background one is back-end work.
+    A turn of a conversation is interactive, as every session's turn is (None: the turn's
+    default); a chain's turns keep the class a response of its own has; an answer takes its
+    run's (None: given no class, it conflicts with none)."""
+    if place.answers or (background and not place.chain):
+        return None
+    return PriorityClass.ASYNC if background else PriorityClass.INTERACTIVE
+
+
+async def submit(
+    request: Request,
+    caller: Caller,
+    place: Placement,
+    spec: RunSpec,
+    idempotency: IdempotencyKey | None,
+) -> Submitted:
+    """The run, where `place` says. A chain's first response makes its session first, as an
+    A2A message with no context does (its caller looked for a stored outcome of its key
+    before): a refused submission, or a twin with the same key that won meanwhile, removes the
+    session made for it again, so nothing is left behind."""
+    state = state_of(request)
+    who = submitter_of(caller)
+    if place.session_id is None and not place.new_chain:
+        return await state.submissions.submit_run(who, spec, idempotency)
+    session_id = place.session_id
+    made = None
+    if session_id is None:
+        made = await state.reads.create_session(
+            tenant_id=caller.tenant_id, principal=caller.principal
+        )
+        session_id = made.id
+    try:
+        outcome = await state.submissions.submit_turn(who, session_id, spec, idempotency)
+    except TurnstileError:
+        if made is not None:
+            await state.reads.discard_empty_session(made.id, tenant_id=caller.tenant_id)
+        raise
+    if made is not None and outcome.replayed:
+        # A twin of this create won meanwhile: its response, in its session; ours goes.
+        await state.reads.discard_empty_session(made.id, tenant_id=caller.tenant_id)
+    state.live.session_changed(session_id)
+    return outcome
+
+
 @router.post("/responses")
 async def create_response(
     body: CreateResponse,
@@ -240,30 +334,38 @@ async def create_response(
         storable_json(values)
     except ValueError as exc:
         raise invalid("input", str(exc)) from None
-    session_id = await session_for(request, body, caller)
-    await check_answer(request, body, session_id, caller)
     background = bool(body.background)
-    # A caller who waits for the answer is interactive; a background one is back-end work.
-    # (A turn of a conversation is interactive, as every session's turn is.)
-    priority = None if background else PriorityClass.INTERACTIVE
+    idempotency = await idempotency_of(request, idempotency_key)
+    # A create sent again with its key is answered from what the first one stored before its
+    # place is looked at again: the first has moved its chain on since (its previous response
+    # is no longer the latest), or answered the question it names.
+    replay = None
+    if idempotency is not None:
+        replay = await state.submissions.stored_outcome(submitter_of(caller), idempotency)
+    place = Placement(None, chain=False)
+    if replay is None:
+        place = await placement_of(request, body, caller)
+        await check_answer(request, body, place.session_id, caller)
+        if place.chain:
+            values[CHAIN] = True
+        if body.store is False:
+            values[NOT_STORED] = True
     # A stream's place is taken first, so a refusal (429) writes nothing.
     slot = state.streams.acquire(caller.key_id, caller.tenant_id) if body.stream else None
     try:
-        with tracing.submission("run" if session_id is None else "turn", traceparent) as span:
-            spec = RunSpec(
-                input=values, agent=agent, priority=priority, traceparent=span.traceparent
-            )
-            idempotency = await idempotency_of(request, idempotency_key)
-            if session_id is None:
-                outcome = await state.submissions.submit_run(
-                    submitter_of(caller), spec, idempotency
+        if replay is not None:
+            outcome = replay
+        else:
+            kind = "run" if place.session_id is None and not place.new_chain else "turn"
+            with tracing.submission(kind, traceparent) as span:
+                spec = RunSpec(
+                    input=values,
+                    agent=agent,
+                    priority=priority_of(place, background),
+                    traceparent=span.traceparent,
                 )
-            else:
-                outcome = await state.submissions.submit_turn(
-                    submitter_of(caller), session_id, spec, idempotency
-                )
-                state.live.session_changed(session_id)
-            span.set(submitted_attributes(outcome))
+                outcome = await submit(request, caller, place, spec, idempotency)
+                span.set(submitted_attributes(outcome))
         run = await load_run(request, outcome.run_id, caller)
     except BaseException:
         if slot is not None:
@@ -301,15 +403,33 @@ async def delete_response(response_id: ResponseId, request: Request, caller: Cal
     """A finished response outside a conversation is deleted with its run; one still going
     is cancelled first, and one of a conversation goes with its conversation."""
     run = await visible_run(request, response_id, caller)
-    if run.session_id is not None:
+    values = run.input if isinstance(run.input, dict) else {}
+    reads = state_of(request).reads
+    whole = f"DELETE /v1/conversations/{conversation_id(run.session_id)}" if run.session_id else ""
+    if run.session_id is not None and values.get(CHAIN) is not True:
         raise invalid(
             "response_id",
-            "this response is part of a conversation: delete the conversation instead "
-            "(DELETE /v1/conversations/{id})",
+            f"this response is part of a conversation: delete the conversation instead ({whole})",
         )
-    deleted = await state_of(request).reads.delete_finished_run(
-        run.id, tenant_id=caller.tenant_id, principal=visible_principal(caller)
-    )
+    if run.session_id is not None:
+        # A chain's response goes with its session while it is the chain's only one; a
+        # longer chain's history is kept whole.
+        deleted = await reads.delete_idle_session(
+            run.session_id,
+            tenant_id=caller.tenant_id,
+            principal=visible_principal(caller),
+            only_run=run.id,
+        )
+        if deleted == "in_session":
+            raise invalid(
+                "response_id",
+                "this response is one of a chain continued with previous_response_id, and "
+                f"Turnstile keeps a chain's history whole: delete the whole chain ({whole})",
+            )
+    else:
+        deleted = await reads.delete_finished_run(
+            run.id, tenant_id=caller.tenant_id, principal=visible_principal(caller)
+        )
     if deleted == "missing":
         raise ApiProblem("not-found", f"no response {response_id!r}")
     if deleted == "active":

@@ -8,7 +8,10 @@ shapes: a run's first input and every answer delivered to it are `user` messages
 given as a `function_call_output` is that item again); a question is an `ask_user`
 `function_call`; a run's final text is an `assistant` message; each tool call is a
 `function_call` with its `function_call_output`. A failed or cancelled run's end has no item.
-Items are derived from what runs recorded under their fence, so they are read-only: a caller adds
+A conversation's `metadata` is its session's (at most 16 string pairs, keys of at most 64
+characters, values of at most 512, as OpenAI allows: `Metadata`); an update sets the keys it
+gives and keeps the others. Items are derived from what runs recorded under their fence, so they
+are read-only: a caller adds
 items by creating responses in the conversation, and deletes them by deleting the
 conversation (app/api/conversation_routes.py refuses the rest, saying so).
 
@@ -24,7 +27,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.protocols.openai_responses import call_id, final_text
+from app.protocols.openai_responses import Metadata, call_id, final_text
 from app.vocabulary.records import JSON, TranscriptEntry
 
 PREFIX = "conv_"
@@ -35,7 +38,7 @@ class CreateConversation(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     items: list[dict[str, JSON]] | None = Field(default=None, max_length=20)
-    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    metadata: Metadata | None = None
 
 
 def conversation_id(session_id: UUID) -> str:
@@ -52,12 +55,14 @@ def session_id_of(conversation: str) -> UUID | None:
         return None
 
 
-def conversation_document(session_id: UUID, created_at: datetime) -> dict[str, Any]:
+def conversation_document(
+    session_id: UUID, created_at: datetime, metadata: dict[str, str]
+) -> dict[str, Any]:
     return {
         "id": conversation_id(session_id),
         "object": "conversation",
         "created_at": int(created_at.timestamp()),
-        "metadata": {},
+        "metadata": metadata,
     }
 
 

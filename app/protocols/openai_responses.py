@@ -1,16 +1,18 @@
 """The OpenAI Responses API's objects mapped onto Turnstile's runs: pure functions, no HTTP.
 
-A response is a run: sessionless, or a turn of a conversation's session
-(app/protocols/openai_conversations.py). `model` names the Turnstile agent (`openai:<model>`:
-the `openai` agent asking that upstream model, carried in the run's input as `upstream_model`);
-the run's input is `{"text", "messages", "instructions", "metadata"}` (plus the keys of the
-`agent_input` extension, which is how a caller drives an agent such as `scripted` that reads
-more than text; an answer's `call_id`), so a read of the run gives back everything its response
-document shows. Statuses map as in `STATUS`; a run waiting for the user ends its response
-(status `incomplete`) with a `function_call` item named `ask_user` whose arguments carry the
-question (a `function_call_output` naming its `call_id` answers it). The output is the run's
-final text as one `output_text` message. Usage figures are the run's token counts where its
-agent recorded them (the `openai` agent does), zeros otherwise.
+A response is a run: a turn of a conversation's session (app/protocols/openai_conversations.py);
+or, created with neither `conversation` nor `previous_response_id`, the first turn of a session
+of its own (a chain, marked `CHAIN` in its input, which `previous_response_id` continues); or,
+with `store: false`, a sessionless run that nothing continues (`NOT_STORED`). `model` names the
+Turnstile agent (`openai:<model>`: the `openai` agent asking that upstream model, carried in the
+run's input as `upstream_model`); the run's input is `{"text", "messages", "instructions",
+"metadata"}` (plus the keys of the `agent_input` extension, which is how a caller drives an
+agent such as `scripted` that reads more than text; an answer's `call_id`), so a read of the run
+gives back everything its response document shows. Statuses map as in `STATUS`; a run waiting
+for the user ends its response (status `incomplete`) with a `function_call` item named
+`ask_user` whose arguments carry the question (a `function_call_output` naming its `call_id`
+answers it). The output is the run's final text as one `output_text` message. Usage figures are
+the run's token counts where its agent recorded them (the `openai` agent does), zeros otherwise.
 
 The router is app/api/responses_routes.py; errors in OpenAI's shape are rendered there too
 (`error_body` below).
@@ -22,7 +24,7 @@ import json
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from app.vocabulary.records import JSON, Run
 
@@ -37,6 +39,24 @@ STATUS: dict[str, str] = {
     "cancelled": "cancelled",
     "waiting_for_user": "incomplete",
 }
+
+# OpenAI's bounds on an object's `metadata`: 16 pairs, keys of at most 64 characters, values
+# of at most 512 (a response's and a conversation's alike).
+MAX_METADATA_PAIRS = 16
+Metadata = Annotated[
+    dict[
+        Annotated[str, StringConstraints(max_length=64)],
+        Annotated[str, StringConstraints(max_length=512)],
+    ],
+    Field(max_length=MAX_METADATA_PAIRS),
+]
+
+# The keys of a run's input that say how its response was stored (Turnstile's, not the
+# agent's): `CHAIN` marks a response outside any conversation whose run is a turn of a session
+# of its own, the chain `previous_response_id` continues; `NOT_STORED` one created with
+# `store: false` (a sessionless run, which nothing continues).
+CHAIN = "response_chain"
+NOT_STORED = "response_not_stored"
 
 # Request fields of the Responses API this step does not implement: refused when set, rather
 # than silently ignored, since each would change what the caller gets.
@@ -85,7 +105,7 @@ class CreateResponse(BaseModel):
     instructions: str | None = None
     conversation: Annotated[str, Field(max_length=100)] | ConversationRef | None = None
     previous_response_id: str | None = Field(default=None, max_length=100)
-    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    metadata: Metadata | None = None
     background: bool | None = None
     stream: bool | None = None
     store: bool | None = None
@@ -273,9 +293,13 @@ def response_document(run: Run, *, background: bool | None = None) -> dict[str, 
         "top_p": None,
         "tool_choice": "auto",
         "tools": [],
-        "store": True,
+        "store": values.get(NOT_STORED) is not True,
         "usage": usage_of(run.result),
-        "conversation": {"id": f"conv_{run.session_id.hex}"} if run.session_id else None,
+        "conversation": (
+            {"id": f"conv_{run.session_id.hex}"}
+            if run.session_id and values.get(CHAIN) is not True
+            else None
+        ),
     }
 
 

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from app.queue.core import Queue
+from app.queue.core import Queue, dump_json
 from app.queue.pages import RunsPage, TranscriptPage, runs_page, transcript_page
 from app.queue.tenant_limits import MAX_COUNTED, TenantDepth, Tenants
 from app.store import conversation_rows, read_rows
@@ -74,6 +74,8 @@ class SessionView:
     active_run_id: UUID | None
     active_status: str | None
     active_question: JSON
+    # A conversation's metadata (the OpenAI Conversations API); {} for every other session.
+    metadata: dict[str, str] = field(default_factory=dict)
 
     @property
     def state(self) -> str:
@@ -155,9 +157,15 @@ class Reads:
         )
 
     # --- sessions -----------------------------------------------------------------------------
-    async def create_session(self, *, tenant_id: str, principal: str) -> SessionView:
+    async def create_session(
+        self, *, tenant_id: str, principal: str, metadata: dict[str, str] | None = None
+    ) -> SessionView:
         row = await read_rows.insert_session(
-            self.queue.engine, now=self.queue.clock(), tenant_id=tenant_id, principal=principal
+            self.queue.engine,
+            now=self.queue.clock(),
+            tenant_id=tenant_id,
+            principal=principal,
+            metadata=dump_json(metadata or {}),
         )
         return SessionView(
             id=row["id"],
@@ -167,7 +175,30 @@ class Reads:
             active_run_id=None,
             active_status=None,
             active_question=None,
+            metadata=_pairs(row["metadata"]),
         )
+
+    async def update_session_metadata(
+        self,
+        session_id: UUID,
+        *,
+        tenant_id: str,
+        principal: str | None,
+        metadata: dict[str, str],
+        max_pairs: int,
+    ) -> int | None:
+        """Set the keys of `metadata` on the session's (the others kept). The number of pairs
+        the merge has; it is written only when that is at most `max_pairs`. None: no such
+        session for this caller."""
+        row = await read_rows.update_session_metadata(
+            self.queue.engine,
+            session_id,
+            tenant_id=tenant_id,
+            principal=principal,
+            metadata=dump_json(metadata),
+            max_pairs=max_pairs,
+        )
+        return None if row is None else int(row["pairs"])
 
     async def discard_empty_session(self, session_id: UUID, *, tenant_id: str) -> None:
         """Remove a session no run names (one made for a turn that was then refused)."""
@@ -191,6 +222,7 @@ class Reads:
             active_run_id=row["active_run_id"],
             active_status=row["active_status"],
             active_question=row["active_question"],
+            metadata=_pairs(row["metadata"]),
         )
 
     async def session_runs_page(
@@ -213,16 +245,24 @@ class Reads:
         return await transcript_page(self.queue.engine, session_id, cursor=cursor, limit=limit)
 
     async def delete_idle_session(
-        self, session_id: UUID, *, tenant_id: str, principal: str | None
+        self,
+        session_id: UUID,
+        *,
+        tenant_id: str,
+        principal: str | None,
+        only_run: UUID | None = None,
     ) -> Deletion:
         """Delete a session with its runs (the Responses API's conversation delete), unless a
-        run of it is active or failed and not dismissed (nothing written then)."""
+        run of it is active or failed and not dismissed (nothing written then). With
+        `only_run` (a response's delete, in a chain of responses), only while that run is the
+        session's only one (`in_session` otherwise)."""
         return await conversation_rows.delete_idle_session(
             self.queue.engine,
             session_id,
             tenant_id=tenant_id,
             principal=principal,
             now=self.queue.clock(),
+            only_run=only_run,
         )
 
     async def delete_finished_run(
@@ -308,3 +348,10 @@ def _depth(rows: Any) -> dict[PriorityClass, ClassDepth]:
         if row["oldest_eligible_age"] is not None:
             entry.oldest_eligible_age_seconds = round(float(row["oldest_eligible_age"]), 3)
     return depth
+
+
+def _pairs(value: Any) -> dict[str, str]:
+    """A session's metadata column as the string pairs it holds."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): str(v) for k, v in value.items()}

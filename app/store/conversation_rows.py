@@ -21,10 +21,17 @@ async def delete_idle_session(
     tenant_id: str,
     principal: str | None,
     now: datetime | None,
+    only_run: UUID | None = None,
 ) -> Literal["deleted", "active", "dead_letter", "in_session", "missing"]:
     """Deleted; or kept because a run of it is active, or failed and not dismissed; or not
-    visible to the caller."""
-    params = {"session_id": session_id, "tenant_id": tenant_id, "principal": principal}
+    visible to the caller. With `only_run`, only while that run is its only one (kept:
+    `in_session`)."""
+    params = {
+        "session_id": session_id,
+        "tenant_id": tenant_id,
+        "principal": principal,
+        "only_run": only_run,
+    }
     async with engine.begin() as conn:
         # The lock every submission to the session takes first: a turn in flight commits
         # before the delete looks at the session's runs, or finds no session after it.
@@ -34,6 +41,8 @@ async def delete_idle_session(
             return "missing"
         if row["deleted"]:
             return "deleted"
+        if only_run is not None and row["others"]:
+            return "in_session"
         return "active" if row["active"] else "dead_letter"
 
 

@@ -73,13 +73,41 @@ async def discard_empty_session(engine: AsyncEngine, *, session_id: UUID, tenant
 
 
 async def insert_session(
-    engine: AsyncEngine, *, now: datetime | None, tenant_id: str, principal: str
+    engine: AsyncEngine, *, now: datetime | None, tenant_id: str, principal: str, metadata: str
 ) -> RowMapping:
+    """A new session; `metadata` is its JSON text (`{}` for none)."""
     async with engine.begin() as conn:
         result = await conn.execute(
-            q("create_session"), {"now": now, "tenant_id": tenant_id, "principal": principal}
+            q("create_session"),
+            {"now": now, "tenant_id": tenant_id, "principal": principal, "metadata": metadata},
         )
         return result.mappings().one()
+
+
+async def update_session_metadata(
+    engine: AsyncEngine,
+    session_id: UUID,
+    *,
+    tenant_id: str,
+    principal: str | None,
+    metadata: str,
+    max_pairs: int,
+) -> RowMapping | None:
+    """Merge `metadata` (JSON text) into the session's, unless that makes more than
+    `max_pairs` pairs: the row says whether it was written and how many pairs the merge has;
+    None when the caller sees no such session."""
+    async with engine.begin() as conn:
+        result = await conn.execute(
+            q("update_session_metadata"),
+            {
+                "session_id": session_id,
+                "tenant_id": tenant_id,
+                "principal": principal,
+                "metadata": metadata,
+                "max_pairs": max_pairs,
+            },
+        )
+        return result.mappings().first()
 
 
 async def session_row(

@@ -68,6 +68,13 @@ sessions = Table(
     # When a turn last reached the session (every submission that locks it sets it): session
     # retention deletes a session idle past its own period whole, scanning this index.
     _ts("last_activity_at", nullable=False, default_now=True),
+    # A conversation's metadata (the OpenAI Conversations API, migration 0020): 16 string
+    # pairs at most, checked by the API; the CHECK bounds its size whoever writes it.
+    Column("metadata", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    CheckConstraint(
+        "jsonb_typeof(metadata) = 'object' AND octet_length(CAST(metadata AS text)) <= 65536",
+        name="metadata",
+    ),
     Index("ix_sessions_tenant_id_created_at", "tenant_id", "created_at"),
     Index("ix_sessions_last_activity_at", "last_activity_at"),
 )

@@ -2,7 +2,8 @@
 official `openai` SDK against a real server with real workers: a two-turn conversation whose
 second answer shows the first was remembered (the `openai` agent against the fake model
 endpoint), `previous_response_id`, the conversation's items from its transcript, what is
-refused (items added or deleted on their own, metadata), deleting a conversation, another
+refused (items added or deleted on their own), metadata kept and updated, deleting a
+conversation, another
 tenant's conversation (not found), and a question asked with `ask_user` answered by a
 `function_call_output` that resumes the same run."""
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from functools import partial
 
 import openai
 import pytest
@@ -123,14 +125,12 @@ async def test_previous_response_id_continues_its_conversation(api: Api) -> None
     assert first_run is not None
     assert second_run is not None
     assert first_run.session_id == second_run.session_id
-    # Only from the latest response (no branches), and not from a response of its own.
+    # Only from the latest response (no branches: tests/protocols/test_openai_response_chains.py
+    # has responses of their own chained).
     with pytest.raises(openai.BadRequestError) as branched:
         await client.responses.create(model="scripted", input="x", previous_response_id=first.id)
     assert "latest" in branched.value.message
-    alone = await client.responses.create(model="scripted", input="alone")
-    with pytest.raises(openai.BadRequestError) as refused:
-        await client.responses.create(model="scripted", input="x", previous_response_id=alone.id)
-    assert refused.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert branched.value.body["param"] == "previous_response_id"  # type: ignore[index]
 
 
 async def test_what_the_transcript_cannot_do_is_refused_and_writes_nothing(api: Api) -> None:
@@ -143,9 +143,6 @@ async def test_what_the_transcript_cannot_do_is_refused_and_writes_nothing(api: 
         await client.conversations.items.delete("msg_1_1", conversation_id=conversation.id)
     with pytest.raises(openai.BadRequestError):
         await client.conversations.create(items=[item])  # type: ignore[list-item]
-    with pytest.raises(openai.BadRequestError) as refused:
-        await client.conversations.update(conversation.id, metadata={"topic": "x"})
-    assert refused.value.body["param"] == "metadata"  # type: ignore[index]
     page = await client.conversations.items.list(conversation.id)
     assert page.data == []
     with pytest.raises(openai.NotFoundError):
@@ -221,3 +218,58 @@ async def test_an_ask_user_call_answered_with_its_output_resumes_the_same_run(ap
     await eventually(
         lambda: client.conversations.delete(conversation.id), what="the conversation's delete"
     )
+
+
+async def test_a_conversations_metadata_is_kept_and_updated_key_by_key(api: Api) -> None:
+    client = await sdk(api)
+    conversation = await client.conversations.create(metadata={"topic": "billing", "tier": "1"})
+    assert conversation.metadata == {"topic": "billing", "tier": "1"}
+    fetched = await client.conversations.retrieve(conversation.id)
+    assert fetched.metadata == {"topic": "billing", "tier": "1"}
+    # An update sets the keys it gives and keeps the others, as OpenAI's does.
+    updated = await client.conversations.update(conversation.id, metadata={"tier": "2", "a": ""})
+    assert updated.metadata == {"topic": "billing", "tier": "2", "a": ""}
+    assert (await client.conversations.retrieve(conversation.id)).metadata == updated.metadata
+    # A response in it keeps its own metadata; the conversation's is unchanged.
+    response = await client.responses.create(
+        model="scripted", input="hi", conversation=conversation.id, metadata={"r": "1"}
+    )
+    assert response.metadata == {"r": "1"}
+    assert (await client.conversations.retrieve(conversation.id)).metadata == updated.metadata
+    # OpenAI's bounds, each a 400 naming metadata, writing nothing.
+    bad: list[object] = [
+        {f"k{n}": "v" for n in range(17)},  # more than 16 pairs
+        {"k" * 65: "v"},  # a key longer than 64 characters
+        {"k": "v" * 513},  # a value longer than 512
+        {"k": 1},  # not a string
+        ["k"],  # not an object
+    ]
+    for metadata in bad:
+        for call in (
+            partial(client.conversations.create, metadata=metadata),
+            partial(client.conversations.update, conversation.id, metadata=metadata),
+            partial(client.responses.create, model="scripted", input="x", metadata=metadata),
+        ):
+            with pytest.raises(openai.BadRequestError) as refused:
+                await call()
+            param = refused.value.body["param"]  # type: ignore[index]
+            assert param.startswith("metadata"), (metadata, refused.value.body)
+            assert refused.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+    # At the bounds it is taken.
+    longest = {f"{n:02d}" + "k" * 62: "v" * 512 for n in range(16)}
+    full = await client.conversations.create(metadata=longest)
+    assert (await client.conversations.retrieve(full.id)).metadata == longest
+    # 16 pairs at most counted on the merged set: a 17th key is refused, nothing changed.
+    with pytest.raises(openai.BadRequestError) as over:
+        await client.conversations.update(full.id, metadata={"one-more": "x"})
+    assert over.value.body["param"] == "metadata"  # type: ignore[index]
+    assert "16" in over.value.message
+    assert (await client.conversations.retrieve(full.id)).metadata == longest
+    # Keys already there may change.
+    changed = await client.conversations.update(full.id, metadata={"00" + "k" * 62: "new"})
+    assert changed.metadata["00" + "k" * 62] == "new"
+    # Another tenant neither sees nor updates it.
+    theirs = await sdk(api, "globex", "bob")
+    with pytest.raises(openai.NotFoundError):
+        await theirs.conversations.update(conversation.id, metadata={"topic": "stolen"})
+    assert (await client.conversations.retrieve(conversation.id)).metadata == updated.metadata

@@ -427,7 +427,11 @@ async def test_bad_input_is_a_bad_request_in_openais_shape(api: Api) -> None:
         ({"model": "scripted", "input": [{"role": "robot", "content": "x"}]}, "input.0.role"),
         ({"model": "scripted", "input": "a\x00b"}, "input"),
         ({"model": "scripted", "input": "hi", "metadata": {"n": 1}}, "metadata.n"),
-        ({"model": "scripted", "input": "hi", "previous_response_id": "resp_1"}, None),
+        ({"model": "scripted", "input": "hi", "metadata": {"k" * 65: "v"}}, None),
+        (
+            {"model": "scripted", "input": "hi", "store": False, "previous_response_id": "x"},
+            "store",
+        ),
         ({"model": "scripted", "input": "hi", "stream": True, "tools": [{}]}, "tools"),
     ]
     for body, param in cases:

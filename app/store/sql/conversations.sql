@@ -10,7 +10,9 @@
 -- never emptied behind the operator's back, as retention keeps it. The session's runs go in
 -- the same statement, as retention deletes them (the foreign key is checked at the statement's end, when they are gone); their
 -- events, inputs, checkpoints, journal and webhook deliveries follow by cascade. Its idempotency
--- keys are not touched: they expire on their own TTL.
+-- keys are not touched: they expire on their own TTL. With only_run set (a response's delete, for
+-- the session of a chain of responses) the session goes only while that run is its only one,
+-- decided under the same lock, so a response chained onto it meanwhile is never deleted.
 WITH target AS MATERIALIZED (
     SELECT s.id FROM sessions s
     WHERE s.id = :session_id AND s.tenant_id = :tenant_id
@@ -22,6 +24,8 @@ idle AS MATERIALIZED (
         SELECT 1 FROM runs r
         WHERE r.session_id = t.id
           AND (r.finished_at IS NULL OR (r.status = 'failed' AND r.dismissed_at IS NULL)))
+      AND (CAST(:only_run AS uuid) IS NULL OR NOT EXISTS (
+          SELECT 1 FROM runs r WHERE r.session_id = t.id AND r.id <> CAST(:only_run AS uuid)))
 ),
 gone_runs AS (
     DELETE FROM runs WHERE session_id IN (SELECT id FROM idle)
@@ -33,7 +37,9 @@ gone AS (
 )
 SELECT (SELECT count(*) FROM target) AS found, (SELECT count(*) FROM gone) AS deleted,
        EXISTS (SELECT 1 FROM runs r JOIN target t ON r.session_id = t.id
-               WHERE r.finished_at IS NULL) AS active;
+               WHERE r.finished_at IS NULL) AS active,
+       EXISTS (SELECT 1 FROM runs r JOIN target t ON r.session_id = t.id
+               WHERE r.id <> CAST(:only_run AS uuid)) AS others;
 
 
 -- name: delete_finished_run

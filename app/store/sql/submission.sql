@@ -32,9 +32,34 @@ WHERE tenant_id = :tenant_id AND principal = :principal AND key = :key;
 
 
 -- name: create_session
-INSERT INTO sessions (tenant_id, principal, created_at, last_activity_at)
-VALUES (:tenant_id, :principal, {{now}}, {{now}})
-RETURNING id, tenant_id, principal, created_at, last_activity_at;
+-- The metadata is a conversation's (the OpenAI Conversations API), checked by the caller;
+-- every other session starts with none.
+INSERT INTO sessions (tenant_id, principal, created_at, last_activity_at, metadata)
+VALUES (:tenant_id, :principal, {{now}}, {{now}}, CAST(:metadata AS jsonb))
+RETURNING id, tenant_id, principal, created_at, last_activity_at, metadata;
+
+
+-- name: update_session_metadata
+-- A conversation's update (POST /v1/conversations/{id}): the keys given are set, the others
+-- kept, as OpenAI's API does. The pairs are counted on the merged object in the same
+-- statement, so two concurrent updates cannot together pass the bound the caller checked
+-- for each: an update past it writes nothing (updated false). No row: no such session for
+-- this caller.
+WITH target AS MATERIALIZED (
+    SELECT s.id, s.metadata || CAST(:metadata AS jsonb) AS merged FROM sessions s
+    WHERE s.id = :session_id AND s.tenant_id = :tenant_id
+      AND (CAST(:principal AS text) IS NULL OR s.principal = :principal)
+    FOR UPDATE
+),
+changed AS (
+    UPDATE sessions s SET metadata = t.merged
+    FROM target t
+    WHERE s.id = t.id AND (SELECT count(*) FROM jsonb_object_keys(t.merged)) <= :max_pairs
+    RETURNING s.metadata
+)
+SELECT (SELECT metadata FROM changed) IS NOT NULL AS updated,
+       (SELECT count(*) FROM jsonb_object_keys(t.merged)) AS pairs
+FROM target t;
 
 
 -- name: discard_empty_session
@@ -68,7 +93,7 @@ RETURNING s.id, s.principal;
 
 
 -- name: get_session
-SELECT s.id, s.tenant_id, s.principal, s.created_at, s.last_activity_at,
+SELECT s.id, s.tenant_id, s.principal, s.created_at, s.last_activity_at, s.metadata,
        a.id AS active_run_id, a.status AS active_status, a.question AS active_question
 FROM sessions s
 LEFT JOIN runs a
