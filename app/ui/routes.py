@@ -1,6 +1,6 @@
 """The operator dashboard's routes under `/ui`: sign-in, the overview (and the fragment its
 script refreshes), the runs list, a run's page, a session's page (its conversation and its
-runs), and the dead letter with its actions.
+runs), the search by run or session id, and the dead letter with its actions.
 
 Thin like the API's handlers: reads are the queue's read models (`Reads`, app/queue/reads.py;
 the dashboard's own statements are app/store/sql/dashboard.sql), actions are the queue core's
@@ -369,6 +369,45 @@ async def session_page(session_id: str, request: Request, caller: UiCaller) -> H
             if runs.next_cursor
             else None
         ),
+    )
+
+
+# --- search ----------------------------------------------------------------------------------
+@router.get("/search")
+async def search(request: Request, caller: UiCaller) -> Response:
+    """The header's search box: an exact run id goes to the run's page, a session id to the
+    session's, each under the same visibility rules as those pages (so a search reveals
+    nothing the pages would not); anything else is a page saying so, never a 500."""
+    raw = request.query_params.get("q", "").strip()[:100]
+    if not raw:
+        return search_miss(request, caller, 400, raw, "Type a run id or a session id to search.")
+    parsed = parse_run_id(raw)
+    if parsed is None:
+        message = f"{raw!r} is not a run or session id (a UUID like {UUID(int=0)})."
+        return search_miss(request, caller, 400, raw, message)
+    state = state_of(request)
+    run = await state.queue.get_run(
+        parsed, tenant_id=visible_tenant(caller), principal=visible_principal(caller)
+    )
+    if run is not None:
+        return RedirectResponse(f"/ui/runs/{run.id}", status_code=303, headers=SECURITY_HEADERS)
+    reads: Reads = state.reads
+    found = await reads.session(
+        parsed, tenant_id=caller.tenant_id, principal=visible_principal(caller)
+    )
+    if found is not None:
+        return RedirectResponse(
+            f"/ui/sessions/{found.id}", status_code=303, headers=SECURITY_HEADERS
+        )
+    message = f"Not found: no run or session {raw!r} is visible to this key."
+    return search_miss(request, caller, 404, raw, message)
+
+
+def search_miss(
+    request: Request, caller: Caller, status: int, raw: str, message: str
+) -> HTMLResponse:
+    return render(
+        request, caller, "error.html", status, status=status, message=message, search_query=raw
     )
 
 
