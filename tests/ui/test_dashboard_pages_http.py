@@ -11,7 +11,11 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.queue.reads import Reads
+from app.queue.scheduling import NewSchedule, Schedules
+from app.queue.webhook_endpoints import Webhooks
+from app.security.api_keys import active_keys, create_key, list_keys
 from app.ui.session import COOKIE, csrf_token
+from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import NewRun
 from tests.support.api import Api, running_api
 
@@ -78,3 +82,121 @@ async def test_search_goes_to_a_run_or_a_session_and_says_not_found_otherwise(
         response = await anonymous.get("/ui/search", params={"q": str(ours)})
         assert response.status_code == 303
         assert response.headers["location"].startswith("/ui/sign-in?next=%2Fui%2Fsearch")
+
+
+def nightly(tenant: str = "acme") -> NewSchedule:
+    return NewSchedule(
+        tenant_id=tenant,
+        principal="ops",
+        cron="0 3 * * *",
+        agent="scripted",
+        input={"script": [{"final": "tick"}]},
+        priority=PriorityClass.ASYNC.base,
+    )
+
+
+async def test_schedule_webhook_and_key_pages_need_the_operator_scope_and_act_in_its_tenant(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with running_api(database_url, engine) as api:
+        schedules = Schedules(api.queue)
+        ours = await schedules.create(nightly("acme"))
+        theirs = await schedules.create(nightly("globex"))
+        webhooks = Webhooks(api.queue)
+        endpoint = await webhooks.create(
+            tenant_id="globex",
+            principal="ops",
+            url="https://hooks.example/x",
+            events=[],
+            secret=b"not read here",
+        )
+        globex_key = (await create_key(engine, tenant_id="globex", principal="bob")).info
+        admin_key = (
+            await create_key(engine, tenant_id="acme", principal="root", scopes=("admin",))
+        ).info
+
+        # A key without a scope: no page, no write (with its own valid CSRF token).
+        alice = await signed_in(api, await api.key("acme", "alice"))
+        for path in ("/ui/schedules", "/ui/webhooks", "/ui/keys"):
+            response = await alice.get(path)
+            assert response.status_code == 403, path
+            assert "need the operator scope" in response.text
+        writes = (
+            f"/ui/schedules/{ours.id}/pause",
+            f"/ui/webhooks/{endpoint.id}/disable",
+            f"/ui/keys/{globex_key.id}/revoke",
+        )
+        for path in writes:
+            response = await alice.post(path, data={"csrf": csrf_of(alice)})
+            assert response.status_code == 403, path
+            assert "needs a key with the operator scope" in response.text
+
+        # An operator: a forged or missing CSRF token, or another site's form, is refused.
+        ops = await signed_in(api, await api.key("acme", "ops", "operator"))
+        path = f"/ui/schedules/{ours.id}/pause"
+        assert (await ops.post(path, data={"csrf": "forged"})).status_code == 403
+        assert (await ops.post(path, data={"other": "x"})).status_code == 403
+        cross = await ops.post(
+            path, data={"csrf": csrf_of(ops)}, headers={"Origin": "https://evil.example"}
+        )
+        assert cross.status_code == 403
+        assert (await schedules.get(ours.id, tenant_id=None)).state == "active"
+
+        # Its own tenant's schedule pauses and resumes; another tenant's is not found.
+        paused = await ops.post(path, data={"csrf": csrf_of(ops)})
+        assert paused.status_code == 303
+        assert paused.headers["location"] == f"/ui/schedules?done=paused&id={ours.id}"
+        assert (await schedules.get(ours.id, tenant_id=None)).state == "paused"
+        page = await ops.get(paused.headers["location"])
+        assert f"Paused schedule {ours.id}" in page.text
+        assert str(theirs.id) not in page.text  # an operator sees its own tenant's only
+        resumed = await ops.post(f"/ui/schedules/{ours.id}/resume", data={"csrf": csrf_of(ops)})
+        assert resumed.headers["location"] == f"/ui/schedules?done=resumed&id={ours.id}"
+        assert (await schedules.get(ours.id, tenant_id=None)).state == "active"
+        for target in (theirs.id, uuid4(), "not-a-uuid"):
+            response = await ops.post(f"/ui/schedules/{target}/pause", data={"csrf": csrf_of(ops)})
+            assert response.status_code == 303
+            assert "done=not-found" in response.headers["location"]
+            shown = await ops.get(response.headers["location"])
+            assert shown.status_code == 200
+            assert "is not visible to this key" in shown.text
+        assert (await schedules.get(theirs.id, tenant_id=None)).state == "active"
+
+        # Another tenant's endpoint and key are out of reach, an admin key of its own tenant
+        # too for an operator.
+        response = await ops.post(
+            f"/ui/webhooks/{endpoint.id}/disable", data={"csrf": csrf_of(ops)}
+        )
+        assert "done=not-found" in response.headers["location"]
+        assert (await webhooks.list("globex"))[0].disabled_at is None
+        response = await ops.post(f"/ui/keys/{globex_key.id}/revoke", data={"csrf": csrf_of(ops)})
+        assert "done=not-found" in response.headers["location"]
+        response = await ops.post(f"/ui/keys/{admin_key.id}/revoke", data={"csrf": csrf_of(ops)})
+        assert "done=admin-key" in response.headers["location"]
+        assert {k.id for k in await list_keys(engine) if k.revoked_at is not None} == set()
+        keys = await ops.get("/ui/keys")
+        assert str(globex_key.id) not in keys.text
+        assert str(admin_key.id) in keys.text
+
+        # An admin key reads every tenant's, and still writes only in its own.
+        root = await signed_in(api, await api.key("acme", "root2", "admin"))
+        every = await root.get("/ui/schedules")
+        assert str(theirs.id) in every.text
+        assert "another tenant's" in every.text
+        assert str(endpoint.id) in (await root.get("/ui/webhooks")).text
+        assert str(globex_key.id) in (await root.get("/ui/keys")).text
+        response = await root.post(f"/ui/schedules/{theirs.id}/pause", data={"csrf": csrf_of(root)})
+        assert "done=not-found" in response.headers["location"]
+        response = await root.post(f"/ui/keys/{admin_key.id}/revoke", data={"csrf": csrf_of(root)})
+        assert response.headers["location"] == f"/ui/keys?done=revoked&id={admin_key.id}"
+        assert await authenticate_id(engine, admin_key.id) is False
+
+        # A bad cursor is a page saying so.
+        bad = await ops.get("/ui/schedules", params={"cursor": "garbage!"})
+        assert bad.status_code == 400
+        assert "cursor: not a link this dashboard made" in bad.text
+
+
+async def authenticate_id(engine: AsyncEngine, key_id: UUID) -> bool:
+    """Whether the key is still unrevoked."""
+    return key_id in await active_keys(engine, {key_id})
