@@ -1,14 +1,16 @@
-"""The operator dashboard's routes under `/ui`: sign-in, the overview (and the fragment its
-script refreshes), the runs list, a run's page, a session's page (its conversation and its
-runs), the search by run or session id, and the dead letter with its actions.
+"""The operator dashboard's routes under `/ui`: sign-in, the overview (the fragment its script
+refreshes, and charts of the last hour), the runs list, a run's page, a session's page (its
+conversation and its runs), schedules, webhook endpoints, API keys, the search by run or
+session id, and the dead letter with its actions.
 
 Thin like the API's handlers: reads are the queue's read models (`Reads`, app/queue/reads.py;
 the dashboard's own statements are app/store/sql/dashboard.sql), actions are the queue core's
 `Submissions.resubmit` and `.dismiss` that the API's runbook routes call, so they record the
-same `operator.*` events. Scoping is the API's: `visible_tenant` and `visible_principal` for
-reads (keys without a scope see their own principal's runs, admin keys the whole queue), the
-key's own tenant for actions. Pages are Jinja2 templates with autoescaping on; errors render
-as pages with a clear message, never a traceback.
+same `operator.*` events, and `Schedules.pause`/`.resume`, `Webhooks.enable`/`.disable` and
+`revoke_key`, as the API and the CLI. Scoping is the API's: `visible_tenant` and
+`visible_principal` for reads (keys without a scope see their own principal's runs, admin
+keys the whole queue), the key's own tenant for actions. Pages are Jinja2 templates with
+autoescaping on; errors render as pages with a clear message, never a traceback.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ PAGE_SIZE = 50
 EVENTS_PER_PAGE = 1000
 TRANSCRIPT_PAGE = 200
 WINDOW_MINUTES = 15
+CHART_MINUTES = 60
 REFRESH_SECONDS = 5
 MAX_FORM_BYTES = 4096
 # Nothing but this server: scripts, styles and images are served from /ui/static.
@@ -224,7 +227,12 @@ async def overview(request: Request, caller: UiCaller) -> Response:
         # The overview is runbook data (the API's /queue/stats needs the operator scope too):
         # other keys land on their tenant's runs.
         return RedirectResponse("/ui/runs", status_code=303, headers=SECURITY_HEADERS)
-    return render(request, caller, "overview.html", **await overview_context(request, caller))
+    context = await overview_context(request, caller)
+    reads: Reads = state_of(request).reads
+    # Read once with the page, not with each refresh of the fragment: an hour of minutes is a
+    # heavier read than the fragment's, and a trend needs no five-second updates.
+    minutes = await reads.minutes(tenant_id=visible_tenant(caller), minutes=CHART_MINUTES)
+    return render(request, caller, "overview.html", charts=views.charts(minutes), **context)
 
 
 @router.get("/overview/fragment")

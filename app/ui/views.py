@@ -1,6 +1,6 @@
 """What the dashboard's pages show, as plain values: a run's timeline read from its events,
 a session's transcript entries, the overview's tables, and the parsing of the runs list's
-filters. No I/O and no HTTP here;
+filters, and the overview's charts. No I/O and no HTTP here;
 app/ui/routes.py reads the rows and renders these with the templates."""
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from app.queue.reads import ClassDepth
+from markupsafe import Markup
+
+from app.queue.reads import ClassDepth, MinuteStats
 from app.queue.tenant_limits import TenantDepth
+from app.ui.charts import Series, chart
 from app.vocabulary import statuses
 from app.vocabulary.classes import BAND_WIDTH, PriorityClass
 from app.vocabulary.records import Event, TranscriptEntry
@@ -344,6 +347,43 @@ def age(seconds: float | None) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def charts(minutes: Sequence[MinuteStats]) -> list[tuple[str, Markup]]:
+    """The overview's charts of the last hour, each with its caption: throughput, queue depth,
+    claim latency."""
+    starts = [m.start for m in minutes]
+    drawn = [
+        chart(
+            "Runs finished per minute",
+            "chart-throughput",
+            starts,
+            [Series("finished", [m.finished for m in minutes], "s0")],
+            bars=True,
+        ),
+        chart(
+            "Queue depth (eligible, not yet claimed)",
+            "chart-depth",
+            starts,
+            [Series("queued", [m.depth for m in minutes], "s1")],
+        ),
+        chart(
+            "Claim latency (eligible to first claim)",
+            "chart-latency",
+            starts,
+            [
+                Series("median", [m.latency_median for m in minutes], "s2"),
+                Series("max", [m.latency_max for m in minutes], "s3"),
+            ],
+            fmt=lambda seconds: duration(seconds),
+        ),
+    ]
+    captions = (
+        "Throughput: runs finished per minute",
+        "Queue depth at each minute's end",
+        "Claim latency: median, and maximum in red",
+    )
+    return list(zip(captions, drawn, strict=True))
 
 
 # --- the runs list's filters -----------------------------------------------------------------

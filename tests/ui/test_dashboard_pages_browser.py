@@ -177,3 +177,30 @@ async def test_operator_pauses_a_schedule_disables_a_webhook_and_revokes_a_key(
         assert await authenticate(engine, alice.secret) is None
         assert browser.blocked == [], browser.blocked
         assert browser.script_errors == [], browser.console
+
+
+async def test_the_overview_draws_charts_of_the_last_hour_with_nothing_fetched(
+    database_url: str, engine: AsyncEngine, clocked: tuple[Queue, ManualClock]
+) -> None:
+    queue, _ = clocked
+    await failed_run(queue)  # claimed and finished a moment ago: within the hour
+    async with running_api(database_url, engine) as api, chromium() as browser:
+        page = await browser.page()
+        await sign_in(page, api, await api.key("acme", "ops", "operator"))
+        throughput = page.get_by_test_id("chart-throughput")
+        await expect(throughput).to_have_attribute("data-minutes", "60")
+        await expect(throughput).to_have_attribute("data-max", "1")
+        await expect(throughput.locator("rect.bar")).to_have_count(1)
+        await expect(throughput.locator("rect.bar title")).to_contain_text("1 finished")
+        latency = page.get_by_test_id("chart-latency")
+        await expect(latency.locator("circle.point")).to_have_count(2)  # its median and max
+        await expect(page.get_by_test_id("chart-depth")).to_have_attribute("data-minutes", "60")
+        # Drawn, and coloured by the stylesheet (the policy allows no inline styles).
+        box = await throughput.bounding_box()
+        assert box is not None
+        assert box["width"] > 300
+        fill = await throughput.locator("rect.bar").evaluate("el => getComputedStyle(el).fill")
+        assert fill not in ("rgb(0, 0, 0)", "none"), fill
+        await browser.screenshot(page, "ui-overview-charts")
+        assert browser.blocked == [], browser.blocked
+        assert browser.script_errors == [], browser.console

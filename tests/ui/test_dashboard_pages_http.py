@@ -5,19 +5,26 @@ another tenant's key cannot see."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import UTC, datetime
 from uuid import UUID, uuid4
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.queue.core import Queue
 from app.queue.reads import Reads
 from app.queue.scheduling import NewSchedule, Schedules
 from app.queue.webhook_endpoints import Webhooks
+from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
 from app.security.api_keys import active_keys, create_key, list_keys
+from app.ui import views
 from app.ui.session import COOKIE, csrf_token
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import NewRun
 from tests.support.api import Api, running_api
+from tests.support.clock import ManualClock
+from tests.support.runtime import execute_once
 
 
 async def signed_in(api: Api, key: str) -> httpx.AsyncClient:
@@ -200,3 +207,46 @@ async def test_schedule_webhook_and_key_pages_need_the_operator_scope_and_act_in
 async def authenticate_id(engine: AsyncEngine, key_id: UUID) -> bool:
     """Whether the key is still unrevoked."""
     return key_id in await active_keys(engine, {key_id})
+
+
+async def test_the_charts_minutes_count_finished_claimed_latency_and_depth(
+    engine: AsyncEngine,
+) -> None:
+    clock = ManualClock(datetime(2030, 1, 1, 12, 0, 10, tzinfo=UTC))
+    queue = Queue(engine, clock=clock)
+    for _ in range(2):
+        await queue.enqueue(
+            NewRun(
+                tenant_id="acme",
+                principal="alice",
+                agent="scripted",
+                input={"script": [{"final": "done"}]},
+            )
+        )
+    clock.advance(60)  # 12:01:10: one of them is claimed and finishes, a minute after it came
+    runtime = RuntimeExecutor(default_registry(["127.0.0.1"]), RuntimeLimits())
+    await execute_once(queue, runtime, owner="worker-a")
+    clock.advance(60)  # 12:02:10
+    minutes = await Reads(queue).minutes(tenant_id="acme", minutes=5)
+    assert [m.start.strftime("%H:%M") for m in minutes] == [
+        "11:58", "11:59", "12:00", "12:01", "12:02",
+    ]  # fmt: skip
+    assert [m.depth for m in minutes] == [0, 0, 2, 1, 1]  # at each minute's end (now: 12:02:10)
+    assert [m.finished for m in minutes] == [0, 0, 0, 1, 0]
+    assert [m.claimed for m in minutes] == [0, 0, 0, 1, 0]
+    assert minutes[3].latency_median == minutes[3].latency_max == 60.0
+    assert minutes[2].latency_median is None
+    assert await Reads(queue).minutes(tenant_id="globex", minutes=5) == [
+        replace(m, depth=0, finished=0, claimed=0, latency_median=None, latency_max=None)
+        for m in minutes
+    ]
+
+    svg = str(views.charts(minutes)[0][1])
+    assert svg.startswith('<svg class="chart"')
+    assert svg.count("<rect") == 1
+    assert "12:01 UTC: 1 finished" in svg
+    assert 'data-minutes="5"' in svg
+    latency = str(views.charts(minutes)[2][1])
+    assert "median: latest 60.0 s" in latency
+    assert "<script" not in svg + latency
+    assert "style=" not in svg + latency
