@@ -1,6 +1,7 @@
 """The queue's read models for the edges: the runbook (depth per class, stuck runs, the dead
 letter), sessions, and the operator dashboard (its overview lists the busiest tenants from
-app/queue/tenant_limits.py). The API, the dashboard and the CLI call these;
+app/queue/tenant_limits.py, its charts read the last hour minute by minute, its webhooks
+page an endpoint's latest deliveries). The API, the dashboard and the CLI call these;
 they never run a statement themselves, and each result is decoded here, once (the rows are
 the store's, app/store/read_rows.py).
 
@@ -43,6 +44,40 @@ class ClassDepth:
     running: int = 0
     waiting_for_user: int = 0
     oldest_eligible_age_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class WebhookDelivery:
+    """One delivery (a run of the `webhook` agent) as the dashboard lists it."""
+
+    run_id: UUID
+    source_run_id: UUID
+    event: str
+    status: str
+    attempts: int
+    max_attempts: int
+    failure: JSON
+    created_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class DeliveryCounts:
+    delivered: int = 0
+    failed: int = 0  # after all their attempts (or cancelled with a deleted endpoint)
+    pending: int = 0
+
+
+@dataclass(frozen=True)
+class MinuteStats:
+    """One minute of the overview's charts."""
+
+    start: datetime
+    finished: int
+    claimed: int
+    depth: int  # at the minute's end: eligible and not yet claimed a first time
+    latency_median: float | None  # seconds from eligible to first claim, of the claims in it
+    latency_max: float | None
 
 
 @dataclass(frozen=True)
@@ -333,6 +368,74 @@ class Reads:
             return {}
         rows = await read_rows.worker_host_rows(self.queue.engine, sorted(worker_ids))
         return {row["id"]: f"{row['host']}, pid {row['pid']}" for row in rows}
+
+    async def webhook_deliveries(
+        self, endpoint_ids: list[UUID], *, per_endpoint: int
+    ) -> dict[UUID, list[WebhookDelivery]]:
+        """The latest deliveries of each endpoint, newest first (the caller checked the
+        endpoints are visible)."""
+        found: dict[UUID, list[WebhookDelivery]] = {id_: [] for id_ in endpoint_ids}
+        if not endpoint_ids:
+            return found
+        rows = await read_rows.webhook_delivery_rows(
+            self.queue.engine, endpoint_ids, per_endpoint=per_endpoint
+        )
+        for row in rows:
+            found[row["endpoint_id"]].append(
+                WebhookDelivery(
+                    run_id=row["run_id"],
+                    source_run_id=row["source_run_id"],
+                    event=str(row["event"]),
+                    status=str(row["status"]),
+                    attempts=int(row["attempts"]),
+                    max_attempts=int(row["max_attempts"]),
+                    failure=row["failure"],
+                    created_at=row["created_at"],
+                    finished_at=row["finished_at"],
+                )
+            )
+        return found
+
+    async def webhook_delivery_counts(
+        self, endpoint_ids: list[UUID], *, hours: int
+    ) -> dict[UUID, DeliveryCounts]:
+        """Each endpoint's deliveries over the last `hours`, by outcome."""
+        counts = {id_: DeliveryCounts() for id_ in endpoint_ids}
+        if not endpoint_ids:
+            return counts
+        rows = await read_rows.webhook_delivery_count_rows(
+            self.queue.engine, endpoint_ids, now=self.queue.clock(), hours=hours
+        )
+        for row in rows:
+            counts[row["endpoint_id"]] = DeliveryCounts(
+                delivered=int(row["delivered"]),
+                failed=int(row["failed"]),
+                pending=int(row["pending"]),
+            )
+        return counts
+
+    async def minutes(self, *, tenant_id: str | None, minutes: int) -> list[MinuteStats]:
+        """The last `minutes` one-minute buckets, oldest first, ending with the current one:
+        throughput, claims and their latency, and the queue's depth (dashboard.sql: ui_charts
+        says how each is counted)."""
+        rows = await read_rows.chart_rows(
+            self.queue.engine, now=self.queue.clock(), tenant_id=tenant_id, minutes=minutes
+        )
+        return [
+            MinuteStats(
+                start=row["from_at"],
+                finished=int(row["finished"]),
+                claimed=int(row["claimed"]),
+                depth=int(row["depth"]),
+                latency_median=_seconds(row["latency_median"]),
+                latency_max=_seconds(row["latency_max"]),
+            )
+            for row in rows
+        ]
+
+
+def _seconds(value: Any) -> float | None:
+    return None if value is None else round(float(value), 3)
 
 
 def coverage_of(depth: ClassDepth, live_slots: int) -> ClassCoverage:

@@ -138,6 +138,15 @@ class Webhooks:
             raise WebhookNotFoundError(endpoint_id)
         return Endpoint.from_row(row)
 
+    async def disable(self, *, tenant_id: str, endpoint_id: UUID) -> Endpoint:
+        """Stop deliveries to an endpoint by hand, as failed deliveries do (`enable` undoes it)."""
+        row = await webhook_rows.disable_endpoint(
+            self.queue.engine, tenant_id=tenant_id, endpoint_id=endpoint_id
+        )
+        if row is None:
+            raise WebhookNotFoundError(endpoint_id)
+        return Endpoint.from_row(row)
+
     async def delete(self, *, tenant_id: str, endpoint_id: UUID, actor: str) -> int:
         """Delete the endpoint, then cancel its pending deliveries a batch at a time (each
         batch a transaction of its own, so a backlog of any size is deleted); how many were

@@ -1,8 +1,9 @@
 """The rows behind the queue's read models (app/queue/reads.py): the runbook's depth, live
-slots and stuck runs, sessions, the dashboard's overview, a run's inputs and its workers' hosts,
-and the keyset pages of runs and of a transcript. Statements: app/store/sql/reads.sql,
-dashboard.sql, submission.sql (session_runs) and schedules.sql (schedule_runs). Each call is one
-connection of the engine's; the rows are decoded by the read models, once.
+slots and stuck runs, sessions, the dashboard's overview and its charts, a run's inputs and its
+workers' hosts, webhook endpoints' deliveries, and the keyset pages of runs and of a
+transcript. Statements: app/store/sql/reads.sql, dashboard.sql, submission.sql (session_runs)
+and schedules.sql (schedule_runs). Each call is one connection of the engine's; the rows are
+decoded by the read models, once.
 """
 
 from __future__ import annotations
@@ -180,3 +181,25 @@ async def input_rows(engine: AsyncEngine, run_id: UUID) -> list[RowMapping]:
 
 async def worker_host_rows(engine: AsyncEngine, worker_ids: list[str]) -> list[RowMapping]:
     return await _all(engine, "ui_worker_hosts", {"ids": worker_ids})
+
+
+async def webhook_delivery_rows(
+    engine: AsyncEngine, endpoint_ids: list[UUID], *, per_endpoint: int
+) -> list[RowMapping]:
+    return await _all(
+        engine, "ui_webhook_deliveries", {"ids": endpoint_ids, "per_endpoint": per_endpoint}
+    )
+
+
+async def webhook_delivery_count_rows(
+    engine: AsyncEngine, endpoint_ids: list[UUID], *, now: datetime | None, hours: int
+) -> list[RowMapping]:
+    return await _all(
+        engine, "ui_webhook_delivery_counts", {"ids": endpoint_ids, "now": now, "hours": hours}
+    )
+
+
+async def chart_rows(
+    engine: AsyncEngine, *, now: datetime | None, tenant_id: str | None, minutes: int
+) -> list[RowMapping]:
+    return await _all(engine, "ui_charts", {"now": now, "tenant_id": tenant_id, "minutes": minutes})

@@ -1,7 +1,7 @@
 """The webhook endpoints' rows (app/store/sql/webhooks.sql): created, listed, rotated, enabled,
-deleted, read for a delivery, and their delivery counts. Deliveries themselves are inserted by
-the transitions that report them (runs.sql); what an endpoint is, and when one is disabled, is
-app/queue/webhook_endpoints.py's.
+disabled, deleted, read for a delivery, and their delivery counts. Deliveries themselves are
+inserted by the transitions that report them (runs.sql); what an endpoint is, and when one is
+disabled, is app/queue/webhook_endpoints.py's.
 """
 
 from __future__ import annotations
@@ -62,6 +62,16 @@ async def enable_endpoint(
     async with engine.begin() as conn:
         result = await conn.execute(
             q("webhook_enable"), {"id": endpoint_id, "tenant_id": tenant_id, "now": None}
+        )
+        return result.mappings().first()
+
+
+async def disable_endpoint(
+    engine: AsyncEngine, *, tenant_id: str, endpoint_id: UUID
+) -> RowMapping | None:
+    async with engine.begin() as conn:
+        result = await conn.execute(
+            q("webhook_disable"), {"id": endpoint_id, "tenant_id": tenant_id, "now": None}
         )
         return result.mappings().first()
 

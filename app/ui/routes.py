@@ -1,14 +1,16 @@
-"""The operator dashboard's routes under `/ui`: sign-in, the overview (and the fragment its
-script refreshes), the runs list, a run's page, a session's page (its conversation and its
-runs), and the dead letter with its actions.
+"""The operator dashboard's routes under `/ui`: sign-in, the overview (the fragment its script
+refreshes, and charts of the last hour), the runs list, a run's page, a session's page (its
+conversation and its runs), schedules, webhook endpoints, API keys, the search by run or
+session id, and the dead letter with its actions.
 
 Thin like the API's handlers: reads are the queue's read models (`Reads`, app/queue/reads.py;
 the dashboard's own statements are app/store/sql/dashboard.sql), actions are the queue core's
 `Submissions.resubmit` and `.dismiss` that the API's runbook routes call, so they record the
-same `operator.*` events. Scoping is the API's: `visible_tenant` and `visible_principal` for
-reads (keys without a scope see their own principal's runs, admin keys the whole queue), the
-key's own tenant for actions. Pages are Jinja2 templates with autoescaping on; errors render
-as pages with a clear message, never a traceback.
+same `operator.*` events, and `Schedules.pause`/`.resume`, `Webhooks.enable`/`.disable` and
+`revoke_key`, as the API and the CLI. Scoping is the API's: `visible_tenant` and
+`visible_principal` for reads (keys without a scope see their own principal's runs, admin
+keys the whole queue), the key's own tenant for actions. Pages are Jinja2 templates with
+autoescaping on; errors render as pages with a clear message, never a traceback.
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ from app.queue.errors import (
     InvalidCursorError,
     RunNotFailedError,
     RunNotFoundError,
+    ScheduleNotFoundError,
     SessionBusyError,
 )
 from app.queue.reads import Reads
-from app.security.api_keys import Caller
+from app.queue.scheduling import Schedules
+from app.queue.webhook_endpoints import WebhookNotFoundError, Webhooks
+from app.security.api_keys import Caller, list_keys, revoke_key
 from app.ui import session, views
 
 STATIC = Path(__file__).parent / "static"
@@ -44,6 +49,7 @@ PAGE_SIZE = 50
 EVENTS_PER_PAGE = 1000
 TRANSCRIPT_PAGE = 200
 WINDOW_MINUTES = 15
+CHART_MINUTES = 60
 REFRESH_SECONDS = 5
 MAX_FORM_BYTES = 4096
 # Nothing but this server: scripts, styles and images are served from /ui/static.
@@ -221,7 +227,12 @@ async def overview(request: Request, caller: UiCaller) -> Response:
         # The overview is runbook data (the API's /queue/stats needs the operator scope too):
         # other keys land on their tenant's runs.
         return RedirectResponse("/ui/runs", status_code=303, headers=SECURITY_HEADERS)
-    return render(request, caller, "overview.html", **await overview_context(request, caller))
+    context = await overview_context(request, caller)
+    reads: Reads = state_of(request).reads
+    # Read once with the page, not with each refresh of the fragment: an hour of minutes is a
+    # heavier read than the fragment's, and a trend needs no five-second updates.
+    minutes = await reads.minutes(tenant_id=visible_tenant(caller), minutes=CHART_MINUTES)
+    return render(request, caller, "overview.html", charts=views.charts(minutes), **context)
 
 
 @router.get("/overview/fragment")
@@ -372,6 +383,45 @@ async def session_page(session_id: str, request: Request, caller: UiCaller) -> H
     )
 
 
+# --- search ----------------------------------------------------------------------------------
+@router.get("/search")
+async def search(request: Request, caller: UiCaller) -> Response:
+    """The header's search box: an exact run id goes to the run's page, a session id to the
+    session's, each under the same visibility rules as those pages (so a search reveals
+    nothing the pages would not); anything else is a page saying so, never a 500."""
+    raw = request.query_params.get("q", "").strip()[:100]
+    if not raw:
+        return search_miss(request, caller, 400, raw, "Type a run id or a session id to search.")
+    parsed = parse_run_id(raw)
+    if parsed is None:
+        message = f"{raw!r} is not a run or session id (a UUID like {UUID(int=0)})."
+        return search_miss(request, caller, 400, raw, message)
+    state = state_of(request)
+    run = await state.queue.get_run(
+        parsed, tenant_id=visible_tenant(caller), principal=visible_principal(caller)
+    )
+    if run is not None:
+        return RedirectResponse(f"/ui/runs/{run.id}", status_code=303, headers=SECURITY_HEADERS)
+    reads: Reads = state.reads
+    found = await reads.session(
+        parsed, tenant_id=caller.tenant_id, principal=visible_principal(caller)
+    )
+    if found is not None:
+        return RedirectResponse(
+            f"/ui/sessions/{found.id}", status_code=303, headers=SECURITY_HEADERS
+        )
+    message = f"Not found: no run or session {raw!r} is visible to this key."
+    return search_miss(request, caller, 404, raw, message)
+
+
+def search_miss(
+    request: Request, caller: Caller, status: int, raw: str, message: str
+) -> HTMLResponse:
+    return render(
+        request, caller, "error.html", status, status=status, message=message, search_query=raw
+    )
+
+
 # --- the dead letter -------------------------------------------------------------------------
 @router.get("/dead-letter")
 async def dead_letter(request: Request, caller: UiCaller) -> HTMLResponse:
@@ -462,3 +512,215 @@ async def resubmit(run_id: str, request: Request, caller: UiCaller) -> Response:
 @router.post("/runs/{run_id}/dismiss")
 async def dismiss(run_id: str, request: Request, caller: UiCaller) -> Response:
     return await operator_action(request, caller, run_id, "dismiss")
+
+
+# --- schedules, webhook endpoints, API keys --------------------------------------------------
+# Reads as the API's (visible_tenant: admin keys see every tenant's); every write needs the
+# operator scope, a valid CSRF token and stays within the key's own tenant, admin keys
+# included, as the dead letter's actions and the API's schedule and webhook routes do.
+SCHEDULES_PER_PAGE = 20
+UPCOMING_FIRES = 3
+RECENT_TICKS = 5
+DELIVERIES_SHOWN = 5
+DELIVERY_HOURS = 24
+
+DONE = {
+    "paused": "Paused schedule {id}: its tick queued ahead was removed.",
+    "resumed": "Resumed schedule {id}: it fires again from now on.",
+    "enabled": "Enabled webhook endpoint {id}: its failure count starts again from zero.",
+    "disabled": "Disabled webhook endpoint {id}: no deliveries until it is enabled again.",
+    "revoked": "Revoked key {id}: it and its dashboard sessions stop working at once.",
+    "not-found": "{id} is not visible to this key, or not in its own tenant: nothing changed.",
+    "admin-key": "Key {id} has the admin scope: only an admin key may revoke it.",
+}
+
+
+def done_of(request: Request) -> str | None:
+    code = request.query_params.get("done")
+    if code not in DONE:
+        return None
+    subject = parse_run_id(request.query_params.get("id", ""))
+    return DONE[code].format(id=subject or "?")
+
+
+async def operator_form(request: Request, caller: Caller) -> dict[str, str] | HTMLResponse:
+    """The posted form of an operator's write, or the page refusing it."""
+    form = await form_of(request)
+    if isinstance(form, HTMLResponse):
+        return form
+    if not session.csrf_valid(request, form.get("csrf")):
+        return error_page(request, caller, 403, "Refused: the form's CSRF token is not valid.")
+    if not caller.is_operator:
+        return error_page(request, caller, 403, "This action needs a key with the operator scope.")
+    return form
+
+
+def done(page: str, code: str, subject: UUID | str) -> Response:
+    return RedirectResponse(
+        f"{page}?{urlencode({'done': code, 'id': str(subject)})}",
+        status_code=303,
+        headers=SECURITY_HEADERS,
+    )
+
+
+@router.get("/schedules")
+async def schedules_page(request: Request, caller: UiCaller) -> HTMLResponse:
+    if not caller.is_operator:
+        return error_page(request, caller, 403, "Schedules need the operator scope.")
+    schedules: Schedules = state_of(request).schedules
+    tenant = visible_tenant(caller)
+    cursor = request.query_params.get("cursor")
+    try:
+        page = await schedules.page(
+            tenant_id=tenant, cursor=cursor[:200] if cursor else None, limit=SCHEDULES_PER_PAGE
+        )
+    except InvalidCursorError:
+        return error_page(request, caller, 400, "cursor: not a link this dashboard made.")
+    details = []
+    for schedule in page.schedules:
+        try:
+            details.append(
+                await schedules.detail(
+                    schedule.id, tenant_id=tenant, upcoming=UPCOMING_FIRES, recent=RECENT_TICKS
+                )
+            )
+        except ScheduleNotFoundError:
+            continue  # deleted since the page was read
+    return render(
+        request,
+        caller,
+        "schedules.html",
+        schedules=details,
+        next_link=(
+            "/ui/schedules?" + urlencode({"cursor": page.next_cursor}) if page.next_cursor else None
+        ),
+        notice=done_of(request),
+        scope="whole queue" if tenant is None else f"tenant {caller.tenant_id}",
+    )
+
+
+async def schedule_action(
+    request: Request, caller: Caller, schedule_id: str, pause: bool
+) -> Response:
+    form = await operator_form(request, caller)
+    if isinstance(form, HTMLResponse):
+        return form
+    parsed = parse_run_id(schedule_id)
+    schedules: Schedules = state_of(request).schedules
+    if parsed is None:
+        return done("/ui/schedules", "not-found", schedule_id[:40])
+    try:
+        if pause:
+            await schedules.pause(parsed, tenant_id=caller.tenant_id)
+        else:
+            await schedules.resume(parsed, tenant_id=caller.tenant_id)
+    except ScheduleNotFoundError:
+        return done("/ui/schedules", "not-found", parsed)
+    return done("/ui/schedules", "paused" if pause else "resumed", parsed)
+
+
+@router.post("/schedules/{schedule_id}/pause")
+async def pause_schedule(schedule_id: str, request: Request, caller: UiCaller) -> Response:
+    return await schedule_action(request, caller, schedule_id, pause=True)
+
+
+@router.post("/schedules/{schedule_id}/resume")
+async def resume_schedule(schedule_id: str, request: Request, caller: UiCaller) -> Response:
+    return await schedule_action(request, caller, schedule_id, pause=False)
+
+
+@router.get("/webhooks")
+async def webhooks_page(request: Request, caller: UiCaller) -> HTMLResponse:
+    if not caller.is_operator:
+        return error_page(request, caller, 403, "Webhook endpoints need the operator scope.")
+    state = state_of(request)
+    tenant = visible_tenant(caller)
+    webhooks: Webhooks = state.webhooks
+    endpoints = await webhooks.list(tenant)
+    reads: Reads = state.reads
+    ids = [endpoint.id for endpoint in endpoints]
+    return render(
+        request,
+        caller,
+        "webhooks.html",
+        endpoints=endpoints,
+        deliveries=await reads.webhook_deliveries(ids, per_endpoint=DELIVERIES_SHOWN),
+        counts=await reads.webhook_delivery_counts(ids, hours=DELIVERY_HOURS),
+        hours=DELIVERY_HOURS,
+        disable_after=webhooks.disable_after,
+        notice=done_of(request),
+        scope="whole queue" if tenant is None else f"tenant {caller.tenant_id}",
+    )
+
+
+async def webhook_action(
+    request: Request, caller: Caller, webhook_id: str, enable: bool
+) -> Response:
+    form = await operator_form(request, caller)
+    if isinstance(form, HTMLResponse):
+        return form
+    parsed = parse_run_id(webhook_id)
+    if parsed is None:
+        return done("/ui/webhooks", "not-found", webhook_id[:40])
+    webhooks: Webhooks = state_of(request).webhooks
+    try:
+        if enable:
+            await webhooks.enable(tenant_id=caller.tenant_id, endpoint_id=parsed)
+        else:
+            await webhooks.disable(tenant_id=caller.tenant_id, endpoint_id=parsed)
+    except WebhookNotFoundError:
+        return done("/ui/webhooks", "not-found", parsed)
+    return done("/ui/webhooks", "enabled" if enable else "disabled", parsed)
+
+
+@router.post("/webhooks/{webhook_id}/enable")
+async def enable_webhook(webhook_id: str, request: Request, caller: UiCaller) -> Response:
+    return await webhook_action(request, caller, webhook_id, enable=True)
+
+
+@router.post("/webhooks/{webhook_id}/disable")
+async def disable_webhook(webhook_id: str, request: Request, caller: UiCaller) -> Response:
+    return await webhook_action(request, caller, webhook_id, enable=False)
+
+
+@router.get("/keys")
+async def keys_page(request: Request, caller: UiCaller) -> HTMLResponse:
+    if not caller.is_operator:
+        return error_page(request, caller, 403, "API keys need the operator scope.")
+    tenant = visible_tenant(caller)
+    keys = await list_keys(state_of(request).engine, tenant)
+    return render(
+        request,
+        caller,
+        "keys.html",
+        keys=keys,
+        notice=done_of(request),
+        scope="whole queue" if tenant is None else f"tenant {caller.tenant_id}",
+    )
+
+
+@router.post("/keys/{key_id}/revoke")
+async def revoke(key_id: str, request: Request, caller: UiCaller) -> Response:
+    """Revoke a key of the caller's own tenant. An admin key can be revoked by an admin key
+    only: an operator must not be able to take the platform team's access away."""
+    form = await operator_form(request, caller)
+    if isinstance(form, HTMLResponse):
+        return form
+    parsed = parse_run_id(key_id)
+    if parsed is None:
+        return done("/ui/keys", "not-found", key_id[:40])
+    engine = state_of(request).engine
+    own = {key.id: key for key in await list_keys(engine, caller.tenant_id)}
+    target = own.get(parsed)
+    if target is None or target.revoked_at is not None:
+        return done("/ui/keys", "not-found", parsed)
+    if "admin" in target.scopes and not caller.is_admin:
+        return done("/ui/keys", "admin-key", parsed)
+    if not await revoke_key(engine, parsed):
+        return done("/ui/keys", "not-found", parsed)
+    if parsed == caller.key_id:
+        # Its own sessions ended with it, this one included: back to the sign-in form.
+        response = RedirectResponse("/ui/sign-in", status_code=303, headers=SECURITY_HEADERS)
+        session.forget(response, request)
+        return response
+    return done("/ui/keys", "revoked", parsed)

@@ -1,19 +1,22 @@
 """What the dashboard's pages show, as plain values: a run's timeline read from its events,
 a session's transcript entries, the overview's tables, and the parsing of the runs list's
-filters. No I/O and no HTTP here;
+filters, and the overview's charts. No I/O and no HTTP here;
 app/ui/routes.py reads the rows and renders these with the templates."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from app.queue.reads import ClassDepth
+from markupsafe import Markup
+
+from app.queue.reads import ClassDepth, MinuteStats
 from app.queue.tenant_limits import TenantDepth
+from app.ui.charts import Series, chart
 from app.vocabulary import statuses
 from app.vocabulary.classes import BAND_WIDTH, PriorityClass
 from app.vocabulary.records import Event, TranscriptEntry
@@ -52,6 +55,20 @@ class TimelineEntry:
     # CSS classes: the kind of event (claim, tool, fence, ...) and "uncertain"/"bad" marks.
     tags: tuple[str, ...] = ()
     data: str = ""
+    # The step's duration: the time since the event before it on this page ("" for the first).
+    since_previous: str = ""
+    # A tool.finished event's call: how long after its tool.started it was recorded.
+    took: str = ""
+
+
+def duration(seconds: float | None) -> str:
+    """A duration as an operator reads it: milliseconds under a second, then s, min, h."""
+    if seconds is None:
+        return ""
+    seconds = max(seconds, 0.0)  # an injected clock set back must not print "-3 ms"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    return age(seconds)
 
 
 def _step(data: Mapping[str, Any]) -> str:
@@ -65,8 +82,36 @@ def timeline(
 ) -> list[TimelineEntry]:
     """One entry per event, worded for an operator. `inputs` maps the event sequence number
     that delivered an input to that input row (its content and principal); `hosts` maps worker
-    ids to where they run, given for operator and admin keys only."""
-    return [_entry(event, inputs, hosts or {}) for event in events]
+    ids to where they run, given for operator and admin keys only.
+
+    Each entry after the first says how long after the previous event it came (the step's
+    duration), and each tool.finished how long after its call's tool.started: the call's
+    duration when the same lease holder recorded both, or, when a later attempt recorded it
+    (an uncertain outcome after a lost lease), how long after the call started that was."""
+    entries: list[TimelineEntry] = []
+    previous: Event | None = None
+    started: dict[tuple[object, object], Event] = {}  # (step, tool) -> its tool.started
+    for event in events:
+        entry = _entry(event, inputs, hosts or {})
+        d: Mapping[str, Any] = event.data if isinstance(event.data, Mapping) else {}
+        took = ""
+        if event.type == "tool.started":
+            started[(d.get("step"), d.get("tool"))] = event
+        elif event.type == "tool.finished":
+            call = started.pop((d.get("step"), d.get("tool")), None)
+            if call is not None:
+                seconds = (event.created_at - call.created_at).total_seconds()
+                took = duration(seconds)
+                if call.epoch != event.epoch:
+                    took += f", recorded at epoch {event.epoch} after the call at {call.epoch}"
+        since = (
+            duration((event.created_at - previous.created_at).total_seconds())
+            if previous is not None
+            else ""
+        )
+        entries.append(replace(entry, since_previous=since, took=took))
+        previous = event
+    return entries
 
 
 @dataclass(frozen=True)
@@ -302,6 +347,43 @@ def age(seconds: float | None) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def charts(minutes: Sequence[MinuteStats]) -> list[tuple[str, Markup]]:
+    """The overview's charts of the last hour, each with its caption: throughput, queue depth,
+    claim latency."""
+    starts = [m.start for m in minutes]
+    drawn = [
+        chart(
+            "Runs finished per minute",
+            "chart-throughput",
+            starts,
+            [Series("finished", [m.finished for m in minutes], "s0")],
+            bars=True,
+        ),
+        chart(
+            "Queue depth (eligible, not yet claimed)",
+            "chart-depth",
+            starts,
+            [Series("queued", [m.depth for m in minutes], "s1")],
+        ),
+        chart(
+            "Claim latency (eligible to first claim)",
+            "chart-latency",
+            starts,
+            [
+                Series("median", [m.latency_median for m in minutes], "s2"),
+                Series("max", [m.latency_max for m in minutes], "s3"),
+            ],
+            fmt=lambda seconds: duration(seconds),
+        ),
+    ]
+    captions = (
+        "Throughput: runs finished per minute",
+        "Queue depth at each minute's end",
+        "Claim latency: median, and maximum in red",
+    )
+    return list(zip(captions, drawn, strict=True))
 
 
 # --- the runs list's filters -----------------------------------------------------------------

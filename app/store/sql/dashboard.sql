@@ -93,3 +93,84 @@ ORDER BY 1;
 -- Where the workers named in a run's lease and events run. Worker ids are opaque (tenants see
 -- them); only operator and admin keys are shown the host and pid behind them.
 SELECT id, host, pid FROM workers WHERE id = ANY(CAST(:ids AS text[]));
+
+
+-- name: ui_webhook_deliveries
+-- The latest :per_endpoint deliveries of each of these endpoints (each delivery is a run of the
+-- `webhook` agent), newest first, with how each one went; ix_webhook_deliveries_endpoint_id
+-- finds them. The endpoints' own tenant check is the caller's (webhook_list).
+SELECT d.endpoint_id, d.run_id, d.source_run_id, d.event, d.created_at,
+       r.status, r.attempts, r.max_attempts, r.failure, r.finished_at
+FROM unnest(CAST(:ids AS uuid[])) AS e(id)
+CROSS JOIN LATERAL (
+    SELECT * FROM webhook_deliveries
+    WHERE endpoint_id = e.id
+    ORDER BY created_at DESC, run_id DESC
+    LIMIT :per_endpoint
+) AS d
+JOIN runs r ON r.id = d.run_id
+ORDER BY d.endpoint_id, d.created_at DESC, d.run_id DESC;
+
+
+-- name: ui_webhook_delivery_counts
+-- Each endpoint's deliveries over the last :hours by outcome: delivered, failed (after all
+-- their attempts), still pending (queued, running or waiting for a retry).
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now)
+SELECT d.endpoint_id,
+       count(*) FILTER (WHERE r.status = 'succeeded') AS delivered,
+       count(*) FILTER (WHERE r.status IN ('failed', 'cancelled')) AS failed,
+       count(*) FILTER (WHERE r.status IN ('queued', 'running', 'waiting_for_user')) AS pending
+FROM webhook_deliveries d
+JOIN runs r ON r.id = d.run_id
+CROSS JOIN clock
+WHERE d.endpoint_id = ANY(CAST(:ids AS uuid[]))
+  AND d.created_at >= clock.now - make_interval(hours => :hours)
+GROUP BY d.endpoint_id;
+
+
+-- name: ui_charts
+-- The overview's charts: :minutes one-minute buckets ending with the current one, each with
+-- the runs finished in it, the runs first claimed in it and their claim latency (the wait from
+-- being eligible, creation or `scheduled_for`, to the first claim: median and maximum), and
+-- the queue's depth at the bucket's end, counted as runs eligible then and not yet claimed
+-- for the first time (a requeued run is not counted again: runs keep no history of it but
+-- their events). Only runs that finished, were claimed, or still wait within the window are
+-- read: the rest of the table's history cannot change these numbers.
+WITH clock AS MATERIALIZED (
+    SELECT {{now}} AS now,
+           date_trunc('minute', {{now}}) - make_interval(mins => :minutes - 1) AS start
+),
+buckets AS (
+    SELECT i, clock.start + make_interval(mins => i) AS from_at,
+           least(clock.start + make_interval(mins => i + 1), clock.now) AS to_at
+    FROM clock, generate_series(0, :minutes - 1) AS i
+),
+recent AS MATERIALIZED (
+    SELECT greatest(r.created_at, coalesce(r.scheduled_for, r.created_at)) AS eligible_at,
+           r.started_at, r.finished_at
+    FROM runs r, clock
+    WHERE (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = :tenant_id)
+      AND r.created_at <= clock.now
+      AND (r.started_at IS NULL OR r.started_at >= clock.start
+           OR r.finished_at >= clock.start)
+      AND (r.started_at IS NOT NULL OR r.finished_at IS NULL OR r.finished_at >= clock.start)
+)
+SELECT b.i,
+       b.from_at,
+       count(*) FILTER (WHERE r.finished_at >= b.from_at AND r.finished_at < b.to_at)
+           AS finished,
+       count(*) FILTER (WHERE r.started_at >= b.from_at AND r.started_at < b.to_at)
+           AS claimed,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM r.started_at - r.eligible_at))
+           FILTER (WHERE r.started_at >= b.from_at AND r.started_at < b.to_at)
+           AS latency_median,
+       max(extract(epoch FROM r.started_at - r.eligible_at))
+           FILTER (WHERE r.started_at >= b.from_at AND r.started_at < b.to_at)
+           AS latency_max,
+       count(*) FILTER (WHERE r.eligible_at <= b.to_at
+                        AND coalesce(r.started_at, r.finished_at, 'infinity') > b.to_at)
+           AS depth
+FROM buckets b
+LEFT JOIN recent r ON true
+GROUP BY b.i, b.from_at
+ORDER BY b.i;

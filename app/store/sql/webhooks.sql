@@ -31,6 +31,16 @@ WHERE id = :id AND tenant_id = :tenant_id AND deleted_at IS NULL
 RETURNING id, tenant_id, url, events, consecutive_failures, disabled_at, created_at;
 
 
+-- name: webhook_disable
+-- An operator stops deliveries to an endpoint by hand (the dashboard's button), as failed
+-- deliveries do: no transition makes a delivery to it while disabled, and a pending one that
+-- runs fails at once; webhook_enable takes it back. Disabling a disabled one changes nothing.
+UPDATE webhook_endpoints
+SET disabled_at = coalesce(disabled_at, {{now}}), updated_at = {{now}}
+WHERE id = :id AND tenant_id = :tenant_id AND deleted_at IS NULL
+RETURNING id, tenant_id, url, events, consecutive_failures, disabled_at, created_at;
+
+
 -- name: webhook_delete
 -- The endpoint is marked deleted (its past deliveries keep their link): no transition makes a
 -- delivery to it from now on, and a pending one that runs fails at once. Its pending
