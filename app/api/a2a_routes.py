@@ -1,6 +1,7 @@
 """The Agent2Agent protocol (A2A 1.0) inside `turnstile serve` (issue 34): the agent card at
 `/.well-known/agent-card.json`, the JSON-RPC binding at `POST /a2a` (`SendMessage`, blocking
-or not, `SendStreamingMessage`, `GetTask`, `ListTasks`, `CancelTask`, `SubscribeToTask`) and
+or not, `SendStreamingMessage`, `GetTask`, `ListTasks`, `CancelTask`, `SubscribeToTask`, the
+four push-configuration methods) and
 the HTTP+JSON binding under `/a2a/rest` (the same operations, one `invoke` behind both),
 driven by the official `a2a-sdk` client unchanged (docs/a2a.md).
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +52,7 @@ from app.protocols import a2a
 from app.protocols.a2a import A2AError
 from app.queue.errors import (
     AnswerConflictError,
+    HoldingLimitError,
     IdempotencyKeyInFlightError,
     IdempotencyKeyReusedError,
     InvalidCursorError,
@@ -63,7 +66,14 @@ from app.queue.errors import (
     TurnstileError,
 )
 from app.queue.submit import IdempotencyKey, RunSpec, Submitted, request_hash
+from app.queue.webhook_endpoints import TaskPushConfig, TaskPushNotFoundError
+from app.runtime.webhook_delivery import (
+    DestinationRefusedError,
+    check_push_destination,
+    register_task_push,
+)
 from app.security.api_keys import Caller
+from app.security.secret_box import SecretKeyMissingError
 from app.vocabulary.records import JSON, Run
 from app.vocabulary.statuses import TERMINAL
 
@@ -77,20 +87,14 @@ VERSION = "0.1.0"
 STOPPED = {*TERMINAL, "waiting_for_user"}
 # What the hash of a message's idempotency key names as its request (both send methods).
 SEND_PATH = "/a2a/message"
-PUSH_METHODS = frozenset(
-    {
-        "CreateTaskPushNotificationConfig",
-        "GetTaskPushNotificationConfig",
-        "ListTaskPushNotificationConfigs",
-        "DeleteTaskPushNotificationConfig",
-    }
-)
 
 
 @router.get(CARD_PATH)
 async def agent_card(request: Request) -> Any:
     base = str(request.base_url).rstrip("/")
-    return FastJSONResponse(a2a.agent_card(base, state_of(request).agents, VERSION))
+    state = state_of(request)
+    card = a2a.agent_card(base, state.agents, VERSION, push=state.secret_box is not None)
+    return FastJSONResponse(card)
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -98,6 +102,14 @@ def core_error(exc: TurnstileError) -> A2AError:
     """A refusal of the core in A2A's terms."""
     if isinstance(exc, RunNotFoundError):
         return a2a.task_not_found(str(exc.run_id))
+    if isinstance(exc, TaskPushNotFoundError):
+        return A2AError(
+            a2a.TASK_NOT_FOUND,
+            f"push notification configuration {exc.config_id[:100]!r} not found",
+            "PUSH_CONFIG_NOT_FOUND",
+        )
+    if isinstance(exc, HoldingLimitError):
+        return A2AError(a2a.INVALID_REQUEST, str(exc), "TOO_MANY_PUSH_CONFIGS")
     if isinstance(exc, SessionNotFoundError):
         return A2AError(
             a2a.INVALID_PARAMS,
@@ -227,12 +239,6 @@ async def invoke(
         refused = version_error(request)
         if refused is not None:
             raise refused
-        if method in PUSH_METHODS:
-            raise A2AError(
-                a2a.PUSH_NOT_SUPPORTED,
-                "push notifications are not supported yet",
-                "PUSH_NOTIFICATION_NOT_SUPPORTED",
-            )
         if method == "GetExtendedAgentCard":
             raise A2AError(
                 a2a.UNSUPPORTED_OPERATION,
@@ -379,7 +385,29 @@ async def rest_get(task_id: str, request: Request, caller: CallerDep) -> Any:
     methods=["GET", "POST", "DELETE"],
 )
 async def rest_push(task_id: str, rest: str, request: Request, caller: CallerDep) -> Any:
-    return await invoke("CreateTaskPushNotificationConfig", request, caller, REST, {})
+    """`POST .../pushNotificationConfigs` creates, `GET` lists; `GET` and `DELETE` of
+    `.../pushNotificationConfigs/{id}` read and delete one."""
+    config_id = rest.removeprefix("/")
+    if request.method == "POST" and not rest:
+        body = await rest_body(request)
+        if isinstance(body, JSONResponse):
+            return body
+        params = {**body, "taskId": task_id}
+        return await invoke("CreateTaskPushNotificationConfig", request, caller, REST, params)
+    if request.method == "GET" and not rest:
+        params = {**request.query_params, "taskId": task_id}
+        return await invoke("ListTaskPushNotificationConfigs", request, caller, REST, params)
+    if config_id and "/" not in config_id and request.method in ("GET", "DELETE"):
+        method = (
+            "GetTaskPushNotificationConfig"
+            if request.method == "GET"
+            else "DeleteTaskPushNotificationConfig"
+        )
+        params = {"taskId": task_id, "id": config_id}
+        return await invoke(method, request, caller, REST, params)
+    return error_response(
+        REST, A2AError(a2a.METHOD_NOT_FOUND, "no such push configuration route", "NOT_FOUND")
+    )
 
 
 @router.get(f"{REST_PATH}/extendedAgentCard")
@@ -407,12 +435,6 @@ async def submit_message(
     message = params.message
     if message.role != "ROLE_USER":
         raise a2a.invalid_params("message.role", "a client sends ROLE_USER messages")
-    if params.configuration is not None and params.configuration.push_config:
-        raise A2AError(
-            a2a.PUSH_NOT_SUPPORTED,
-            "push notifications are not supported yet",
-            "PUSH_NOTIFICATION_NOT_SUPPORTED",
-        )
     agent = a2a.skill_of(params)
     if agent is not None and agent not in state.agents:
         raise a2a.invalid_params(
@@ -486,7 +508,7 @@ async def send_message(
     request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
 ) -> dict[str, Any]:
     params = a2a.SendMessageParams.model_validate(raw)
-    outcome = await submit_message(request, caller, params)
+    outcome = await submit_with_push(request, caller, params)
     run = await load_run(request, outcome.run_id, caller)
     configuration = params.configuration or a2a.SendConfiguration()
     if not configuration.return_immediately:
@@ -502,7 +524,7 @@ async def send_streaming_message(
     # The stream's place is taken first, so a refusal writes nothing.
     slot = state.streams.acquire(caller.key_id, caller.tenant_id)
     try:
-        outcome = await submit_message(request, caller, params)
+        outcome = await submit_with_push(request, caller, params)
         run = await load_run(request, outcome.run_id, caller)
     except BaseException:
         slot.release()
@@ -604,6 +626,151 @@ async def subscribe_to_task(
     return HeldStream(slot, task_stream(request, run, caller, framing, after, slot))
 
 
+# --- push notifications ------------------------------------------------------------------------
+def push_refusal(exc: SecretKeyMissingError | DestinationRefusedError, field: str) -> A2AError:
+    if isinstance(exc, SecretKeyMissingError):
+        return A2AError(a2a.PUSH_NOT_SUPPORTED, str(exc), "PUSH_NOTIFICATION_NOT_SUPPORTED")
+    return a2a.invalid_params(field, str(exc).removeprefix("url: "))
+
+
+async def store_push(
+    request: Request,
+    caller: Caller,
+    run: Run,
+    config: a2a.PushConfigParams,
+    field: str,
+    *,
+    catch_up: bool = False,
+) -> dict[str, Any]:
+    """Store a push configuration of the caller's task; its document. A configuration
+    without a token gets one of ours, answered here (it keys the signature too)."""
+    state = state_of(request)
+    token = config.token or secrets.token_urlsafe(32)
+    stored = a2a.push_secret(token, config.authentication)
+    try:
+        made = await register_task_push(
+            state.webhooks,
+            state.egress,
+            state.secret_box,
+            tenant_id=run.tenant_id,  # an admin's view of another tenant's task: the run's
+            principal=run.principal,
+            run_id=run.id,
+            url=config.url,
+            secret=stored,
+        )
+    except (SecretKeyMissingError, DestinationRefusedError) as exc:
+        raise push_refusal(exc, field) from None
+    if catch_up:  # the new task may have asked or ended before the configuration existed
+        await state.webhooks.catch_up_task_push(made)
+    return a2a.push_config_document(str(made.id), str(run.id), made.url, stored)
+
+
+def push_document(request: Request, config: TaskPushConfig) -> dict[str, Any]:
+    box = state_of(request).secret_box
+    if box is None:
+        raise push_refusal(
+            SecretKeyMissingError("push notifications need TURNSTILE_SECRET_KEY"), ""
+        )
+    try:
+        stored = box.decrypt(config.secret_ciphertext)
+    except RuntimeError:  # the key changed: the token cannot be shown
+        stored = a2a.push_secret("", None)
+    return a2a.push_config_document(str(config.id), str(config.run_id), config.url, stored)
+
+
+async def submit_with_push(
+    request: Request, caller: Caller, params: a2a.SendMessageParams
+) -> Submitted:
+    """The message, and the push configuration its `configuration` gives, checked before
+    anything is written. A message naming its task stores the configuration first (so the
+    turn's transitions are all pushed; a refused turn takes it away again); a new task's is
+    stored as soon as the task exists, with the delivery of a transition made meanwhile, and
+    a retried send does not store it twice."""
+    wanted = params.configuration.push_config if params.configuration else None
+    if not wanted:
+        return await submit_message(request, caller, params)
+    field = "configuration.taskPushNotificationConfig"
+    config = a2a.PushConfigParams.model_validate(wanted)
+    state = state_of(request)
+    try:
+        await check_push_destination(state.egress, state.secret_box, config.url)
+    except (SecretKeyMissingError, DestinationRefusedError) as exc:
+        raise push_refusal(exc, f"{field}.url") from None
+    task_id = params.message.task_id
+    if task_id is None:
+        outcome = await submit_message(request, caller, params)
+        if not outcome.replayed:
+            run = await load_run(request, outcome.run_id, caller)
+            await store_push(request, caller, run, config, f"{field}.url", catch_up=True)
+        return outcome
+    run = await visible_task(request, task_id, caller)
+    document = await store_push(request, caller, run, config, f"{field}.url")
+    try:
+        outcome = await submit_message(request, caller, params)
+    except BaseException:
+        await state.webhooks.delete_task_push(
+            tenant_id=run.tenant_id, run_id=run.id, config_id=document["id"], actor=caller.actor
+        )
+        raise
+    if outcome.replayed:  # the first send's turn: this configuration came too late for it
+        await state.webhooks.delete_task_push(
+            tenant_id=run.tenant_id, run_id=run.id, config_id=document["id"], actor=caller.actor
+        )
+    return outcome
+
+
+async def create_push_config(
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
+) -> dict[str, Any]:
+    config = a2a.PushConfigParams.model_validate(raw)
+    if not config.task_id:
+        raise a2a.invalid_params("taskId", "the task to push notifications of")
+    run = await visible_task(request, config.task_id, caller)
+    return await store_push(request, caller, run, config, "url")
+
+
+async def get_push_config(
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
+) -> dict[str, Any]:
+    params = a2a.PushConfigRef.model_validate(raw)
+    run = await visible_task(request, params.task_id, caller)
+    found = await state_of(request).webhooks.task_push(
+        tenant_id=run.tenant_id, run_id=run.id, config_id=params.id
+    )
+    return push_document(request, found)
+
+
+async def list_push_configs(
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
+) -> dict[str, Any]:
+    params = a2a.ListPushConfigsParams.model_validate(raw)
+    run = await visible_task(request, params.task_id, caller)
+    after = a2a.uuid_of(params.page_token) if params.page_token else None
+    if params.page_token and after is None:
+        raise a2a.invalid_params("pageToken", "not a page token this agent gave out")
+    size = params.page_size or 100
+    found = await state_of(request).webhooks.task_pushes(
+        tenant_id=run.tenant_id, run_id=run.id, after=after, limit=size + 1
+    )
+    more = len(found) > size
+    page = found[:size]
+    return {
+        "configs": [push_document(request, config) for config in page],
+        "nextPageToken": str(page[-1].id) if more else "",
+    }
+
+
+async def delete_push_config(
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
+) -> dict[str, Any]:
+    params = a2a.PushConfigRef.model_validate(raw)
+    run = await visible_task(request, params.task_id, caller)
+    await state_of(request).webhooks.delete_task_push(
+        tenant_id=run.tenant_id, run_id=run.id, config_id=params.id, actor=caller.actor
+    )
+    return {}
+
+
 HANDLERS: dict[str, Handler] = {
     "SendMessage": send_message,
     "SendStreamingMessage": send_streaming_message,
@@ -611,6 +778,10 @@ HANDLERS: dict[str, Handler] = {
     "CancelTask": cancel_task,
     "ListTasks": list_tasks,
     "SubscribeToTask": subscribe_to_task,
+    "CreateTaskPushNotificationConfig": create_push_config,
+    "GetTaskPushNotificationConfig": get_push_config,
+    "ListTaskPushNotificationConfigs": list_push_configs,
+    "DeleteTaskPushNotificationConfig": delete_push_config,
 }
 
 

@@ -24,6 +24,7 @@ as the specification and the `a2a-sdk` client speak them. The router is app/api/
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -279,6 +280,116 @@ def status_filter(state: str | None) -> str | None:
     if status is None:
         raise invalid_params("status", f"not a task state: {str(state)[:40]!r}")
     return status
+
+
+class AuthenticationInfo(_Loose):
+    """How we authenticate to the receiver: `Authorization: <scheme> <credentials>`."""
+
+    scheme: str = Field(default="", max_length=50, pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]*$")
+    credentials: str = Field(default="", max_length=4096, pattern=r"^[\x20-\x7e]*$")
+
+
+class PushConfigParams(_Loose):
+    """CreateTaskPushNotificationConfig (a TaskPushNotificationConfig), and a SendMessage's
+    `configuration.taskPushNotificationConfig` (its task id is the message's task)."""
+
+    tenant: str = ""
+    id: str = Field(default="", max_length=100)  # ours is given: a client's is not kept
+    task_id: str = Field(default="", alias="taskId", max_length=100)
+    url: str = Field(min_length=1, max_length=2048)
+    token: str = Field(default="", max_length=512, pattern=r"^[\x21-\x7e]*$")
+    authentication: AuthenticationInfo | None = None
+
+
+class PushConfigRef(_Loose):
+    """GetTaskPushNotificationConfig and DeleteTaskPushNotificationConfig."""
+
+    tenant: str = ""
+    task_id: str = Field(alias="taskId", min_length=1, max_length=100)
+    id: str = Field(min_length=1, max_length=100)
+
+
+class ListPushConfigsParams(_Loose):
+    tenant: str = ""
+    task_id: str = Field(alias="taskId", min_length=1, max_length=100)
+    page_size: int | None = Field(default=None, alias="pageSize", ge=0, le=100)
+    page_token: str | None = Field(default=None, alias="pageToken", max_length=100)
+
+
+def push_secret(token: str, authentication: AuthenticationInfo | None) -> bytes:
+    """What a push configuration keeps encrypted: its token (which also keys our Standard
+    Webhooks signature) and the authentication to send."""
+    auth = authentication or AuthenticationInfo()
+    stored = {"token": token, "scheme": auth.scheme, "credentials": auth.credentials}
+    return json.dumps(stored, separators=(",", ":")).encode()
+
+
+def push_config_document(config_id: str, task_id: str, url: str, secret: bytes) -> dict[str, Any]:
+    """A TaskPushNotificationConfig as we answer it: the token (the caller's, or the one we
+    made), the authentication's scheme but never its credentials."""
+    stored = json.loads(secret)
+    document: dict[str, Any] = {
+        "id": config_id,
+        "taskId": task_id,
+        "url": url,
+        "token": stored.get("token", ""),
+    }
+    if stored.get("scheme"):
+        document["authentication"] = {"scheme": stored["scheme"]}
+    return document
+
+
+# A delivery's event (its body's `type`) -> the task state it reports.
+PUSHED_STATE = {
+    "run.succeeded": "TASK_STATE_COMPLETED",
+    "run.failed": "TASK_STATE_FAILED",
+    "run.cancelled": "TASK_STATE_CANCELED",
+    "run.waiting": "TASK_STATE_INPUT_REQUIRED",
+}
+
+
+def push_payload(body: JSON) -> dict[str, Any]:
+    """The StreamResponse a push notification carries for one delivery (its body as the
+    transition wrote it: type, timestamp, data): the task's status update, with the question,
+    the failure or the final text as the status's message."""
+    envelope = body if isinstance(body, dict) else {}
+    given = envelope.get("data")
+    data: dict[str, JSON] = given if isinstance(given, dict) else {}
+    event = str(envelope.get("type", ""))
+    task_id = str(data.get("run_id", ""))
+    context_id = str(data.get("session_id") or "")
+    stamp = envelope.get("timestamp")
+    if isinstance(stamp, str):
+        with contextlib.suppress(ValueError):
+            stamp = timestamp(datetime.fromisoformat(stamp))
+    status: dict[str, Any] = {"state": PUSHED_STATE.get(event, "TASK_STATE_WORKING")}
+    if isinstance(stamp, str):
+        status["timestamp"] = stamp
+    content: JSON = None
+    key = ""
+    if event == "run.waiting":
+        content, key = data.get("question"), "question"
+    elif event == "run.failed":
+        content, key = _failure_text(data.get("failure")), "failure"
+    elif event == "run.succeeded":
+        content, key = final_text(data.get("result")), "result"
+    if content is not None:
+        part: dict[str, Any] = {"text": content} if isinstance(content, str) else {"data": content}
+        status["message"] = {
+            "messageId": f"{task_id}-push-{key}",
+            "contextId": context_id,
+            "taskId": task_id,
+            "role": "ROLE_AGENT",
+            "parts": [part],
+        }
+    return {
+        "statusUpdate": {
+            "taskId": task_id,
+            "contextId": context_id,
+            "status": status,
+            "metadata": {"turnstile": {"event": event, "status": data.get("status")}},
+        }
+    }
 
 
 MAX_DEPTH = 64  # nesting a request may have: deeper ones are refused before anything recurses
@@ -543,9 +654,12 @@ def stream_items(event: Event, run: Run) -> list[dict[str, Any]]:
 
 
 # --- the agent card ----------------------------------------------------------------------------
-def agent_card(base_url: str, agents: frozenset[str], version: str) -> dict[str, Any]:
+def agent_card(
+    base_url: str, agents: frozenset[str], version: str, *, push: bool = True
+) -> dict[str, Any]:
     """The public agent card: Turnstile's agents as skills, the JSON-RPC interface, streaming,
-    and our bearer API keys as the security scheme."""
+    push notifications (`push`: the server can store their tokens, TURNSTILE_SECRET_KEY), and
+    our bearer API keys as the security scheme."""
     skills = [
         {
             "id": name,
@@ -578,7 +692,7 @@ def agent_card(base_url: str, agents: frozenset[str], version: str) -> dict[str,
         "documentationUrl": f"{base_url}/docs",
         "capabilities": {
             "streaming": True,
-            "pushNotifications": False,
+            "pushNotifications": push,
             "extendedAgentCard": False,
             "extensions": [
                 {

@@ -13,16 +13,18 @@ deliveries count against the tenant's running limit like any run of their class 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from uuid import UUID
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.queue.cron import CronSchedule
 from app.queue.errors import HoldingLimitError, InvalidScheduleError
 from app.queue.tenant_limits import LimitDefaults, TenantLimits
-from app.store import tenant_rows
+from app.store import tenant_rows, webhook_rows
 
 SCHEDULES = "schedules"
 WEBHOOK_ENDPOINTS = "webhook_endpoints"
+TASK_PUSH_CONFIGS = "push_configurations_of_the_task"
 MINUTE = 60
 
 
@@ -61,6 +63,17 @@ class Holdings:
             raise HoldingLimitError(
                 tenant_id, WEBHOOK_ENDPOINTS, limit, int(held[WEBHOOK_ENDPOINTS] or 0)
             )
+
+    async def admit_task_push_config(
+        self, conn: AsyncConnection, tenant_id: str, run_id: UUID, limit: int
+    ) -> None:
+        """Refuse an A2A task's push configuration past `limit` per task (HoldingLimitError).
+        They are not counted among the tenant's webhook endpoints: each reports one run, and
+        the run's retention bounds them. Under the tenant's holdings lock, as above."""
+        await self._holdings(conn, tenant_id)  # for its lock
+        held = await webhook_rows.task_push_count(conn, tenant_id=tenant_id, run_id=run_id)
+        if held >= limit:
+            raise HoldingLimitError(tenant_id, TASK_PUSH_CONFIGS, limit, held)
 
     async def _holdings(
         self, conn: AsyncConnection, tenant_id: str

@@ -7,6 +7,12 @@ transitions they report (runs.sql's `webhook_deliveries` fragment); deleting an 
 cancels the pending ones; `delivery_failed` counts failed deliveries in a row and disables the
 endpoint at `disable_after`.
 
+An A2A task's push configuration (issue 34) is an endpoint restricted to one run (`run_id`,
+format 'a2a', migration 0021): the fan-out takes it for that run's transitions only, the
+delivery renders A2A's payload and headers for it (app/runtime/webhook_delivery.py), and it is
+retried, dead-lettered and disabled as any endpoint. At most MAX_TASK_PUSH_CONFIGS per run,
+not counted among the tenant's endpoints (its cap counts webhooks only).
+
 Limits: deliveries are inserted by the transition statements, never through submission, so no
 per-tenant submission rate or queued-run quota applies to them, and none must: a refused
 delivery would break "a committed transition always has its delivery". They run under the
@@ -17,6 +23,7 @@ deadline (TURNSTILE_WEBHOOK_TIMEOUT_SECONDS), and a tenant holds at most its cap
 
 from __future__ import annotations
 
+import builtins
 import logging
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,6 +44,11 @@ WEBHOOK_AGENT = "webhook"
 EVENTS = ("run.succeeded", "run.failed", "run.cancelled", "run.waiting")
 DELETE_BATCH = 500
 """A deleted endpoint's pending deliveries are cancelled this many at a time."""
+
+FORMAT_STANDARD = "standard"
+FORMAT_A2A = "a2a"
+MAX_TASK_PUSH_CONFIGS = 10
+"""An A2A task's push configurations at most (not counted among the tenant's endpoints)."""
 
 DISABLE_AFTER = 20  # failed deliveries in a row (each after all its attempts) that disable one
 
@@ -86,6 +98,39 @@ class DeliveryTarget:
     url: str
     secret_ciphertext: bytes
     live: bool  # neither deleted nor disabled
+    format: str = FORMAT_STANDARD  # or FORMAT_A2A: the ciphertext holds the token then
+
+
+class TaskPushNotFoundError(TurnstileError):
+    def __init__(self, config_id: str) -> None:
+        super().__init__(f"push notification configuration {config_id!r} not found")
+        self.config_id = config_id
+
+
+@dataclass(frozen=True)
+class TaskPushConfig:
+    """An A2A task's push configuration: an endpoint reporting one run (format 'a2a'); its
+    ciphertext holds the token and authentication (the caller decrypts)."""
+
+    id: UUID
+    run_id: UUID
+    url: str
+    secret_ciphertext: bytes
+    consecutive_failures: int
+    disabled_at: datetime | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> TaskPushConfig:
+        return cls(
+            id=row["id"],
+            run_id=row["run_id"],
+            url=row["url"],
+            secret_ciphertext=bytes(row["secret_ciphertext"]),
+            consecutive_failures=int(row["consecutive_failures"]),
+            disabled_at=row["disabled_at"],
+            created_at=row["created_at"],
+        )
 
 
 class Webhooks:
@@ -170,6 +215,67 @@ class Webhooks:
                 tenant_id=tenant_id,
             )
 
+    async def create_task_push(
+        self, *, tenant_id: str, principal: str, run_id: UUID, url: str, secret: bytes
+    ) -> TaskPushConfig:
+        """A push configuration of the run (the caller has checked the run is the caller's
+        and the URL passes the egress checks), within MAX_TASK_PUSH_CONFIGS per run."""
+        async with transaction(self.queue.engine) as conn:
+            await self.holdings.admit_task_push_config(
+                conn, tenant_id, run_id, MAX_TASK_PUSH_CONFIGS
+            )
+            row = await webhook_rows.insert_task_push(
+                conn,
+                tenant_id=tenant_id,
+                principal=principal,
+                run_id=run_id,
+                url=url,
+                secret=secret,
+            )
+        return TaskPushConfig.from_row(row)
+
+    async def catch_up_task_push(self, config: TaskPushConfig) -> bool:
+        """For a configuration stored just after its task was created (SendMessage): the
+        delivery of a transition the task made before the configuration existed (it asked or
+        ended meanwhile), made once, never beside the transition's own. Whether it made one."""
+        made = await webhook_rows.task_push_catch_up(
+            self.queue.engine,
+            run_id=config.run_id,
+            endpoint_id=config.id,
+            hook_attempts=self.queue.config.webhook_max_attempts,
+        )
+        return made > 0
+
+    async def task_pushes(
+        self, *, tenant_id: str, run_id: UUID, after: UUID | None = None, limit: int = 100
+    ) -> builtins.list[TaskPushConfig]:
+        rows = await webhook_rows.task_push_rows(
+            self.queue.engine, tenant_id=tenant_id, run_id=run_id, after=after, limit=limit
+        )
+        return [TaskPushConfig.from_row(row) for row in rows]
+
+    async def task_push(self, *, tenant_id: str, run_id: UUID, config_id: str) -> TaskPushConfig:
+        try:
+            wanted = UUID(config_id)
+        except ValueError:
+            raise TaskPushNotFoundError(config_id) from None
+        row = await webhook_rows.task_push_row(
+            self.queue.engine, tenant_id=tenant_id, run_id=run_id, config_id=wanted
+        )
+        if row is None:
+            raise TaskPushNotFoundError(config_id)
+        return TaskPushConfig.from_row(row)
+
+    async def delete_task_push(
+        self, *, tenant_id: str, run_id: UUID, config_id: str, actor: str
+    ) -> None:
+        """Delete it as an endpoint is deleted (its pending deliveries cancelled)."""
+        found = await self.task_push(tenant_id=tenant_id, run_id=run_id, config_id=config_id)
+        try:
+            await self.delete(tenant_id=tenant_id, endpoint_id=found.id, actor=actor)
+        except WebhookNotFoundError:
+            raise TaskPushNotFoundError(config_id) from None
+
     async def target(self, delivery_run_id: UUID, endpoint_id: UUID) -> DeliveryTarget | None:
         """The endpoint a delivery run sends to, if it is of the run's tenant."""
         row = await webhook_rows.endpoint_for_delivery(
@@ -182,6 +288,7 @@ class Webhooks:
             url=row["url"],
             secret_ciphertext=bytes(row["secret_ciphertext"]),
             live=row["disabled_at"] is None and row["deleted_at"] is None,
+            format=str(row["format"]),
         )
 
     async def delivery_succeeded(self, endpoint_id: UUID) -> None:

@@ -20,6 +20,11 @@ A delivery is an async-class run that a transition inserted (app/store/sql/runs.
   attempt failing) is counted on the endpoint, a delivered one resets the count; at
   `DISABLE_AFTER` failed deliveries in a row the endpoint is disabled and the delivery that
   disabled it records a `webhook.endpoint_disabled` event (app/queue/webhook_endpoints.py).
+
+An A2A push configuration's delivery (format 'a2a', `a2a_push`) sends the A2A StreamResponse
+of the transition (app/protocols/a2a.py's `push_payload`) with `X-A2A-Notification-Token` and
+the configuration's `Authorization`, signed as above with the token as the key (the one secret
+the receiver shares with us). Everything else (checks, retries, counts) is the same.
 """
 
 from __future__ import annotations
@@ -34,7 +39,16 @@ from collections.abc import Callable
 from typing import ClassVar, Protocol
 from uuid import UUID
 
-from app.queue.webhook_endpoints import WEBHOOK_AGENT, DeliveryTarget, Disabled, Endpoint, Webhooks
+from app.protocols import a2a
+from app.queue.webhook_endpoints import (
+    FORMAT_A2A,
+    WEBHOOK_AGENT,
+    DeliveryTarget,
+    Disabled,
+    Endpoint,
+    TaskPushConfig,
+    Webhooks,
+)
 from app.runtime.agents import AgentError, CallTool, Decision, Finish
 from app.runtime.http_tool import HttpRequestTool
 from app.runtime.state import RunState
@@ -73,6 +87,22 @@ def signature(secret: bytes, webhook_id: str, timestamp: str, body: bytes) -> st
     signed = f"{webhook_id}.{timestamp}.".encode() + body
     digest = hmac.new(secret, signed, hashlib.sha256).digest()
     return "v1," + base64.b64encode(digest).decode()
+
+
+def a2a_push(body: JSON, stored: bytes) -> tuple[JSON, bytes, dict[str, str]]:
+    """An A2A push notification of a delivery: the StreamResponse it sends, the key of its
+    Standard Webhooks signature (the configuration's token, which the receiver knows) and the
+    headers A2A names: `X-A2A-Notification-Token`, and `Authorization` from the
+    configuration's authentication (scheme and credentials, as the a2a-sdk sends them)."""
+    try:
+        kept = json.loads(stored)
+        token, scheme, credentials = (str(kept[k]) for k in ("token", "scheme", "credentials"))
+    except (ValueError, KeyError, TypeError):
+        raise PermanentToolError("the push configuration's stored token is unreadable") from None
+    headers = {"X-A2A-Notification-Token": token}
+    if scheme and credentials:
+        headers["Authorization"] = f"{scheme} {credentials}"
+    return a2a.push_payload(body), token.encode(), headers
 
 
 class WebhookAgent:
@@ -136,13 +166,18 @@ class WebhookDeliveryTool:
         except PermanentToolError:
             self.on_attempt("refused")
             raise
-        body = json.dumps(args.get("body"), separators=(",", ":"), ensure_ascii=False).encode()
+        payload: JSON = args.get("body")
+        extra: dict[str, str] = {}
+        if target.format == FORMAT_A2A:
+            payload, secret, extra = a2a_push(payload, secret)
+        body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
         timestamp = str(int(time.time()))
         headers = {
             "Content-Type": "application/json",
             "webhook-id": webhook_id,
             "webhook-timestamp": timestamp,
             "webhook-signature": signature(secret, webhook_id, timestamp, body),
+            **extra,
         }
         try:
             answer = await self.http.request("POST", target.url, headers, content=body)
@@ -228,3 +263,43 @@ async def register_endpoint(
         secret=box.encrypt(raw),
     )
     return endpoint, shown
+
+
+async def register_task_push(
+    webhooks: Webhooks,
+    egress: HttpRequestTool,
+    box: SecretBox | None,
+    *,
+    tenant_id: str,
+    principal: str,
+    run_id: UUID,
+    url: str,
+    secret: bytes,
+) -> TaskPushConfig:
+    """Check and store an A2A task's push configuration (`secret`: a2a.push_secret's, kept
+    encrypted as a webhook's signing secret is). Raises as `register_endpoint` does."""
+    box = await check_push_destination(egress, box, url)
+    return await webhooks.create_task_push(
+        tenant_id=tenant_id,
+        principal=principal,
+        run_id=run_id,
+        url=url,
+        secret=box.encrypt(secret),
+    )
+
+
+async def check_push_destination(
+    egress: HttpRequestTool, box: SecretBox | None, url: str
+) -> SecretBox:
+    """The box that stores a push configuration's token, once the URL passes the egress
+    checks (before a SendMessage submits, so a refused one leaves no task)."""
+    if box is None:
+        raise SecretKeyMissingError(
+            "push notifications need TURNSTILE_SECRET_KEY (at least 32 characters) to store "
+            "their tokens encrypted"
+        )
+    try:
+        await egress.check_url(url)
+    except ToolError as exc:
+        raise DestinationRefusedError(f"url: {exc}") from None
+    return box

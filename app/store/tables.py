@@ -421,11 +421,25 @@ webhook_endpoints = Table(
     _ts("deleted_at"),
     _ts("created_at", nullable=False, default_now=True),
     _ts("updated_at", nullable=False, default_now=True),
-    # The transitions' probe (app/store/sql/runs.sql): a tenant's live endpoints only.
+    # An A2A task's push configuration reports this run only (migration 0021); NULL: every
+    # run of the tenant. No foreign key: its deliveries outlive a pruned run, as theirs do.
+    Column("run_id", UUID(as_uuid=True)),
+    # What a delivery sends: 'standard' (our body) or 'a2a' (an A2A StreamResponse, with the
+    # configuration's token and authentication, which the ciphertext then holds).
+    Column("format", Text, nullable=False, server_default=text("'standard'")),
+    CheckConstraint("format IN ('standard', 'a2a')", name="format"),
+    # The transitions' probe (app/store/sql/runs.sql): a tenant's live webhook endpoints only
+    # (its tasks' A2A push configurations are found by their run: migration 0021).
     Index(
         "ix_webhook_endpoints_tenant_id",
         "tenant_id",
-        postgresql_where=text("deleted_at IS NULL AND disabled_at IS NULL"),
+        postgresql_where=text("deleted_at IS NULL AND disabled_at IS NULL AND run_id IS NULL"),
+    ),
+    # A task's live push configurations (the A2A list and its cap).
+    Index(
+        "ix_webhook_endpoints_run_id",
+        "run_id",
+        postgresql_where=text("run_id IS NOT NULL AND deleted_at IS NULL"),
     ),
 )
 

@@ -117,3 +117,66 @@ async def delivery_failed(
             {"id": endpoint_id, "disable_after": disable_after, "now": None},
         )
         return result.mappings().first()
+
+
+async def task_push_count(conn: AsyncConnection, *, tenant_id: str, run_id: UUID) -> int:
+    """A task's live push configurations, on the caller's transaction (its cap check)."""
+    result = await conn.execute(q("task_push_count"), {"tenant_id": tenant_id, "run_id": run_id})
+    return int(result.scalar_one())
+
+
+async def insert_task_push(
+    conn: AsyncConnection,
+    *,
+    tenant_id: str,
+    principal: str,
+    run_id: UUID,
+    url: str,
+    secret: bytes,
+) -> RowMapping:
+    """The new push configuration's row, on the caller's transaction (after its cap check)."""
+    result = await conn.execute(
+        q("task_push_create"),
+        {
+            "tenant_id": tenant_id,
+            "principal": principal,
+            "run_id": run_id,
+            "url": url,
+            "secret": secret,
+        },
+    )
+    return result.mappings().one()
+
+
+async def task_push_rows(
+    engine: AsyncEngine, *, tenant_id: str, run_id: UUID, after: UUID | None, limit: int
+) -> list[RowMapping]:
+    async with engine.connect() as conn:
+        result = await conn.execute(
+            q("task_push_list"),
+            {"tenant_id": tenant_id, "run_id": run_id, "after": after, "limit": limit},
+        )
+        return list(result.mappings().all())
+
+
+async def task_push_row(
+    engine: AsyncEngine, *, tenant_id: str, run_id: UUID, config_id: UUID
+) -> RowMapping | None:
+    async with engine.connect() as conn:
+        result = await conn.execute(
+            q("task_push_get"), {"tenant_id": tenant_id, "run_id": run_id, "id": config_id}
+        )
+        return result.mappings().first()
+
+
+async def task_push_catch_up(
+    engine: AsyncEngine, *, run_id: UUID, endpoint_id: UUID, hook_attempts: int
+) -> int:
+    """The delivery a configuration stored after its task's transition missed (0 or 1)."""
+    async with engine.begin() as conn:
+        await conn.execute(q("task_push_lock_run"), {"run_id": run_id})
+        result = await conn.execute(
+            q("task_push_catch_up"),
+            {"id": endpoint_id, "hook_attempts": hook_attempts, "now": None},
+        )
+        return int(result.mappings().one()["made"])

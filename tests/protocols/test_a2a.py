@@ -140,6 +140,8 @@ async def test_the_agent_card_lists_the_agents_as_skills(api: Api) -> None:
     assert interfaces["JSONRPC"].url == f"{api.base}/a2a"
     assert interfaces["HTTP+JSON"].url == f"{api.base}/a2a/rest"
     assert card.capabilities.streaming
+    # No TURNSTILE_SECRET_KEY here: push tokens cannot be stored (tests/protocols/test_a2a_push.py).
+    assert not card.capabilities.push_notifications
     scheme = card.security_schemes["bearer"]
     assert scheme.http_auth_security_scheme.scheme == "Bearer"
     assert "bearer" in card.security_requirements[0].schemes
@@ -497,7 +499,7 @@ async def test_bad_requests_are_jsonrpc_errors(api: Api) -> None:
                 "method": "CreateTaskPushNotificationConfig",
                 "params": {"taskId": "t", "url": "http://127.0.0.1/"},
             },
-            -32003,
+            -32001,  # no task "t" (push configurations: tests/protocols/test_a2a_push.py)
         ),
     ]
     for body, code in cases:

@@ -38,6 +38,8 @@ NOTIFYING = {
     "cancel_runs",
     # A schedule's next tick is an enqueue (app/store/sql/schedules.sql).
     "create_ticks",
+    # An A2A push configuration's caught-up delivery (webhooks.sql), once, when it made one.
+    "task_push_catch_up",
     # Live output, on its own channel and connection, bounded by docs/adr/0007 (deltas.sql).
     "publish_deltas",
 }

@@ -117,7 +117,8 @@ jsonb_build_object('message', CASE c.settled
 -- the queued quota, its own attempts :hook_attempts) with its link to the endpoint. In the
 -- transition's own statement, so a committed transition always has its deliveries and a
 -- fenced one (no row) never has any. A tenant without endpoints pays one empty probe of the
--- partial index ix_webhook_endpoints_tenant_id, and no function call. The statement's final
+-- partial index ix_webhook_endpoints_tenant_id and one of ix_webhook_endpoints_run_id (its
+-- task's A2A push configurations), and no function call. The statement's final
 -- SELECT must read `hook_run` (a SELECT in WITH runs only when read), and its NOTIFY adds
 -- "work": [10] when `hook` has rows. It comes after the statement's `count_moves`, and
 -- `hook_run` reads their results: the deliveries' marks on their count rows (statements of
@@ -128,9 +129,19 @@ hook AS MATERIALIZED (
     SELECT gen_random_uuid() AS id, e.id AS endpoint_id, e.principal, s.tenant_id,
            s.run_id AS source_id, s.event, s.data, clock.now
     FROM hook_source s
-    JOIN webhook_endpoints e
-      ON e.tenant_id = s.tenant_id AND e.deleted_at IS NULL AND e.disabled_at IS NULL
-     AND (cardinality(e.events) = 0 OR s.event = ANY(e.events))
+    CROSS JOIN LATERAL (
+        SELECT w.id, w.principal FROM webhook_endpoints w
+        WHERE w.tenant_id = s.tenant_id AND w.run_id IS NULL
+          AND w.deleted_at IS NULL AND w.disabled_at IS NULL
+          AND (cardinality(w.events) = 0 OR s.event = ANY(w.events))
+        UNION ALL
+        -- An A2A task's push configurations (migration 0021): every event of their own run,
+        -- through ix_webhook_endpoints_run_id, so a tenant's many tasks' configurations are
+        -- never in its webhooks' probe.
+        SELECT w.id, w.principal FROM webhook_endpoints w
+        WHERE w.run_id = s.run_id AND w.tenant_id = s.tenant_id
+          AND w.deleted_at IS NULL AND w.disabled_at IS NULL
+    ) AS e
     CROSS JOIN clock
     -- Deliveries never produce deliveries.
     WHERE s.agent <> 'webhook'

@@ -67,7 +67,8 @@ SELECT l.max_schedules, l.max_webhook_endpoints, l.min_schedule_interval_seconds
        ) AS schedules,
        (SELECT count(*)
         FROM (SELECT 1 FROM webhook_endpoints
-              WHERE tenant_id = :tenant_id AND deleted_at IS NULL
+              -- An A2A task's push configurations are capped per task instead.
+              WHERE tenant_id = :tenant_id AND deleted_at IS NULL AND run_id IS NULL
               LIMIT coalesce(l.max_webhook_endpoints,
                              CAST(:default_max_webhook_endpoints AS integer), 0)) AS e
        ) AS webhook_endpoints
