@@ -28,6 +28,7 @@ from app.observability import tracing
 from app.observability.metrics import HttpMetrics, Metrics
 from app.queue.core import Clock, Queue, QueueConfig
 from app.queue.holdings import Holdings
+from app.queue.model_budgets import BudgetDefaults, ModelBudgets
 from app.queue.reads import Reads
 from app.queue.scheduling import Schedules
 from app.queue.submit import Submissions
@@ -114,6 +115,17 @@ def submissions_for(queue: Queue, settings: Settings) -> Submissions:
         lock_timeout_ms=settings.lock_timeout_ms,
         submit_rate_per_second=settings.submit_rate_per_second,
         submit_burst=settings.submit_burst,
+    )
+
+
+def budget_defaults(settings: Settings) -> BudgetDefaults:
+    """Every model endpoint's budget where an admin set none (TURNSTILE_MODEL_RPM,
+    TURNSTILE_MODEL_TPM; unset: unlimited), and the longest a reservation is held
+    (TURNSTILE_MODEL_RESERVATION_SECONDS)."""
+    return BudgetDefaults(
+        requests_per_minute=settings.model_rpm,
+        tokens_per_minute=settings.model_tpm,
+        reservation_seconds=settings.model_reservation_seconds,
     )
 
 
@@ -218,6 +230,8 @@ async def services(
             stream=settings.openai_stream,
             max_response_bytes=settings.openai_max_response_bytes,
             max_line_bytes=settings.openai_max_line_bytes,
+            max_output_tokens=settings.openai_max_output_tokens,
+            budget_endpoint=settings.openai_budget_endpoint,
         )
     load_plugins(settings.plugins, registry)
     runtime = RuntimeExecutor(
@@ -226,6 +240,7 @@ async def services(
             transient_retries=settings.transient_retries,
             default_time_limit_seconds=settings.agent_time_limit_seconds,
         ),
+        budgets=ModelBudgets(queue, budget_defaults(settings)) if settings.model_budgets else None,
     )
     notifier = Notifier(
         settings.listen_database_url or database.url,
@@ -378,6 +393,7 @@ def create_app(
     )
     app.state.shutdown = shutdown
     from app.api import (
+        budgets,
         health,
         problems,
         responses_routes,
@@ -422,6 +438,7 @@ def create_app(
     app.include_router(schedules.router)
     app.include_router(webhooks.router)
     app.include_router(tenants.router)
+    app.include_router(budgets.router)
     # The OpenAI Responses API at /v1, with its own error shape there (issue 35).
     responses_routes.install(app)
     from app.ui import routes as ui
