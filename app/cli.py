@@ -1,7 +1,7 @@
 """The `turnstile` command line: serve, worker, migrate, keys, and the operator commands.
 
-The operator commands (runs, queue, schedules, webhooks, tenants) act on the configured database
-through the queue's services.
+The operator commands (runs, queue, schedules, webhooks, tenants, model-budgets) act on the
+configured database through the queue's services.
 
 Thin by design: each command parses its flags, calls into the app, and prints one line on
 error (exit status 2) rather than a traceback.
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from app.queue.core import Queue
+    from app.queue.model_budgets import ModelBudgets
     from app.queue.reads import Reads
     from app.queue.scheduling import Schedules
     from app.queue.submit import Submissions, Submitter
@@ -334,6 +335,7 @@ class Runbook:
     schedules: Schedules
     settings: Settings
     tenants: Tenants
+    budgets: ModelBudgets
 
 
 RunbookCommand = Callable[[Runbook, argparse.Namespace], Awaitable[object]]
@@ -344,10 +346,11 @@ def _runbook(command: RunbookCommand) -> Callable[[argparse.Namespace], None]:
     a document or JSON), and turn the core's refusals into one-line errors."""
 
     def entry(args: argparse.Namespace) -> None:
-        from app.main import limit_defaults, queue_config, submissions_for
+        from app.main import budget_defaults, limit_defaults, queue_config, submissions_for
         from app.queue.core import Queue
         from app.queue.errors import TurnstileError
         from app.queue.holdings import Holdings
+        from app.queue.model_budgets import ModelBudgets
         from app.queue.reads import Reads
         from app.queue.scheduling import Schedules
         from app.queue.submit import Submitter
@@ -369,6 +372,7 @@ def _runbook(command: RunbookCommand) -> Callable[[argparse.Namespace], None]:
                 schedules=Schedules(queue, holdings=Holdings(limit_defaults(settings))),
                 settings=settings,
                 tenants=Tenants(queue, limit_defaults(settings)),
+                budgets=ModelBudgets(queue, budget_defaults(settings)),
             )
             try:
                 return await command(runbook, args)
@@ -490,6 +494,33 @@ async def tenants_set(runbook: Runbook, args: argparse.Namespace) -> object:
         )
     limits = await runbook.tenants.set_limits(args.tenant, **changes)
     return _limits_result(runbook, args.tenant, limits)
+
+
+async def budgets_list(runbook: Runbook, args: argparse.Namespace) -> object:
+    """`turnstile model-budgets list`: every endpoint's budget and figures."""
+    defaults = runbook.budgets.defaults
+    return {
+        "defaults": {
+            "requests_per_minute": defaults.requests_per_minute,
+            "tokens_per_minute": defaults.tokens_per_minute,
+        },
+        "budgets": [b.to_document(defaults) for b in await runbook.budgets.budgets()],
+    }
+
+
+async def budgets_set(runbook: Runbook, args: argparse.Namespace) -> object:
+    """`turnstile model-budgets set ENDPOINT ...`: changes only the values named; `default`
+    returns one to the service's default."""
+    from app.queue.tenant_limits import KEEP
+
+    changes: dict[str, Any] = {}
+    for flag, key in (("--rpm", "requests_per_minute"), ("--tpm", "tokens_per_minute")):
+        given = getattr(args, key)
+        changes[key] = KEEP if given is None else _limit_value(flag, given, int)
+    if all(v is KEEP for v in changes.values()):
+        raise CommandError("nothing to set: give --rpm or --tpm")
+    budget = await runbook.budgets.set_budget(args.endpoint, **changes)
+    return budget.to_document(runbook.budgets.defaults)
 
 
 def _limit_value(flag: str, value: str, kind: type[int] | type[float]) -> int | float | None:
@@ -862,6 +893,28 @@ def build_parser() -> argparse.ArgumentParser:
     set_limits.add_argument("--json", action="store_true", help="print JSON rather than text")
     set_limits.set_defaults(func=_runbook(tenants_set))
 
+    budgets = sub.add_parser(
+        "model-budgets",
+        help="model endpoints' budgets: requests and tokens a minute (docs/model-budgets.md)",
+    )
+    budgets_sub = budgets.add_subparsers(dest="budgets_command", required=True)
+    list_budgets = budgets_sub.add_parser("list", help="every endpoint's budget and figures")
+    list_budgets.add_argument("--json", action="store_true", help="print JSON rather than text")
+    list_budgets.set_defaults(func=_runbook(budgets_list))
+    set_budget = budgets_sub.add_parser(
+        "set",
+        help="change an endpoint's budget; 'default' returns a value to the service's default",
+    )
+    set_budget.add_argument("endpoint", help="the endpoint's key (model@base-url, or a name)")
+    set_budget.add_argument(
+        "--rpm", dest="requests_per_minute", metavar="N", help="requests a minute, or default"
+    )
+    set_budget.add_argument(
+        "--tpm", dest="tokens_per_minute", metavar="N", help="tokens a minute, or default"
+    )
+    set_budget.add_argument("--json", action="store_true", help="print JSON rather than text")
+    set_budget.set_defaults(func=_runbook(budgets_set))
+
     schedules = sub.add_parser("schedules", help="recurring runs: one run per cron tick")
     schedules_sub = schedules.add_subparsers(dest="schedules_command", required=True)
     create_schedule = schedules_sub.add_parser(
@@ -968,6 +1021,10 @@ EXAMPLES = {
     "queue stats": "turnstile queue stats --by-tenant --top 10",
     "tenants get": "turnstile tenants get acme",
     "tenants set": "turnstile tenants set acme --max-running interactive=4 --submit-rate 20",
+    "model-budgets list": "turnstile model-budgets list --json",
+    "model-budgets set": (
+        "turnstile model-budgets set gpt-4o-mini@https://api.openai.com/v1 --rpm 500 --tpm 200000"
+    ),
     "schedules create": (
         "turnstile schedules create --tenant acme --cron '0 3 * * *' --input '{\"report\": 1}'"
     ),

@@ -320,6 +320,48 @@ class Settings(BaseSettings):
         description="Ask the endpoint to stream (`stream: true`) and show the text live as "
         "`message.delta` events; false for endpoints that cannot stream.",
     )
+    openai_max_output_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        description="The bound on each answer the 'openai' agent asks for (`max_tokens`); unset: "
+        "the endpoint's own. What a model call reserves of its budget beyond its prompt "
+        "(unset: 1024 tokens).",
+    )
+    openai_budget_endpoint: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=300,
+        description="The key of the 'openai' agent's model budget; unset: its model at its base "
+        "URL (`gpt-4o-mini@https://api.openai.com/v1`). Processes naming one key share one "
+        "budget.",
+    )
+    model_budgets: bool = Field(
+        default=True,
+        description="Model calls reserve requests and tokens on their endpoint's budget before "
+        "they are sent (docs/model-budgets.md); false: no reservation, no pause, as before.",
+    )
+    model_rpm: int | None = Field(
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        description="Every model endpoint's requests a minute where an admin set none; unset: "
+        "unlimited.",
+    )
+    model_tpm: int | None = Field(
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        description="Every model endpoint's tokens a minute (input and output) where an admin "
+        "set none; unset: unlimited.",
+    )
+    model_reservation_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="The longest a model call's reservation is held: past it (or once its run "
+        "lost its lease) its tokens go back to the budget.",
+    )
     history_max_messages: int = Field(
         default=50,
         ge=0,

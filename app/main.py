@@ -28,6 +28,7 @@ from app.observability import tracing
 from app.observability.metrics import HttpMetrics, Metrics
 from app.queue.core import Clock, Queue, QueueConfig
 from app.queue.holdings import Holdings
+from app.queue.model_budgets import BudgetDefaults, ModelBudgets
 from app.queue.reads import Reads
 from app.queue.scheduling import Schedules
 from app.queue.submit import Submissions
@@ -115,6 +116,17 @@ def submissions_for(queue: Queue, settings: Settings) -> Submissions:
         submit_rate_per_second=settings.submit_rate_per_second,
         submit_burst=settings.submit_burst,
         start_within=settings.start_within_defaults,
+    )
+
+
+def budget_defaults(settings: Settings) -> BudgetDefaults:
+    """Every model endpoint's budget where an admin set none (TURNSTILE_MODEL_RPM,
+    TURNSTILE_MODEL_TPM; unset: unlimited), and the longest a reservation is held
+    (TURNSTILE_MODEL_RESERVATION_SECONDS)."""
+    return BudgetDefaults(
+        requests_per_minute=settings.model_rpm,
+        tokens_per_minute=settings.model_tpm,
+        reservation_seconds=settings.model_reservation_seconds,
     )
 
 
@@ -219,6 +231,8 @@ async def services(
             stream=settings.openai_stream,
             max_response_bytes=settings.openai_max_response_bytes,
             max_line_bytes=settings.openai_max_line_bytes,
+            max_output_tokens=settings.openai_max_output_tokens,
+            budget_endpoint=settings.openai_budget_endpoint,
         )
     load_plugins(settings.plugins, registry)
     runtime = RuntimeExecutor(
@@ -227,6 +241,7 @@ async def services(
             transient_retries=settings.transient_retries,
             default_time_limit_seconds=settings.agent_time_limit_seconds,
         ),
+        budgets=ModelBudgets(queue, budget_defaults(settings)) if settings.model_budgets else None,
     )
     notifier = Notifier(
         settings.listen_database_url or database.url,
@@ -381,6 +396,7 @@ def create_app(
     app.state.shutdown = shutdown
     from app.api import (
         a2a_routes,
+        budgets,
         conversation_routes,
         health,
         problems,
@@ -426,6 +442,7 @@ def create_app(
     app.include_router(schedules.router)
     app.include_router(webhooks.router)
     app.include_router(tenants.router)
+    app.include_router(budgets.router)
     # The OpenAI Responses API at /v1, with its own error shape there (issue 35).
     responses_routes.install(app)
     app.include_router(conversation_routes.router)

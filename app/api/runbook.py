@@ -11,6 +11,7 @@ from uuid import UUID
 from fastapi import APIRouter, Query, Request
 
 from app.api.auth import OperatorDep, submitter_of, visible_tenant
+from app.api.budgets import budgets_of
 from app.api.problems import responses
 from app.api.schemas import (
     ClassDepth,
@@ -36,7 +37,7 @@ runbook = APIRouter(tags=["runbook"])
     "/queue/stats",
     response_model=QueueStats,
     summary="Queue depth per class and status, the oldest eligible age, the live slots, and "
-    "running and queued runs per tenant",
+    "running and queued runs per tenant, and the model budgets' figures",
     description=(
         "Operator keys see their tenant; admin keys see the whole queue, and in `tenants` the "
         "`top` busiest tenants by queued runs with the rest summed (`tenant: null`). The "
@@ -77,7 +78,17 @@ async def queue_stats(
             )
             for entry in tenants
         ],
+        model_budgets=await _model_budgets(request, admin=tenant is None),
     )
+
+
+async def _model_budgets(request: Request, *, admin: bool) -> list[dict[str, Any]]:
+    """Every model endpoint's budget and figures, for admin keys only: a budget is shared by
+    every tenant, so its figures are the service's, not one tenant's."""
+    if not admin:
+        return []
+    budgets = budgets_of(request)
+    return [b.to_document(budgets.defaults) for b in await budgets.budgets()]
 
 
 @runbook.get(

@@ -290,6 +290,12 @@ class QueueStats(BaseModel):
         "tenant (empty when it has none). Admin keys: the busiest tenants by queued runs (then "
         "running), at most `top`, then one entry with `tenant: null` summing the others.",
     )
+    model_budgets: list[ModelBudgetDocument] = Field(
+        default_factory=list,
+        description="Admin keys: every model endpoint's budget and figures (docs/"
+        "model-budgets.md), as GET /model-budgets lists them. Operator keys: empty (a budget is "
+        "every tenant's).",
+    )
 
 
 class CancelRequest(Strict):
@@ -453,3 +459,52 @@ def message_page_document(page: TranscriptPage) -> MessagePage:
         items=[MessageItem.model_validate(entry.to_json()) for entry in page.entries],
         next=page.next_cursor,
     )
+
+
+class ModelBudgetRequest(Strict):
+    """A model endpoint's budget overrides, replacing the ones it had: a field left out or null
+    is the service's default (TURNSTILE_MODEL_RPM, TURNSTILE_MODEL_TPM; unset: unlimited)."""
+
+    endpoint: str = Field(
+        min_length=1,
+        max_length=300,
+        description="The endpoint's key: the agent's model at its base URL "
+        "(`gpt-4o-mini@https://api.openai.com/v1`), or the name TURNSTILE_OPENAI_BUDGET_ENDPOINT "
+        "gives it.",
+    )
+    requests_per_minute: StrictInt | None = Field(
+        default=None, ge=1, le=2**31 - 1, description="Requests a minute (null: the default)."
+    )
+    tokens_per_minute: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        description="Tokens a minute, input and output as the provider counts them (null: the "
+        "default).",
+    )
+
+
+class ModelBudgetValues(BaseModel):
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+
+
+class ModelBudgetDocument(BaseModel):
+    endpoint: str
+    overrides: ModelBudgetValues = Field(description="The endpoint's own; null: the default.")
+    effective: ModelBudgetValues = Field(description="What applies; null: unlimited.")
+    paused_until: datetime | None = Field(
+        description="A provider's 429 paused the endpoint for every process until then."
+    )
+    requests_used: int = Field(description="Calls settled since the endpoint's first use.")
+    tokens_used: int = Field(description="Tokens the provider reported for them.")
+    waits: int = Field(description="Reservations refused for want of room (runs given back).")
+    pauses: int = Field(description="429s that paused the endpoint.")
+    reservations: int = Field(description="Calls in flight now, holding a reservation.")
+    reserved_tokens: int = Field(description="The tokens those reservations hold.")
+    updated_at: datetime | None
+
+
+class ModelBudgetsDocument(BaseModel):
+    defaults: ModelBudgetValues
+    budgets: list[ModelBudgetDocument]

@@ -1,15 +1,17 @@
 """Queue metrics from the database (depth, oldest eligible age, stuck runs, the live slots per
 class and the classes no live process serves, the NOTIFY queue's fill level, running and queued
-runs of the busiest tenants with the rest as `other`), computed by one process at a time into
-that process's gauges."""
+runs of the busiest tenants with the rest as `other`, the model budgets' figures), computed by
+one process at a time into that process's gauges."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from app.maintenance.service import MaintenanceService
 from app.observability.metrics import Metrics
 from app.queue.core import Queue
+from app.queue.model_budgets import ModelBudgets
 from app.queue.reads import STUCK_REASONS, Reads, coverage_of
 from app.queue.tenant_limits import TOP_TENANTS, Tenants
 from app.vocabulary.statuses import ACTIVE
@@ -74,6 +76,31 @@ class QueueMetrics(MaintenanceService):
         usage = await self.housekeeping.notification_queue_usage()
         self.metrics.notification_queue_usage.set(usage)
         await self._tenant_runs()
+        await self._model_budgets()
+
+    async def _model_budgets(self) -> None:
+        """Each endpoint's figures (at most 200 endpoints: budgets are per model, not per
+        tenant)."""
+        budgets = await ModelBudgets(self.queue).budgets()
+        now = self.queue.clock() or datetime.now(UTC)
+        for gauge in (
+            self.metrics.model_requests,
+            self.metrics.model_tokens,
+            self.metrics.model_capacity_waits,
+            self.metrics.model_pauses,
+            self.metrics.model_paused,
+        ):
+            gauge.clear()
+        for budget in budgets:
+            key = budget.endpoint
+            self.metrics.model_requests.labels(key, "used").set(budget.requests_used)
+            self.metrics.model_requests.labels(key, "reserved").set(budget.reservations)
+            self.metrics.model_tokens.labels(key, "used").set(budget.tokens_used)
+            self.metrics.model_tokens.labels(key, "reserved").set(budget.reserved_tokens)
+            self.metrics.model_capacity_waits.labels(key).set(budget.waits)
+            self.metrics.model_pauses.labels(key).set(budget.pauses)
+            paused = budget.paused_until is not None and budget.paused_until > now
+            self.metrics.model_paused.labels(key).set(1 if paused else 0)
 
     async def _tenant_runs(self) -> None:
         """At most `top_tenants` + 1 tenant labels: the busiest by queued runs, and `other`.

@@ -116,6 +116,42 @@ class Metrics:
             ["tenant", "class", "status"],
             registry=self.registry,
         )
+        # Model budgets (docs/model-budgets.md), from the budgets' rows, which every process's
+        # calls keep, by the process holding the queue-metrics lease.
+        self.model_requests = Gauge(
+            "turnstile_model_requests",
+            "Model calls per endpoint: used (settled since the endpoint's first use) and "
+            "reserved (in flight now, holding a reservation).",
+            ["endpoint", "state"],
+            registry=self.registry,
+        )
+        self.model_tokens = Gauge(
+            "turnstile_model_tokens",
+            "Model tokens per endpoint: used (as the provider reported them, since the "
+            "endpoint's first use) and reserved (estimates held by the calls in flight now).",
+            ["endpoint", "state"],
+            registry=self.registry,
+        )
+        self.model_capacity_waits = Gauge(
+            "turnstile_model_capacity_waits",
+            "Reservations an endpoint's budget refused (each gave its run's slot back until the "
+            "budget had room), since the endpoint's first use.",
+            ["endpoint"],
+            registry=self.registry,
+        )
+        self.model_pauses = Gauge(
+            "turnstile_model_pauses",
+            "429s from the provider that paused an endpoint for every process, since its first "
+            "use.",
+            ["endpoint"],
+            registry=self.registry,
+        )
+        self.model_paused = Gauge(
+            "turnstile_model_paused",
+            "1 while a provider's 429 has an endpoint paused.",
+            ["endpoint"],
+            registry=self.registry,
+        )
         self.open_streams = Gauge(
             "turnstile_api_open_streams",
             "Event streams and long polls this API process is serving now (each holds a place "

@@ -463,6 +463,14 @@ class Queue:
         end = HoldEnd.released(lease, reason) if graceful else HoldEnd.retry(lease, reason)
         return (await self.end_holds([end]))[0]
 
+    async def wait_for_capacity(
+        self, lease: Lease, reason: str, *, until: datetime, endpoint: str
+    ) -> WriteOutcome:
+        """Give the run back until a model endpoint's budget has room (docs/model-budgets.md):
+        requeued for `until`, the attempt given back, its place kept (its priority and age)."""
+        end = HoldEnd.capacity(lease, reason[:500], until=until, endpoint=endpoint)
+        return (await self.end_holds([end]))[0]
+
     async def end_holds(self, ends: Sequence[HoldEnd]) -> list[WriteOutcome]:
         """End many holds in one fenced statement (`end_holds`): each fenced on its own lease,
         the outcomes in the order given, `Fenced` for every hold whose fence did not match.

@@ -7,6 +7,9 @@ checkpoint after it in one fenced statement. On recovery, a `started` entry with
 is re-executed when the tool is safe, re-executed with the same key when keyed, and recorded as
 `uncertain` when unsafe: the agent is told the outcome is unknown, never that it failed.
 
+A model call that finds no room on its endpoint's budget (`CapacityWait`) gives the run back
+until the budget has room, its attempt given back (docs/model-budgets.md).
+
 Failures: transient tool errors are retried with bounded backoff (only when repeating is safe
 or the request provably never left), then the lease is released early (requeued with backoff,
 counted as an attempt); permanent errors fail the run at once; execution time while claimed is
@@ -23,7 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.observability import tracing
+from app.queue.model_budgets import ModelBudgets
 from app.runtime.agents import Agent, AgentError, Ask, CallTool, Finish
+from app.runtime.capacity import CapacityWait, ModelCapacity
 from app.runtime.live import LiveOutput
 from app.runtime.state import RunState, ToolRecord
 from app.runtime.tools import (
@@ -82,6 +87,8 @@ class RuntimeExecutor:
     limits: RuntimeLimits = field(default_factory=RuntimeLimits)
     # Fault injection for tests: called with a boundary name; may raise SimulatedCrash.
     crash_hook: Callable[[str, int], None] | None = None
+    # The model endpoints' budgets (docs/model-budgets.md); None: model calls reserve nothing.
+    budgets: ModelBudgets | None = None
 
     async def execute(self, ctx: ExecutionContext) -> None:
         run = ctx.claimed.run
@@ -96,6 +103,8 @@ class RuntimeExecutor:
         state.inputs = resume.inputs  # answers delivered since the checkpoint
         await self._load_history(ctx, state)
         state.output = LiveOutput(ctx)
+        if self.budgets is not None:
+            state.capacity = ModelCapacity(ctx, self.budgets)
         limit = agent.time_limit_seconds or self.limits.default_time_limit_seconds
         clock = _Budget(state.elapsed_seconds, limit)
 
@@ -109,6 +118,15 @@ class RuntimeExecutor:
                 decision = await asyncio.wait_for(agent.decide(state), clock.remaining())
             except TimeoutError:
                 await self._fail(ctx, "timeout", f"execution time limit of {limit:g}s reached")
+                return
+            except CapacityWait as wait:
+                # No room on a model endpoint's budget: the slot goes back now, the run comes
+                # back when the budget has room, its attempt given back.
+                log.info(
+                    "run waits for model capacity",
+                    extra={"run_id": str(ctx.lease.run_id), "endpoint": wait.short.endpoint},
+                )
+                await ctx.wait_for_capacity(wait.short)
                 return
             except AgentError as exc:
                 if exc.permanent:

@@ -20,6 +20,13 @@ bounded backoff, then reported as transient (the run is released early); other 4
 responses and unknown tool names are permanent and fail the run with what the endpoint said.
 The API key never appears in a failure or a log line. Token usage is summed on the run.
 
+Model budgets (docs/model-budgets.md): when the run has a `ModelCapacity`, every sending first
+reserves one request and its estimated tokens (the request's bytes over 4, plus
+`max_output_tokens` or OUTPUT_ESTIMATE_TOKENS) on the endpoint's budget, and settles them with
+the usage the provider reports; no room gives the run's slot back (`CapacityWait`). A 429
+pauses the endpoint for every process for its Retry-After (at least the backoff) instead of
+this run sleeping in its slot.
+
 Streaming (the default; `stream=False` turns it off for endpoints that cannot): the request
 asks for `stream: true`, the text of the answer goes out live as it arrives (`RunState.output`,
 app/runtime/live.py), tool calls are assembled from their streamed fragments, and the streamed
@@ -47,6 +54,7 @@ import aiohttp
 import orjson
 
 from app.observability import tracing
+from app.queue.model_budgets import Reservation, endpoint_key, estimate_tokens
 from app.runtime.agents import AgentError, Ask, CallTool, Decision, Finish
 from app.runtime.history import UNKNOWN_RESULT, chat_messages, trim_history
 from app.runtime.live import LiveOutput
@@ -67,6 +75,9 @@ MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 MAX_LINE_BYTES = 1024 * 1024
 # What is read of a failed answer, for its excerpt.
 ERROR_READ_BYTES = 16 * 1024
+# The output a call is assumed to produce when the request sets no bound
+# (TURNSTILE_OPENAI_MAX_OUTPUT_TOKENS), for its reservation on the endpoint's budget.
+OUTPUT_ESTIMATE_TOKENS = 1024
 
 
 class OpenAIAgent:
@@ -91,6 +102,8 @@ class OpenAIAgent:
         stream: bool = True,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         max_line_bytes: int = MAX_LINE_BYTES,
+        max_output_tokens: int | None = None,
+        budget_endpoint: str | None = None,
     ) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
@@ -106,6 +119,12 @@ class OpenAIAgent:
         self.stream = stream
         self.max_response_bytes = max_response_bytes
         self.max_line_bytes = max_line_bytes
+        # The request's bound on the answer (`max_tokens`; None: the endpoint's own), and what
+        # a call reserves of its endpoint's budget beyond its prompt.
+        self.max_output_tokens = max_output_tokens
+        # The key of this agent's budget (docs/model-budgets.md): its model at its base URL,
+        # or the name the operator gave.
+        self.budget_endpoint = budget_endpoint or endpoint_key(base_url, model)
         # Clients shared by the process: connections to the endpoint are reused across runs.
         self._client = client
 
@@ -387,11 +406,19 @@ class OpenAIAgent:
             "messages": messages,
             "tools": self._tool_schema(),
         }
+        if self.max_output_tokens is not None:
+            body["max_tokens"] = self.max_output_tokens
         if self.stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
         payload = _encode(body)
         output = state.output if state is not None else None
+        capacity = state.capacity if state is not None else None
+        # One request and the call's estimated tokens, reserved before each sending.
+        estimate = estimate_tokens(
+            len(payload),
+            OUTPUT_ESTIMATE_TOKENS if self.max_output_tokens is None else self.max_output_tokens,
+        )
         headers = {"Content-Type": "application/json"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
@@ -401,6 +428,14 @@ class OpenAIAgent:
             while True:
                 attempt += 1
                 wait = self.backoff * 2 ** (attempt - 1)
+                reservation: Reservation | None = None
+                if capacity is not None:
+                    # No room raises CapacityWait: the run gives its slot back until there is.
+                    reservation = await capacity.reserve(self.budget_endpoint, estimate)
+                # What the provider spent, as far as this side can tell: the estimate, unless
+                # it reports its usage, or refused the call (429).
+                spent = estimate
+                refused = False
                 try:
                     answer = await self._attempt(client, payload, headers, output)
                 except TimeoutError:
@@ -411,6 +446,10 @@ class OpenAIAgent:
                     raise AgentError(str(exc), permanent=True) from None
                 else:
                     status, retry_after, text, reply = answer
+                    if status == 429:
+                        spent, refused = 0, True
+                    elif reply is not None:
+                        spent = _used_tokens(reply, estimate)
                     if status == 429 or status >= 500:
                         problem = f"the endpoint answered {status}: " + self._excerpt(text)
                         wait = max(wait, _retry_after(retry_after, self.max_retry_after))
@@ -422,8 +461,18 @@ class OpenAIAgent:
                     else:
                         assert reply is not None
                         return reply
+                finally:
+                    if capacity is not None and reservation is not None:
+                        await capacity.settle(reservation, spent)
                 if output is not None:
                     output.restart()  # what this attempt showed is void; the next starts over
+                if capacity is not None and refused:
+                    # The provider's limit, not this run's: every process waits it out (the
+                    # next reservation finds the pause and gives the run's slot back), none
+                    # retries alone.
+                    await capacity.pause(self.budget_endpoint, wait)
+                    if attempt <= self.retries:
+                        continue
                 if attempt > self.retries:
                     raise AgentError(f"{problem} (after {attempt} attempts)", permanent=False)
                 log.info(
@@ -549,6 +598,20 @@ def _encode(body: dict[str, JSON]) -> bytes:
         return orjson.dumps(body)
     except TypeError:  # orjson.JSONEncodeError is a TypeError
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _used_tokens(reply: dict[str, JSON], estimate: int) -> int:
+    """The tokens the provider reports the call used (input and output, as it counts them),
+    or the estimate when it reports none."""
+    usage = reply.get("usage")
+    if isinstance(usage, dict):
+        total = usage.get("total_tokens")
+        if isinstance(total, int) and total >= 0:
+            return total
+        parts = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
+        if all(isinstance(p, int) and p >= 0 for p in parts):
+            return sum(p for p in parts if isinstance(p, int))
+    return estimate
 
 
 def _retry_after(value: str | None, ceiling: float) -> float:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal
 from app.vocabulary.records import JSON
 
 if TYPE_CHECKING:
+    from app.runtime.capacity import ModelCapacity
     from app.runtime.live import LiveOutput
 
 OutcomeStatus = Literal["succeeded", "failed", "uncertain"]
@@ -57,6 +58,9 @@ class RunState:
     # Where the agent writes its message live (app/runtime/live.py); set by the executor for
     # each execution, never checkpointed.
     output: LiveOutput | None = field(default=None, repr=False, compare=False)
+    # Where the agent reserves model capacity before each call (app/runtime/capacity.py); set
+    # by the executor when model budgets are on, never checkpointed.
+    capacity: ModelCapacity | None = field(default=None, repr=False, compare=False)
 
     @property
     def next_step(self) -> int:

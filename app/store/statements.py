@@ -3,9 +3,9 @@
 The statements live in `app/store/sql/`, one file per concern (runs.sql: the transitions of
 runs; reads.sql; submission.sql; workers.sql; dashboard.sql; schedules.sql; webhooks.sql;
 tenants.sql; deltas.sql; credentials.sql: API keys and dashboard sessions; conversations.sql:
-the Responses API's deletions). A statement starts
-at a `-- name: x` line and runs to the next one; a `-- fenced` line among its leading comments
-marks it as a worker write under a lease. `{{now}}` expands to the injectable clock,
+the Responses API's deletions; budgets.sql: model budgets and their reservations). A statement
+starts at a `-- name: x` line and runs to the next one; a `-- fenced` line among its leading
+comments marks it as a worker write under a lease. `{{now}}` expands to the injectable clock,
 `coalesce(CAST(:now AS timestamptz), now())`. A `-- fragment: x` block (up to the next
 `-- name:` or `-- fragment:` line) is text shared by several statements, expanded wherever
 `{{x}}` appears. Names are unique across the files (the loader refuses a duplicate). Only
@@ -82,6 +82,7 @@ FILES = (
     "deltas.sql",
     "credentials.sql",
     "conversations.sql",
+    "budgets.sql",
 )
 
 

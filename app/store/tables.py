@@ -570,3 +570,46 @@ submit_buckets = Table(
     Column("tokens", Float, nullable=False),
     _ts("refilled_at", nullable=False),
 )
+
+model_budgets = Table(
+    "model_budgets",
+    metadata,
+    # One model endpoint's budget (migration 0022; fillfactor 50 there: every reservation
+    # rewrites the row). The overrides (NULL: the process default), the request and token
+    # buckets (NULL until first used under a limit), the pause a provider's 429 asked for, and
+    # running totals for the metrics. docs/model-budgets.md.
+    Column("endpoint", Text, primary_key=True),
+    Column("requests_per_minute", Integer),
+    Column("tokens_per_minute", Integer),
+    Column("request_level", Float),
+    Column("token_level", Float),
+    _ts("refilled_at"),
+    _ts("paused_until"),
+    Column("requests_used", BigInteger, nullable=False, server_default=text("0")),
+    Column("tokens_used", BigInteger, nullable=False, server_default=text("0")),
+    Column("waits", BigInteger, nullable=False, server_default=text("0")),
+    Column("pauses", BigInteger, nullable=False, server_default=text("0")),
+    _ts("updated_at", nullable=False, default_now=True),
+    CheckConstraint(
+        "requests_per_minute IS NULL OR requests_per_minute >= 1", name="requests_per_minute"
+    ),
+    CheckConstraint(
+        "tokens_per_minute IS NULL OR tokens_per_minute >= 1", name="tokens_per_minute"
+    ),
+)
+
+model_reservations = Table(
+    "model_reservations",
+    metadata,
+    # What a model call took before it was sent, held by its run under its lease epoch until
+    # settled (migration 0022). One whose run lost the lease, or past expires_at, gives its
+    # tokens back at the endpoint's next reservation.
+    Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")),
+    Column("endpoint", Text, nullable=False),
+    Column("run_id", UUID(as_uuid=True), nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("tokens", Integer, nullable=False),
+    _ts("created_at", nullable=False),
+    _ts("expires_at", nullable=False),
+    Index("ix_model_reservations_endpoint", "endpoint", "expires_at"),
+)

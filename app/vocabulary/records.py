@@ -56,8 +56,8 @@ WriteOutcome = Written | Fenced
 @dataclass(frozen=True)
 class HoldEnd:
     """How a worker's hold on a run ends (the store's `end_holds`): its lease, the outcome
-    (succeeded, failed, waiting, released, retry, or the sweeper's expired) and what goes with
-    it (the result, the failure, the question and its checkpoint, the reason)."""
+    (succeeded, failed, waiting, released, capacity, retry, or the sweeper's expired) and what
+    goes with it (the result, the failure, the question and its checkpoint, the reason)."""
 
     lease: Lease
     outcome: str
@@ -82,6 +82,16 @@ class HoldEnd:
     def released(cls, lease: Lease, reason: str) -> HoldEnd:
         """A graceful release (drain): requeued at once, the attempt given back."""
         return cls(lease, "released", {"reason": reason})
+
+    @classmethod
+    def capacity(cls, lease: Lease, reason: str, *, until: datetime, endpoint: str) -> HoldEnd:
+        """A wait for model capacity (docs/model-budgets.md): requeued for `until`, when the
+        endpoint's budget will have room, the attempt given back, like a graceful release."""
+        return cls(
+            lease,
+            "capacity",
+            {"reason": reason, "until": until.isoformat(), "endpoint": endpoint},
+        )
 
     @classmethod
     def retry(cls, lease: Lease, reason: str) -> HoldEnd:

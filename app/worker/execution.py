@@ -3,7 +3,8 @@
 The runtime (agents, tools, checkpoints) implements `Executor`; the pool only claims, holds
 leases and stops executions. `ExecutionContext` is the executor's hold on the run: it offers the
 fenced writes themselves (tool started, finished or not sent; a live message completed;
-complete, wait for the user, fail, release), each presenting the lease, marking the execution
+complete, wait for the user, fail, release, wait for model capacity; a model call's
+reservation), each presenting the lease, marking the execution
 finishing when it ends the hold, and turning a zero-row answer into the one stop path. The
 runtime writes only through it, and hands its live text to `deltas` (never a write).
 """
@@ -19,6 +20,7 @@ from uuid import UUID
 
 from app.observability import tracing
 from app.queue.core import Queue, ResumeState
+from app.queue.model_budgets import CapacityShort, ModelBudgets, Reservation
 from app.vocabulary.live_deltas import Delta
 from app.vocabulary.records import JSON, ClaimedRun, Fenced, Lease, ToolCall, WriteOutcome, Written
 from app.worker.completions import CompletionBatcher
@@ -146,6 +148,40 @@ class ExecutionContext:
     async def release_early(self, reason: str) -> None:
         """Transient retries ran out: requeued with backoff, counted as an attempt."""
         await self.finish("release", self.queue.release(self.lease, graceful=False, reason=reason))
+
+    async def wait_for_capacity(self, short: CapacityShort) -> None:
+        """A model endpoint's budget has no room: give the run back until it has, the attempt
+        given back (docs/model-budgets.md). The slot is free at once; the run is claimed
+        again, in its priority's order, from `short.ready_at`."""
+        await self.finish(
+            "wait_for_capacity",
+            self.queue.wait_for_capacity(
+                self.lease, short.reason(), until=short.ready_at, endpoint=short.endpoint
+            ),
+        )
+
+    # --- model budgets (app/queue/model_budgets.py) --------------------------------------------
+    async def reserve_model(
+        self, budgets: ModelBudgets, endpoint: str, tokens: int
+    ) -> Reservation | CapacityShort:
+        """Reserve one request and `tokens` on the endpoint's budget, fenced on this lease: a
+        lost lease takes the one stop path, having taken nothing."""
+        outcome = await budgets.reserve(self.lease, endpoint, tokens)
+        if isinstance(outcome, Fenced):
+            await self.stop_fenced("reserve_model")
+            raise StopExecution("fenced during reserve_model")
+        return outcome
+
+    async def settle_model(
+        self, budgets: ModelBudgets, reservation: Reservation, used_tokens: int
+    ) -> None:
+        """The call is over: the provider's usage in its estimate's place (no fence: it
+        records what was spent, whoever holds the run now)."""
+        await budgets.settle(reservation, used_tokens)
+
+    async def pause_model(self, budgets: ModelBudgets, endpoint: str, seconds: float) -> None:
+        """The provider answered 429: pause the endpoint for every process."""
+        await budgets.pause(endpoint, seconds)
 
     async def finish(self, during: str, write: Awaitable[WriteOutcome]) -> WriteOutcome:
         """Make the write that ends this hold (complete, fail, wait for the user, release):

@@ -26,6 +26,8 @@ WORKER_WRITES = {
     "tool_finished",
     "save_checkpoint",
     "end_holds",
+    # A model call's reservation (budgets.sql): taken only for a run still held.
+    "model_budget_reserve",
 }
 FENCE = re.compile(
     r"(\w+\.)?lease_epoch = (:epoch|held\.epoch|h\.epoch) AND (\w+\.)?status = 'running'"

@@ -492,6 +492,8 @@ RETURNING event_seq AS seq;
 --   waiting    a question for the user (:values) with the checkpoint at :steps/:states: the
 --              lease is given up and attempts restart from 0 (a question is not a failure);
 --   released   a graceful release (drain): queued at once, the claim given back;
+--   capacity   a wait for model capacity (docs/model-budgets.md): like released, but queued
+--              for the time in :values (until), when the endpoint's budget has room again;
 --   retry      transient retries ran out: queued with backoff, counted like a lost lease, or
 --              dead-lettered on the last attempt ('attempts_exhausted');
 --   expired    the sweeper's, for a run whose lease deadline passed (also fenced on it):
@@ -524,12 +526,13 @@ locked AS MATERIALIZED (
                WHEN 'failed' THEN 'failed'
                WHEN 'waiting' THEN 'waiting_for_user'
                WHEN 'released' THEN 'queued'
+               WHEN 'capacity' THEN 'queued'
                ELSE CASE WHEN r.attempts >= r.max_attempts THEN 'failed' ELSE 'queued' END
            END AS status
     FROM runs r
     JOIN held h ON r.id = h.run_id AND r.lease_epoch = h.epoch AND r.status = 'running'
     CROSS JOIN clock
-    WHERE h.outcome IN ('succeeded', 'failed', 'waiting', 'released', 'retry')
+    WHERE h.outcome IN ('succeeded', 'failed', 'waiting', 'released', 'capacity', 'retry')
        OR (h.outcome = 'expired' AND r.lease_expires_at < clock.now)
     ORDER BY r.id
     FOR UPDATE OF r
@@ -594,9 +597,12 @@ ended AS (
         question = CASE WHEN d.outcome = 'waiting' THEN d.value END,
         attempts = CASE d.outcome WHEN 'waiting' THEN 0
                                   WHEN 'released' THEN greatest(r.attempts - 1, 0)
+                                  WHEN 'capacity' THEN greatest(r.attempts - 1, 0)
                                   ELSE r.attempts END,
         scheduled_for = CASE WHEN d.outcome IN ('retry', 'expired') AND d.status = 'queued'
                              THEN clock.now + make_interval(secs => d.backoff)
+                             WHEN d.outcome = 'capacity'
+                             THEN greatest(clock.now, CAST(d.value ->> 'until' AS timestamptz))
                              ELSE r.scheduled_for END,
         finished_at = CASE WHEN d.status IN ('succeeded', 'failed') THEN clock.now END,
         lease_owner = NULL,
@@ -646,6 +652,12 @@ event AS (
                 WHEN e.outcome = 'released'
                     THEN jsonb_build_object('graceful', true, 'attempts', e.attempts,
                                             'reason', e.value ->> 'reason')
+                WHEN e.outcome = 'capacity'
+                    THEN jsonb_build_object('graceful', true, 'attempts', e.attempts,
+                                            'reason', e.value ->> 'reason',
+                                            'waited_for', 'capacity',
+                                            'endpoint', e.value ->> 'endpoint',
+                                            'retry_at', e.scheduled_for)
                 WHEN e.outcome = 'retry'
                     THEN jsonb_build_object('graceful', false, 'attempts', e.attempts,
                                             'retry_at', e.scheduled_for,
@@ -990,6 +1002,7 @@ JOIN run_events e ON e.run_id = h.run_id AND e.epoch = h.epoch
          WHEN 'failed' THEN e.type = 'run.failed'
              AND (e.data -> 'failure' ->> 'kind') IS NOT DISTINCT FROM (h.value ->> 'kind')
          WHEN 'released' THEN e.type = 'run.released' AND e.data ->> 'graceful' = 'true'
+         WHEN 'capacity' THEN e.type = 'run.released' AND e.data ->> 'waited_for' = 'capacity'
          WHEN 'retry' THEN (e.type = 'run.released' AND e.data ->> 'graceful' = 'false')
              OR (e.type = 'run.failed'
                  AND e.data -> 'failure' ->> 'kind' = 'attempts_exhausted')
