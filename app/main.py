@@ -114,6 +114,8 @@ def submissions_for(queue: Queue, settings: Settings) -> Submissions:
         lock_timeout_ms=settings.lock_timeout_ms,
         submit_rate_per_second=settings.submit_rate_per_second,
         submit_burst=settings.submit_burst,
+        max_pending_turns=settings.max_pending_turns,
+        interrupt_grace_seconds=settings.interrupt_grace_seconds,
     )
 
 

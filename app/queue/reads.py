@@ -69,6 +69,9 @@ class SessionView:
     active_run_id: UUID | None
     active_status: str | None
     active_question: JSON
+    # The multitask policy (docs/turn-control.md) and the turns waiting for the active run.
+    multitask: str = "reject"
+    pending_turns: int = 0
 
     @property
     def state(self) -> str:
@@ -150,9 +153,15 @@ class Reads:
         )
 
     # --- sessions -----------------------------------------------------------------------------
-    async def create_session(self, *, tenant_id: str, principal: str) -> SessionView:
+    async def create_session(
+        self, *, tenant_id: str, principal: str, multitask: str = "reject"
+    ) -> SessionView:
         row = await read_rows.insert_session(
-            self.queue.engine, now=self.queue.clock(), tenant_id=tenant_id, principal=principal
+            self.queue.engine,
+            now=self.queue.clock(),
+            tenant_id=tenant_id,
+            principal=principal,
+            multitask=multitask,
         )
         return SessionView(
             id=row["id"],
@@ -162,6 +171,7 @@ class Reads:
             active_run_id=None,
             active_status=None,
             active_question=None,
+            multitask=row["multitask"],
         )
 
     async def session(
@@ -180,6 +190,8 @@ class Reads:
             active_run_id=row["active_run_id"],
             active_status=row["active_status"],
             active_question=row["active_question"],
+            multitask=row["multitask"],
+            pending_turns=int(row["pending_turns"]),
         )
 
     async def session_runs_page(

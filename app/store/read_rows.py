@@ -66,11 +66,17 @@ async def stuck_rows(
 
 
 async def insert_session(
-    engine: AsyncEngine, *, now: datetime | None, tenant_id: str, principal: str
+    engine: AsyncEngine,
+    *,
+    now: datetime | None,
+    tenant_id: str,
+    principal: str,
+    multitask: str = "reject",
 ) -> RowMapping:
     async with engine.begin() as conn:
         result = await conn.execute(
-            q("create_session"), {"now": now, "tenant_id": tenant_id, "principal": principal}
+            q("create_session"),
+            {"now": now, "tenant_id": tenant_id, "principal": principal, "multitask": multitask},
         )
         return result.mappings().one()
 
