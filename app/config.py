@@ -206,6 +206,22 @@ class Settings(BaseSettings):
     idempotency_wait_seconds: float = Field(
         default=5.0, gt=0, description="How long a request waits for its in-flight twin."
     )
+    # --- turn control (docs/turn-control.md) ---------------------------------------------------
+    max_pending_turns: int = Field(
+        default=20,
+        ge=1,
+        le=10_000,
+        description="Pending turns (enqueued, interrupting or steering) a session may hold "
+        "while its run is active; one more is 429 too-many-pending-turns.",
+    )
+    interrupt_grace_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long an interrupted run may take to reach its next boundary (before "
+        "its next model or tool call) before it is cancelled as a cancel would (open calls "
+        "settled by their idempotency class). Enforced by the sweep, so a dead worker does "
+        "not hold an interrupt up longer than this plus a sweep interval.",
+    )
     # --- tenants (README "Limits and rate limits") ---------------------------------------------
     submit_rate_per_second: float | None = Field(
         default=None,

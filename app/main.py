@@ -116,6 +116,8 @@ def submissions_for(queue: Queue, settings: Settings) -> Submissions:
         submit_rate_per_second=settings.submit_rate_per_second,
         submit_burst=settings.submit_burst,
         start_within=settings.start_within_defaults,
+        max_pending_turns=settings.max_pending_turns,
+        interrupt_grace_seconds=settings.interrupt_grace_seconds,
     )
 
 

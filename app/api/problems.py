@@ -29,6 +29,9 @@ from app.queue.errors import (
     InvalidLimitsError,
     InvalidScheduleError,
     InvalidStartDeadlineError,
+    PendingTurnNotFoundError,
+    PendingTurnsFullError,
+    PendingTurnStartedError,
     QueueQuotaError,
     RateLimitedError,
     RunFinishedError,
@@ -86,6 +89,20 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
         "The session already has a run in progress",
         "A session holds one active run. Wait for it to finish or to ask the "
         "user, or cancel it; `active_run_id` names it.",
+    ),
+    "too-many-pending-turns": (
+        429,
+        "The session holds as many pending turns as it may",
+        "Under the enqueue, interrupt and steer policies a turn that arrives while the session's "
+        "run is active waits as a pending turn; a session holds at most "
+        "TURNSTILE_MAX_PENDING_TURNS of them (`max_pending`). Nothing was written. Wait for its "
+        "runs to finish, or cancel a pending turn (docs/turn-control.md).",
+    ),
+    "turn-started": (
+        409,
+        "The pending turn has already started",
+        "A pending turn can be cancelled only while it waits; this one became a run, or was "
+        "delivered to the active run (`run_id`). Cancel the run instead.",
     ),
     "run-finished": (
         409,
@@ -260,6 +277,20 @@ def _core_problem(exc: TurnstileError, request: Request) -> JSONResponse:
             instance=path,
             active_run_id=str(exc.active_run_id),
             active_run_status=exc.status,
+        )
+    if isinstance(exc, PendingTurnNotFoundError):
+        return problem_response("not-found", str(exc), instance=path)
+    if isinstance(exc, PendingTurnsFullError):
+        return problem_response(
+            "too-many-pending-turns", str(exc), instance=path, max_pending=exc.max_pending
+        )
+    if isinstance(exc, PendingTurnStartedError):
+        return problem_response(
+            "turn-started",
+            str(exc),
+            instance=path,
+            turn_status=exc.status,
+            run_id=None if exc.run_id is None else str(exc.run_id),
         )
     if isinstance(exc, RunFinishedError):
         return problem_response("run-finished", str(exc), instance=path, run_status=exc.status)

@@ -158,6 +158,53 @@ class TurnRequest(Strict):
         return self
 
 
+MultitaskPolicy = Literal["reject", "enqueue", "interrupt", "steer"]
+MULTITASK_DESCRIPTION = (
+    "What a turn does when the session's run is queued or running (docs/turn-control.md): "
+    "reject (409 session-busy), enqueue (a pending turn, started when the run ends), interrupt "
+    "(the run stops at its next boundary, cancelled with reason `interrupted`, and this turn "
+    "starts next), steer (the input goes into the running run, which sees it at its next "
+    "decision). A run waiting for the user takes any turn as its answer."
+)
+
+
+class SessionTurnRequest(TurnRequest):
+    """A user's turn in a session."""
+
+    multitask: MultitaskPolicy | None = Field(
+        default=None, description=MULTITASK_DESCRIPTION + " Default: the session's policy."
+    )
+
+
+class SessionRequest(Strict):
+    """A new session, or a change to one."""
+
+    multitask: MultitaskPolicy | None = Field(
+        default=None, description=MULTITASK_DESCRIPTION + " Default: reject."
+    )
+
+
+class PendingTurnDocument(BaseModel):
+    """A turn waiting for its session's active run (docs/turn-control.md)."""
+
+    id: UUID
+    kind: Literal["pending_turn"] = "pending_turn"
+    session_id: UUID
+    policy: Literal["enqueue", "interrupt", "steer"]
+    status: Literal["pending", "started", "delivered", "cancelled"]
+    position: int | None = Field(description="1 is next; null once it is no longer pending.")
+    active_run_id: UUID | None = Field(description="The run that was active when it arrived.")
+    run_id: UUID | None = Field(description="The run it became (started) or reached (steered).")
+    created_at: datetime
+    interrupt_by: datetime | None = Field(
+        description="An interrupt's bound: the run is cancelled by then if it has not stopped."
+    )
+
+
+class PendingTurnList(BaseModel):
+    pending_turns: list[PendingTurnDocument]
+
+
 class RunRequest(TurnRequest):
     """A sessionless run for back-end services; `async` by default."""
 
@@ -206,6 +253,8 @@ class SessionDocument(BaseModel):
     active_run_id: UUID | None = None
     active_run_status: RunStatus | None = None
     question: JsonValue = None
+    multitask: MultitaskPolicy = "reject"
+    pending_turns: int = Field(default=0, description="Turns waiting for the active run.")
 
 
 class RunPage(BaseModel):

@@ -19,9 +19,13 @@ from app.api.problems import ApiProblem, responses
 from app.api.rate_limits import rate_limit_headers
 from app.api.schemas import (
     MessagePage,
+    PendingTurnDocument,
+    PendingTurnList,
     RunDocument,
     RunPage,
     SessionDocument,
+    SessionRequest,
+    SessionTurnRequest,
     TurnRequest,
     message_page_document,
     run_page_document,
@@ -130,10 +134,24 @@ def submitted_attributes(outcome: Submitted) -> dict[str, str | None]:
 
 
 def submitted_response(outcome: Submitted) -> JSONResponse:
-    headers = {"Location": f"/runs/{outcome.run_id}", **rate_limit_headers(outcome.allowance)}
+    location = outcome.location or f"/runs/{outcome.run_id}"
+    headers = {"Location": location, **rate_limit_headers(outcome.allowance)}
     if outcome.replayed:
         headers["Idempotent-Replayed"] = "true"
     return FastJSONResponse(outcome.document, status_code=outcome.status_code, headers=headers)
+
+
+def session_document(session: SessionView) -> SessionDocument:
+    return SessionDocument(
+        id=session.id,
+        created_at=session.created_at,
+        state=session.state,
+        active_run_id=session.active_run_id,
+        active_run_status=session.active_status,
+        question=session.active_question,
+        multitask=session.multitask,
+        pending_turns=session.pending_turns,
+    )
 
 
 @router.post(
@@ -141,14 +159,21 @@ def submitted_response(outcome: Submitted) -> JSONResponse:
     status_code=201,
     response_model=SessionDocument,
     summary="Create a session (a conversation)",
-    responses=responses("unauthorized"),
+    description="An optional body sets the session's multitask policy (default reject).",
+    responses=responses(
+        "unauthorized", "invalid-request", "malformed-json", "body-too-large", "request-timeout"
+    ),
 )
-async def create_session(request: Request, caller: CallerDep, response: Response) -> Any:
+async def create_session(
+    request: Request, caller: CallerDep, response: Response, body: SessionRequest | None = None
+) -> Any:
     session = await state_of(request).reads.create_session(
-        tenant_id=caller.tenant_id, principal=caller.principal
+        tenant_id=caller.tenant_id,
+        principal=caller.principal,
+        multitask=(body.multitask if body else None) or "reject",
     )
     response.headers["Location"] = f"/sessions/{session.id}"
-    return SessionDocument(id=session.id, created_at=session.created_at, state="idle")
+    return session_document(session)
 
 
 @router.get(
@@ -158,15 +183,78 @@ async def create_session(request: Request, caller: CallerDep, response: Response
     responses=responses("unauthorized", "not-found", "invalid-request"),
 )
 async def get_session(session_id: UUID, request: Request, caller: CallerDep) -> Any:
-    session = await visible_session(request, session_id, caller)
-    return SessionDocument(
-        id=session.id,
-        created_at=session.created_at,
-        state=session.state,
-        active_run_id=session.active_run_id,
-        active_run_status=session.active_status,
-        question=session.active_question,
+    return session_document(await visible_session(request, session_id, caller))
+
+
+@router.patch(
+    "/sessions/{session_id}",
+    response_model=SessionDocument,
+    summary="Change a session's multitask policy",
+    description="Applies to turns that arrive from now on; pending turns keep their own.",
+    responses=responses(
+        "unauthorized",
+        "not-found",
+        "invalid-request",
+        "malformed-json",
+        "body-too-large",
+        "request-timeout",
+    ),
+)
+async def update_session(
+    session_id: UUID, body: SessionRequest, request: Request, caller: CallerDep
+) -> Any:
+    state = state_of(request)
+    await visible_session(request, session_id, caller)
+    if body.multitask is not None:
+        await state.submissions.turns.set_session_policy(
+            submitter_of(caller), session_id, body.multitask
+        )
+    return session_document(await visible_session(request, session_id, caller))
+
+
+@router.get(
+    "/sessions/{session_id}/pending-turns",
+    response_model=PendingTurnList,
+    summary="A session's pending turns, in the order they will start",
+    responses=responses("unauthorized", "not-found", "invalid-request"),
+)
+async def list_pending_turns(session_id: UUID, request: Request, caller: CallerDep) -> Any:
+    await visible_session(request, session_id, caller)
+    turns = await state_of(request).submissions.turns.pending_turns(session_id)
+    return FastJSONResponse({"pending_turns": [turn.to_document() for turn in turns]})
+
+
+@router.get(
+    "/sessions/{session_id}/pending-turns/{turn_id}",
+    response_model=PendingTurnDocument,
+    summary="A pending turn: its position, or the run it became",
+    responses=responses("unauthorized", "not-found", "invalid-request"),
+)
+async def get_pending_turn(
+    session_id: UUID, turn_id: UUID, request: Request, caller: CallerDep
+) -> Any:
+    await visible_session(request, session_id, caller)
+    turn = await state_of(request).submissions.turns.pending_turn(session_id, turn_id)
+    return FastJSONResponse(turn.to_document())
+
+
+@router.post(
+    "/sessions/{session_id}/pending-turns/{turn_id}/cancel",
+    response_model=PendingTurnDocument,
+    summary="Withdraw a pending turn before it starts",
+    description="200 with the cancelled turn (also when it already was); 409 `turn-started` "
+    "when it became a run or reached one (cancel that run instead).",
+    responses=responses("unauthorized", "not-found", "invalid-request", "turn-started"),
+)
+async def cancel_pending_turn(
+    session_id: UUID, turn_id: UUID, request: Request, caller: CallerDep
+) -> Any:
+    await visible_session(request, session_id, caller)
+    turn = await state_of(request).submissions.turns.cancel_pending(
+        submitter_of(caller), session_id, turn_id
     )
+    state_of(request).live.session_changed(session_id)
+    return FastJSONResponse(turn.to_document())
 
 
 @router.get(
@@ -266,13 +354,20 @@ async def session_events(
 @router.post(
     "/sessions/{session_id}/turns",
     status_code=202,
-    response_model=RunDocument,
+    # A run (new, answered, or steered: then with its `pending_turn`), or a pending turn.
+    response_model=RunDocument | PendingTurnDocument,
     summary="Submit a user's turn: starts a run, or answers the run waiting for the user",
     description=(
         "With no active run in the session, a new run is queued (202, `Location: /runs/{id}`). "
         "When the session's run is waiting for the user, the input is delivered to that same "
-        "run, which goes back to the queue (202). When its run is queued or running, the turn "
-        "is refused with 409 `session-busy`. With `Idempotency-Key`, a retry of the same "
+        "run, which goes back to the queue (202). When its run is queued or running, the "
+        "multitask policy decides (the body's `multitask`, else the session's): reject is 409 "
+        "`session-busy`; enqueue answers 202 with a pending turn (`Location: "
+        "/sessions/{id}/pending-turns/{turn_id}`, its `position` and `active_run_id`); "
+        "interrupt answers 202 with the new run when the active run was only queued, else with "
+        "a pending turn that starts once the run stops; steer answers 202 with the active run "
+        "(same id) and its `pending_turn`. Over TURNSTILE_MAX_PENDING_TURNS: 429 "
+        "`too-many-pending-turns`. With `Idempotency-Key`, a retry of the same "
         "request replays the first outcome (`Idempotent-Replayed: true`). With a submission "
         "rate limit, a turn over it is refused with 429 `rate-limited` and `Retry-After`, and "
         "every answer carries `RateLimit-Policy` and `RateLimit`."
@@ -291,13 +386,14 @@ async def session_events(
             "body-too-large",
             "request-timeout",
             "rate-limited",
+            "too-many-pending-turns",
         ),
         202: {"headers": SUBMITTED_HEADERS},
     },
 )
 async def submit_turn(
     session_id: UUID,
-    body: TurnRequest,
+    body: SessionTurnRequest,
     request: Request,
     caller: CallerDep,
     idempotency_key: IdempotencyHeader = None,
@@ -312,6 +408,7 @@ async def submit_turn(
             session_id,
             spec,
             await idempotency_of(request, idempotency_key),
+            multitask=body.multitask,
         )
         span.set(submitted_attributes(outcome))
     # This process's streams of the session look again at once (others within their recheck).

@@ -36,6 +36,10 @@ class Sweeper(MaintenanceService):
 
     async def run_once(self) -> SweepReport:
         report = await self.queue.sweep(limit=self.batch)
+        # Interrupts past their bound, and pending turns left without an active run.
+        turns = await self.queue.sweep_turns(limit=self.batch)
+        if turns:
+            log.info("swept turns", extra={"turns": turns})
         if report.requeued or report.failed:
             log.info(
                 "swept expired leases",

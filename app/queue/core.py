@@ -29,6 +29,7 @@ from app.queue.errors import (
     RunNotFoundError,
     RunNotWaitingError,
 )
+from app.store import turn_rows
 from app.store.database import (
     Clock,
     Database,
@@ -39,6 +40,7 @@ from app.store.database import (
 )
 from app.store.outcomes import OutcomeUnknown
 from app.store.statements import q, statements
+from app.store.transactions import transaction
 from app.vocabulary.classes import PriorityClass, priorities_of
 from app.vocabulary.records import (
     JSON,
@@ -75,6 +77,9 @@ EXPIRER = "expirer"
 EXPIRED = "expired"
 """Who ends a run past its deadline to start, and the reason its run.cancelled event and its
 webhook give (docs/start-deadlines.md)."""
+
+INTERRUPTED = "interrupted"
+"""The reason of a run cancelled by an interrupt (`run.cancelled`'s `reason`)."""
 
 PASSED_OVER_RETRIES = 3
 """How many times a fair claim that claimed nothing, having passed over runs of a tenant that a
@@ -553,6 +558,74 @@ class Queue:
                     self.observer.transition("failed", int(priority))
             if len(locked) < limit:
                 return SweepReport(requeued=requeued, failed=failed)
+
+    async def interrupt(
+        self,
+        run_id: UUID,
+        *,
+        turn_id: UUID | None,
+        by: str,
+        actor: str | None = None,
+        conn: AsyncConnection | None = None,
+    ) -> bool:
+        """End an active run for an interrupt (docs/turn-control.md): `run.interrupted`, then
+        the cancel (reason `interrupted`) that settles its open calls by idempotency class and
+        starts its session's next turn (the interrupting one, first in line), in one
+        transaction (the caller's, when given). False when the run was no longer active."""
+        if conn is None:
+            async with transaction(self.engine) as own:
+                return await self.interrupt(run_id, turn_id=turn_id, by=by, actor=actor, conn=own)
+        seq = await turn_rows.turn_event(
+            conn,
+            run_id=run_id,
+            type="run.interrupted",
+            data=dump_json(
+                {
+                    "policy": "interrupt",
+                    "pending_turn_id": None if turn_id is None else str(turn_id),
+                    "by": by,
+                }
+            ),
+            now=self.clock(),
+        )
+        if seq is None:
+            return False
+        await self.cancel(run_id, actor=actor or by, reason=INTERRUPTED, conn=conn)
+        return True
+
+    async def turn_signals(self, session_id: UUID) -> tuple[UUID | None, bool]:
+        """What a running run of the session asks at a decision boundary: the interrupting
+        pending turn waiting for it (or None), and whether steered input waits."""
+        rows = await self.db.rows("turn_signals", {"session_id": session_id})
+        return rows[0]["interrupt_turn_id"], bool(rows[0]["steered"])
+
+    async def take_steered(self, lease: Lease, *, at_step: int) -> list[JSON] | Fenced:
+        """Take the session's steered turns into the running run, as its next inputs, in one
+        fenced statement: their inputs in order ([] when none waited), or Fenced."""
+        rows = await self.db.rows(
+            "take_steered", {"run_id": lease.run_id, "epoch": lease.epoch, "at_step": at_step}
+        )
+        if not rows:
+            return Fenced(lease)
+        return list(rows[0]["inputs"])
+
+    async def steered_inputs(self, run_id: UUID) -> list[tuple[JSON, int, int]]:
+        """The steered inputs a run took: (input, its index among the inputs, the step)."""
+        rows = await self.db.rows("steered_inputs", {"run_id": run_id})
+        return [(row["input"], int(row["input_idx"]), int(row["at_step"])) for row in rows]
+
+    async def sweep_turns(self, *, limit: int = 500) -> int:
+        """The turn control's part of the sweep: interrupts whose bound passed end their runs
+        now, whatever the run is doing or whether its worker lives (a long tool call, a dead
+        worker); pending turns stranded without an active run (a run an older release ended)
+        start. How many runs it interrupted or started."""
+        done = 0
+        for row in await turn_rows.overdue_interrupts(self.engine, limit=limit, now=self.clock()):
+            if await self.interrupt(row["run_id"], turn_id=row["turn_id"], by="deadline"):
+                done += 1
+        return done + await turn_rows.promote_stranded_turns(
+            self.engine, limit=limit, now=self.clock()
+        )
 
     async def deliver_input(
         self,

@@ -177,3 +177,34 @@ class InvalidStartDeadlineError(TurnstileError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+class PendingTurnsFullError(TurnstileError):
+    """A turn under `enqueue`, `interrupt` or `steer` would pass the session's bound of
+    pending turns (docs/turn-control.md)."""
+
+    def __init__(self, session_id: UUID, max_pending: int) -> None:
+        super().__init__(
+            f"session {session_id} already holds {max_pending} pending turns; wait for its "
+            f"runs to finish, or cancel a pending turn"
+        )
+        self.session_id = session_id
+        self.max_pending = max_pending
+
+
+class PendingTurnNotFoundError(TurnstileError):
+    def __init__(self, turn_id: UUID) -> None:
+        super().__init__(f"pending turn {turn_id} not found")
+        self.turn_id = turn_id
+
+
+class PendingTurnStartedError(TurnstileError):
+    """A pending turn cannot be cancelled any more: it became a run, or reached one."""
+
+    def __init__(self, turn_id: UUID, status: str, run_id: UUID | None) -> None:
+        super().__init__(
+            f"pending turn {turn_id} is {status}" + (f" (run {run_id})" if run_id else "")
+        )
+        self.turn_id = turn_id
+        self.status = status
+        self.run_id = run_id

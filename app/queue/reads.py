@@ -111,6 +111,9 @@ class SessionView:
     active_question: JSON
     # A conversation's metadata (the OpenAI Conversations API); {} for every other session.
     metadata: dict[str, str] = field(default_factory=dict)
+    # The multitask policy (docs/turn-control.md) and the turns waiting for the active run.
+    multitask: str = "reject"
+    pending_turns: int = 0
 
     @property
     def state(self) -> str:
@@ -193,7 +196,12 @@ class Reads:
 
     # --- sessions -----------------------------------------------------------------------------
     async def create_session(
-        self, *, tenant_id: str, principal: str, metadata: dict[str, str] | None = None
+        self,
+        *,
+        tenant_id: str,
+        principal: str,
+        metadata: dict[str, str] | None = None,
+        multitask: str = "reject",
     ) -> SessionView:
         row = await read_rows.insert_session(
             self.queue.engine,
@@ -201,6 +209,7 @@ class Reads:
             tenant_id=tenant_id,
             principal=principal,
             metadata=dump_json(metadata or {}),
+            multitask=multitask,
         )
         return SessionView(
             id=row["id"],
@@ -211,6 +220,7 @@ class Reads:
             active_status=None,
             active_question=None,
             metadata=_pairs(row["metadata"]),
+            multitask=row["multitask"],
         )
 
     async def update_session_metadata(
@@ -258,6 +268,8 @@ class Reads:
             active_status=row["active_status"],
             active_question=row["active_question"],
             metadata=_pairs(row["metadata"]),
+            multitask=row["multitask"],
+            pending_turns=int(row["pending_turns"]),
         )
 
     async def session_runs_page(

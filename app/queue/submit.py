@@ -48,6 +48,7 @@ from app.queue.errors import (
     SessionNotFoundError,
     TurnstileError,
 )
+from app.queue.turns import TurnControl
 from app.queue.webhook_endpoints import WEBHOOK_AGENT
 from app.store import submission_rows
 from app.store.transactions import transaction
@@ -98,9 +99,11 @@ class Submitted:
     document: dict[str, JSON]
     run_id: UUID
     replayed: bool
-    routed: str  # "created", "delivered", or "replayed"
+    routed: str  # "created", "delivered", "replayed", "interrupted", or "pending:<policy>"
     # The tenant's submission rate limit and what is left of it (None: no limit).
     allowance: SubmitAllowance | None = None
+    # Where to follow it, when not the run (`/runs/{run_id}`): a pending turn's own address.
+    location: str | None = None
 
 
 def request_hash(method: str, path: str, body: JSON) -> str:
@@ -122,6 +125,8 @@ class Submissions:
         submit_rate_per_second: float | None = None,
         submit_burst: int | None = None,
         start_within: dict[PriorityClass, float] | None = None,
+        max_pending_turns: int = 20,
+        interrupt_grace_seconds: float = 10.0,
     ) -> None:
         self.queue = queue
         self.default_agent = default_agent
@@ -135,6 +140,12 @@ class Submissions:
         # The process defaults of a new run's deadline to start, by class (a class left out:
         # none), for a submission that gives neither start_within nor start_before.
         self.start_within = dict(start_within or {})
+        # The multitask policies other than reject (app/queue/turns.py).
+        self.turns = TurnControl(
+            self,
+            max_pending=max_pending_turns,
+            interrupt_grace_seconds=interrupt_grace_seconds,
+        )
 
     # --- public -------------------------------------------------------------------------------
     async def submit_turn(
@@ -143,9 +154,23 @@ class Submissions:
         session_id: UUID,
         spec: RunSpec,
         idempotency: IdempotencyKey | None = None,
+        multitask: str | None = None,
     ) -> Submitted:
-        """A user's turn: routed to a new run or to the session's waiting run, in one call."""
-        return await self._submit(who, spec, session_id, PriorityClass.INTERACTIVE, idempotency)
+        """A user's turn: routed to a new run or to the session's waiting run, in one call.
+        When the session is busy, its multitask policy decides (`multitask`, the turn's own,
+        overrides the session's): reject is the 409; the others are app/queue/turns.py's. A turn
+        that names no policy pays nothing for them until it finds its session busy."""
+        if multitask not in (None, "reject"):
+            return await self.turns.submit(who, session_id, spec, idempotency, multitask)
+        try:
+            return await self._submit(who, spec, session_id, PriorityClass.INTERACTIVE, idempotency)
+        except SessionBusyError:
+            if multitask == "reject":
+                raise
+            policy = await self.turns.session_policy(who, session_id)
+            if policy in (None, "reject"):
+                raise
+            return await self.turns.submit(who, session_id, spec, idempotency, policy)
 
     async def submit_run(
         self, who: Submitter, spec: RunSpec, idempotency: IdempotencyKey | None = None
@@ -431,7 +456,11 @@ def _replayed(
     document is rendered from it, as it was the first time); resubmissions and answers stored
     before migration 0007 keep the document itself."""
     document = Run.from_json(body["run"]).to_document() if set(body) == {"run"} else body
-    return Submitted(int(status), document, run_id, True, "replayed", allowance)
+    # A pending turn (app/queue/turns.py) is followed at its own address, not a run's.
+    location = None
+    if document.get("kind") == "pending_turn":
+        location = f"/sessions/{document['session_id']}/pending-turns/{document['id']}"
+    return Submitted(int(status), document, run_id, True, "replayed", allowance, location=location)
 
 
 def _refusal(name: str, detail: dict[str, Any]) -> Exception:

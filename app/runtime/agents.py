@@ -175,6 +175,9 @@ class ScriptedAgent:
             ],
             "answers": state.answers,
         }
+        if state.steered:
+            # Input steered into the run while it worked (docs/turn-control.md), in order.
+            result["steered"] = [entry["input"] for entry in state.steered]
         first = state.inputs[0] if state.inputs else None
         if isinstance(first, dict) and first.get("echo_history"):
             result["history"] = [

@@ -101,6 +101,16 @@ class RuntimeExecutor:
         checkpoint = resume.checkpoint
         state = RunState.from_json(checkpoint.state) if checkpoint else RunState(inputs=[run.input])
         state.inputs = resume.inputs  # answers delivered since the checkpoint
+        if run.session_id is not None and len(resume.inputs) > 1:
+            # Steered inputs are inputs too, but not answers: set apart again, wherever the
+            # checkpoint was taken.
+            steered = await ctx.steered_inputs()
+            if steered:
+                indexes = {index for _, index, _ in steered}
+                state.inputs = [
+                    value for index, value in enumerate(resume.inputs, 1) if index not in indexes
+                ]
+                state.steered = [{"input": value, "at_step": step} for value, _, step in steered]
         await self._load_history(ctx, state)
         state.output = LiveOutput(ctx)
         if self.budgets is not None:
@@ -111,6 +121,7 @@ class RuntimeExecutor:
         await self._recover(ctx, state, clock, resume.journal)
         while True:
             ctx.ensure_may_continue()
+            await self._boundary(ctx, state)  # before the agent's next decision (a model call)
             if clock.exhausted():
                 await self._fail(ctx, "timeout", f"execution time limit of {limit:g}s reached")
                 return
@@ -158,6 +169,14 @@ class RuntimeExecutor:
                 if not await self._call(ctx, state, clock, call):
                     return
 
+    @staticmethod
+    async def _boundary(ctx: ExecutionContext, state: RunState) -> None:
+        """A safe boundary (docs/turn-control.md): an interrupt stops the execution here
+        (StopExecution); steered input joins the state, for the agent's next decision."""
+        step = state.next_step
+        for value in await ctx.at_boundary(step=step):
+            state.steered.append({"input": value, "at_step": step})
+
     async def _load_history(self, ctx: ExecutionContext, state: RunState) -> None:
         """The session's earlier runs, as the agent sees them. The window is fixed by the
         first claim (the newest `history_runs` runs before this one) and checkpointed, so a
@@ -194,6 +213,7 @@ class RuntimeExecutor:
         )
         self._crash("before_started", step)
         ctx.ensure_may_continue()  # journal nothing this worker may not go on to run
+        await self._boundary(ctx, state)  # before the tool call
         with tracing.tool(tool.name, klass, step):
             await ctx.tool_started(record)
             self._crash("after_started", step)

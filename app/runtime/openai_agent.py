@@ -326,10 +326,17 @@ class OpenAIAgent:
             {"role": "user", "content": text if isinstance(text, str) else json.dumps(text)}
         )
         by_step = {t.step: t for t in state.tools}
+        # Steered input (docs/turn-control.md): a user message where the run took it, before
+        # the first turn whose calls came after it (never between a call and its result).
+        steered = list(state.steered)
         for turn in turns:
             answered = [c for c in turn["calls"] if self._result(c, by_step, state) is not None]
             if not answered:
                 continue  # nothing of this turn happened (or it is still in progress)
+            steps = [int(c["step"]) for c in turn["calls"] if c.get("step") is not None]
+            first_step = min(steps) if steps else None
+            while steered and first_step is not None and int(steered[0]["at_step"]) <= first_step:
+                messages.append(_user_message(steered.pop(0)["input"]))
             messages.append(
                 {
                     "role": "assistant",
@@ -352,6 +359,7 @@ class OpenAIAgent:
                         "content": self._result(call, by_step, state),
                     }
                 )
+        messages.extend(_user_message(entry["input"]) for entry in steered)
         return messages
 
     @staticmethod
@@ -713,3 +721,9 @@ class _Assembly:
         if self.model:
             reply["model"] = self.model
         return reply
+
+
+def _user_message(value: JSON) -> dict[str, JSON]:
+    """A user's input as a chat message: its text, or the JSON itself."""
+    text = value.get("text") if isinstance(value, dict) and "text" in value else value
+    return {"role": "user", "content": text if isinstance(text, str) else json.dumps(text)}

@@ -55,6 +55,10 @@ class RunState:
     history_window: dict[str, int] | None = None
     # The transcript entries of that window, oldest first (not checkpointed).
     history: list[dict[str, JSON]] = field(default_factory=list)
+    # Steered turns the run took (docs/turn-control.md), in order: {"input", "at_step"} (the
+    # step the run was at: where the agent's conversation places it). Not checkpointed: the
+    # executor reads them back at every claim, so one taken after the checkpoint is kept.
+    steered: list[dict[str, JSON]] = field(default_factory=list)
     # Where the agent writes its message live (app/runtime/live.py); set by the executor for
     # each execution, never checkpointed.
     output: LiveOutput | None = field(default=None, repr=False, compare=False)

@@ -74,13 +74,25 @@ async def discard_empty_session(engine: AsyncEngine, *, session_id: UUID, tenant
 
 
 async def insert_session(
-    engine: AsyncEngine, *, now: datetime | None, tenant_id: str, principal: str, metadata: str
+    engine: AsyncEngine,
+    *,
+    now: datetime | None,
+    tenant_id: str,
+    principal: str,
+    metadata: str,
+    multitask: str = "reject",
 ) -> RowMapping:
     """A new session; `metadata` is its JSON text (`{}` for none)."""
     async with engine.begin() as conn:
         result = await conn.execute(
             q("create_session"),
-            {"now": now, "tenant_id": tenant_id, "principal": principal, "metadata": metadata},
+            {
+                "now": now,
+                "tenant_id": tenant_id,
+                "principal": principal,
+                "metadata": metadata,
+                "multitask": multitask,
+            },
         )
         return result.mappings().one()
 

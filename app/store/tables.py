@@ -16,6 +16,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Identity,
     Index,
     Integer,
     LargeBinary,
@@ -48,6 +49,9 @@ ACTIVE_STATUS_SQL = f"status IN ({statuses.sql_list(statuses.ACTIVE)})"
 
 now = text("now()")
 
+MULTITASK_POLICIES = ("reject", "enqueue", "interrupt", "steer")
+MULTITASK_SQL = "(" + ", ".join(f"'{policy}'" for policy in MULTITASK_POLICIES) + ")"
+
 
 def _ts(name: str, *, nullable: bool = True, default_now: bool = False) -> Column[object]:
     return Column(
@@ -75,6 +79,10 @@ sessions = Table(
         "jsonb_typeof(metadata) = 'object' AND octet_length(CAST(metadata AS text)) <= 65536",
         name="metadata",
     ),
+    # What a turn does when the session's run is queued or running (docs/turn-control.md);
+    # a turn's own `multitask` overrides it.
+    Column("multitask", Text, nullable=False, server_default=text("'reject'")),
+    CheckConstraint(f"multitask IN {MULTITASK_SQL}", name="multitask"),
     Index("ix_sessions_tenant_id_created_at", "tenant_id", "created_at"),
     Index("ix_sessions_last_activity_at", "last_activity_at"),
 )
@@ -283,6 +291,60 @@ run_inputs = Table(
     Column("event_seq", BigInteger, nullable=False),
     _ts("created_at", nullable=False, default_now=True),
     PrimaryKeyConstraint("run_id", "idx"),
+)
+
+# Turns that arrived while their session's run was queued or running, under the `enqueue`,
+# `interrupt` or `steer` policy (docs/turn-control.md). Not runs: the partial unique index
+# still allows one active run per session. A pending turn becomes the session's next run in
+# the transaction that ends the run before it (turnstile_promote_turns), or, steered, an input
+# of the active run (`take_steered`); `seq` is the order they were accepted in.
+pending_turns = Table(
+    "pending_turns",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("seq", BigInteger, Identity(always=True), nullable=False),
+    Column("tenant_id", Text, nullable=False),
+    Column(
+        "session_id",
+        UUID(as_uuid=True),
+        ForeignKey("sessions.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    # The session's owner (the run's principal, as for every run of a session), and who posted.
+    Column("principal", Text, nullable=False),
+    Column("submitted_by", Text, nullable=False),
+    Column("actor", Text, nullable=True),
+    Column("policy", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    Column("agent", Text, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("input", JSONB, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("traceparent", Text, nullable=True),
+    # The run that was active when the turn arrived, and the run it became or reached.
+    Column("active_run_id", UUID(as_uuid=True), nullable=True),
+    Column("run_id", UUID(as_uuid=True), nullable=True),
+    # A steered turn, once delivered: its index among the run's inputs, and the step the run
+    # was at when it took it (where the agent's conversation places it).
+    Column("input_idx", Integer, nullable=True),
+    Column("at_step", Integer, nullable=True),
+    # An interrupt's bound: past it, a run that has not stopped at a boundary is cancelled.
+    _ts("interrupt_by"),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("updated_at", nullable=False, default_now=True),
+    CheckConstraint("policy IN ('enqueue', 'interrupt', 'steer')", name="policy"),
+    CheckConstraint("status IN ('pending', 'started', 'delivered', 'cancelled')", name="status"),
+    Index(
+        "ix_pending_turns_session_id_seq",
+        "session_id",
+        "seq",
+        postgresql_where=text("status = 'pending'"),
+    ),
+    Index(
+        "ix_pending_turns_interrupt_by",
+        "interrupt_by",
+        postgresql_where=text("status = 'pending' AND policy = 'interrupt'"),
+    ),
 )
 
 checkpoints = Table(

@@ -127,6 +127,35 @@ class ExecutionContext:
             "message_completed",
         )
 
+    async def at_boundary(self, *, step: int) -> list[JSON]:
+        """A safe boundary (before a model or tool call) of a run of a session: a pending
+        interrupt ends the run here (`Queue.interrupt`: run.interrupted, then the cancel that
+        starts the interrupting turn) and stops the execution; steered turns are taken into
+        the run (fenced) and their inputs returned. A sessionless run pays nothing."""
+        run = self.claimed.run
+        if run.session_id is None:
+            return []
+        interrupt, steered = await self.queue.turn_signals(run.session_id)
+        if interrupt is not None:
+            self.finishing = True  # the cancel's new epoch is not a lost lease
+            with tracing.transition("interrupt"):
+                await self.queue.interrupt(
+                    self.lease.run_id, turn_id=interrupt, by="worker", actor=self.lease.owner
+                )
+            self.ended = True
+            raise StopExecution("interrupted")
+        if not steered:
+            return []
+        taken = await self.queue.take_steered(self.lease, at_step=step)
+        if isinstance(taken, Fenced):
+            await self.checked(taken, "take_steered")
+            return []
+        return taken
+
+    async def steered_inputs(self) -> list[tuple[JSON, int, int]]:
+        """The steered inputs this run took before (a plain read, for a recovered run)."""
+        return await self.queue.steered_inputs(self.lease.run_id)
+
     async def complete(self, result: JSON) -> None:
         """Complete the run, batched with its slot group's completions when it has a batcher."""
         await self.finish("complete", self._completion_write(result))

@@ -513,3 +513,59 @@ async def test_deadlines_to_start_through_both_clients(
         scheduled_for, start_before = await asyncio.to_thread(blocking)
         assert scheduled_for is not None
         assert start_before == scheduled_for + timedelta(seconds=60)
+
+
+async def test_multitask_policies_through_the_client(api: Api) -> None:
+    """`multitask=` on sessions and turns, pending turns followed and withdrawn (issue 33)."""
+    from turnstile_client import PendingTurn, Run, TooManyPendingTurnsError, TurnStartedError
+
+    async with AsyncTurnstile(api.base, await api.key()) as turnstile:
+        session = await turnstile.create_session(multitask="enqueue")
+        assert session.multitask == "enqueue"
+        # Scheduled for later, so it stays queued and holds the session.
+        first = await turnstile.submit_turn(
+            session, {"text": "first"}, scheduled_for="2030-01-01T09:00:00+00:00"
+        )
+        assert isinstance(first, Run)
+        pending = await turnstile.submit_turn(session, {"text": "second"})
+        assert isinstance(pending, PendingTurn)
+        assert (pending.position, pending.active_run_id) == (1, first.id)
+        withdrawn = await turnstile.cancel_pending_turn(pending)
+        assert withdrawn.status == "cancelled"
+        assert (await turnstile.get_pending_turn((session, pending.id))).status == "cancelled"
+        kept = await turnstile.submit_turn(session, {"text": "third"})
+        assert isinstance(kept, PendingTurn)
+        assert (await turnstile.get_session(session)).pending_turns == 1
+
+        # The turn's own policy overrides the session's: a queued run is interrupted at once.
+        interrupting = await turnstile.submit_turn(session, {"text": "now"}, multitask="interrupt")
+        assert isinstance(interrupting, Run)
+        assert (await turnstile.get_run(first)).status == "cancelled"
+        done = await turnstile.wait(interrupting, timeout=30)
+        assert done.status == "succeeded"
+        # The enqueued turn followed the interrupting one.
+        started = await turnstile.get_pending_turn(kept)
+        assert started.status == "started"
+        assert started.run_id is not None
+        assert (await turnstile.wait(started.run_id, timeout=30)).status == "succeeded"
+        with pytest.raises(TurnStartedError) as late:
+            await turnstile.cancel_pending_turn(kept)
+        assert late.value.status == 409
+
+        changed = await turnstile.set_multitask(session, "reject")
+        assert changed.multitask == "reject"
+        assert TooManyPendingTurnsError.slug == "too-many-pending-turns"
+
+    key = await api.key()
+
+    def blocking_calls() -> None:
+        # In a thread: the server under test answers on this test's event loop.
+        with Turnstile(api.base, key) as blocking:
+            other = blocking.create_session(multitask="enqueue")
+            blocking.submit_turn(other, {"t": 1}, scheduled_for="2030-01-01T09:00:00+00:00")
+            queued = blocking.submit_turn(other, {"t": 2})
+            assert isinstance(queued, PendingTurn)
+            assert blocking.cancel_pending_turn(queued).status == "cancelled"
+            assert blocking.set_multitask(other, "steer").multitask == "steer"
+
+    await asyncio.to_thread(blocking_calls)

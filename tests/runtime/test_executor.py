@@ -443,3 +443,44 @@ async def test_metadata_shared_and_embedded_addresses_are_refused() -> None:
     ):
         with pytest.raises(PermanentToolError, match=r"internal address|link-local"):
             await everywhere.run({"method": "GET", "url": url}, ctx)
+
+
+async def test_a_steered_input_survives_a_crash_and_is_not_taken_for_an_answer(
+    queue: Queue, clock: ManualClock
+) -> None:
+    """A steer the run took before it crashed (docs/turn-control.md) comes back with it on
+    recovery, set apart from the answers: the run still asks its question."""
+    from app.queue.reads import Reads
+    from app.queue.submit import RunSpec, Submissions, Submitter
+
+    submissions = Submissions(
+        queue,
+        default_agent="scripted",
+        idempotency_ttl_seconds=60,
+        idempotency_wait_seconds=1,
+        lock_timeout_ms=2000,
+    )
+    who = Submitter(tenant_id="t", principal="p")
+    session = await Reads(queue).create_session(tenant_id="t", principal="p")
+    script = {"script": [{"call": "echo", "args": {}}, {"ask": "which?"}, {"final": "ok"}]}
+    first = await submissions.submit_turn(who, session.id, RunSpec(input=script))
+    await submissions.submit_turn(who, session.id, RunSpec(input="steer"), multitask="steer")
+
+    def crash(at: str, step: int) -> None:
+        if at == "after_tool":
+            raise SimulatedCrash(at)
+
+    assert await execute_once(queue, runtime(crash)) is False
+    assert await queue.steered_inputs(first.run_id) == [("steer", 2, 1)]
+    await recover(queue, clock)
+    assert await execute_once(queue, runtime())
+    waiting = await current(queue, first.run_id)
+    assert waiting.status == "waiting_for_user"  # the steer did not answer the question
+    answered = await submissions.submit_turn(who, session.id, RunSpec(input="that one"))
+    assert answered.run_id == first.run_id
+    assert await execute_once(queue, runtime())
+    done = await current(queue, first.run_id)
+    assert done.status == "succeeded", done.failure
+    assert done.result["answers"] == ["that one"]
+    assert done.result["steered"] == ["steer"]
+    assert await check_all_runs(queue.engine) == 1

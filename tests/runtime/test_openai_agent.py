@@ -735,3 +735,65 @@ async def test_with_streaming_off_the_request_is_plain_and_nothing_is_live(
     assert "stream" not in fake.requests[0]
     assert fake.requests[1]["stream"] is True
     assert recorder.deltas == []
+
+
+async def test_steered_input_reaches_the_model_before_its_next_call(
+    queue: Queue, http: ModelClient, model: tuple[FakeModel, str]
+) -> None:
+    """A steer (docs/turn-control.md) is a user message in the next request, after the tool
+    results that preceded it; one that waited before the first call follows the turn's text."""
+    from typing import ClassVar
+
+    from app.queue.submit import RunSpec, Submissions, Submitter
+    from app.runtime.tools import ToolContext
+
+    fake, base = model
+    submissions = Submissions(
+        queue,
+        default_agent="openai",
+        idempotency_ttl_seconds=60,
+        idempotency_wait_seconds=1,
+        lock_timeout_ms=2000,
+    )
+    who = Submitter(tenant_id="t", principal="p")
+    session = await Reads(queue).create_session(tenant_id="t", principal="p")
+
+    class Nudge:
+        """A tool whose call is the moment the user steers the run."""
+
+        name = "nudge"
+        description = "Lets the user steer."
+        parameters: ClassVar[dict[str, Any]] = {"type": "object"}
+
+        def idempotency_class(self, args: dict[str, Any]) -> str:
+            return "safe"
+
+        async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+            await submissions.submit_turn(
+                who, session.id, RunSpec(input={"text": "in euros, please"}), multitask="steer"
+            )
+            return {"nudged": True}
+
+    runtime = executor(base, http)
+    runtime.registry.tools["nudge"] = Nudge()  # type: ignore[assignment]
+    first = await submissions.submit_turn(who, session.id, RunSpec(input={"text": "Price?"}))
+    # Steered while still queued: taken at the run's first boundary.
+    await submissions.submit_turn(
+        who, session.id, RunSpec(input={"text": "for two"}), multitask="steer"
+    )
+    fake.call(("n1", "nudge", {}))
+    fake.say("20 euros")
+    assert await execute_once(queue, runtime)
+    done = await current(queue, first.run_id)
+    assert done.status == "succeeded", done.failure
+    opening, after_tool = fake.requests
+    assert opening["messages"] == [
+        {"role": "user", "content": "Price?"},
+        {"role": "user", "content": "for two"},
+    ]
+    assert [(m["role"], m.get("content")) for m in after_tool["messages"]][-3:] == [
+        ("assistant", None),
+        ("tool", json.dumps({"status": "succeeded", "result": {"nudged": True}})),
+        ("user", "in euros, please"),
+    ]
+    assert await check_all_runs(queue.engine) == 1

@@ -25,6 +25,7 @@ WORKER_WRITES = {
     "tool_started",
     "tool_finished",
     "save_checkpoint",
+    "take_steered",
     "end_holds",
     # A model call's reservation (budgets.sql): taken only for a run still held.
     "model_budget_reserve",
@@ -42,13 +43,18 @@ NOTIFYING = {
     "create_ticks",
     # An A2A push configuration's caught-up delivery (webhooks.sql), once, when it made one.
     "task_push_catch_up",
+    # A note about a session's other turns wakes the session's streams (docs/turn-control.md).
+    "turn_event",
     # Live output, on its own channel and connection, bounded by docs/adr/0007 (deltas.sql).
     "publish_deltas",
 }
 # Functions that notify, and how many pg_notify calls their text holds: turnstile_submit's two
 # are on its two exclusive outcomes (delivered, created), so one call sends one. The creation
 # and delivery paths never notify: their callers' one notification covers them.
-NOTIFYING_FUNCTIONS = {"turnstile_submit": 2}
+NOTIFYING_FUNCTIONS = {"turnstile_submit": 2, "turnstile_promote_turns": 1}
+# turnstile_promote_turns notifies once per run it starts: its callers (end_holds,
+# cancel_runs) do not know the new run's session, whose streams must look again, and a
+# promotion happens only when a session's run ends with turns waiting behind it.
 REQUEUE_PATHS = {"end_holds", "turnstile_deliver_input"}
 # Called by the release before migration 0016 without a clock: the database's own time.
 UNCLOCKED_FUNCTIONS = {"turnstile_add_queued", "turnstile_clear_work"}

@@ -154,12 +154,20 @@ def check_log(log: RunLog) -> None:
     status: str | None = None
     types = [type_ for _, type_, _ in log.events]
     for index, (seq, type_, _) in enumerate(log.events):
+        if type_ == "run.input_delivered" and status == "running":
+            continue  # a steered input (docs/turn-control.md): taken by the run, no transition
         if type_ in TRANSITIONS:
             sources, target = TRANSITIONS[type_]
             assert status in sources, f"{log.run_id}: {type_} at {seq} from status {status}"
             status = target
         elif type_ == "tool.finished" and settled_by_cancel(types[index:]):
             pass  # a cancel settles the open calls it leaves, whatever the run's status
+        elif type_.startswith("turn.") or type_ == "run.interrupted":
+            # Notes about a session's other turns (docs/turn-control.md), not worker writes:
+            # written while the run is active, whatever its status.
+            assert status in ("queued", "running", "waiting_for_user"), (
+                f"{log.run_id}: {type_} at {seq} while {status}"
+            )
         elif type_ != "run.fenced" and not type_.startswith("operator."):
             # Tool records, checkpoints and agent notes are worker writes: only while running.
             assert status == "running", f"{log.run_id}: {type_} at {seq} while {status}"

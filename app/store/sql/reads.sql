@@ -260,3 +260,23 @@ CROSS JOIN LATERAL (
 WHERE (r.session_run_no, x.seq) > (CAST(:after_run_no AS integer), CAST(:after_seq AS bigint))
 ORDER BY r.session_run_no, x.seq
 LIMIT :limit;
+
+
+-- name: turn_signals
+-- What a running run of a session asks at each decision boundary (docs/turn-control.md): an
+-- interrupt waiting for it, and whether steered input is waiting. Two probes of the partial
+-- index of pending turns; nothing pending is the common answer.
+SELECT (SELECT p.id FROM pending_turns p
+        WHERE p.session_id = :session_id AND p.status = 'pending' AND p.policy = 'interrupt'
+        ORDER BY p.seq LIMIT 1) AS interrupt_turn_id,
+       EXISTS (SELECT 1 FROM pending_turns p
+               WHERE p.session_id = :session_id AND p.status = 'pending'
+                 AND p.policy = 'steer') AS steered;
+
+
+-- name: steered_inputs
+-- The steered inputs a run has taken, with where it took them: a recovered run rebuilds
+-- which of its inputs were steered (the others are answers) from these.
+SELECT p.input, p.input_idx, p.at_step FROM pending_turns p
+WHERE p.run_id = :run_id AND p.status = 'delivered'
+ORDER BY p.input_idx;

@@ -462,6 +462,68 @@ FROM run, clock
 RETURNING event_seq AS seq;
 
 
+-- name: take_steered
+-- fenced
+-- Steered turns (docs/turn-control.md) reach the running run at a decision boundary: each
+-- becomes one of its inputs (run_inputs, so the transcript and the next run's history have
+-- it) with its run.input_delivered event (policy steer), and its pending turn is marked
+-- delivered with the input's index and the step the run was at. Locks the run row, then the
+-- pending turns (the ending statements' order). Always a row while the fence holds (inputs
+-- '[]' when there was nothing to take); none when fenced.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+held AS MATERIALIZED (
+    SELECT id, session_id, last_event_seq, inputs_count FROM runs
+    WHERE id = :run_id AND lease_epoch = :epoch AND status = 'running'
+    FOR UPDATE
+),
+steer_locked AS MATERIALIZED (
+    SELECT p.id, p.seq, p.input, p.submitted_by FROM held
+    JOIN pending_turns p ON p.session_id = held.session_id
+    WHERE p.status = 'pending' AND p.policy = 'steer'
+    ORDER BY p.seq
+    FOR UPDATE OF p
+),
+steered AS MATERIALIZED (
+    SELECT s.*, row_number() OVER (ORDER BY s.seq) AS n FROM steer_locked s
+),
+run AS (
+    UPDATE runs r
+    SET last_event_seq = r.last_event_seq + t.n,
+        inputs_count = r.inputs_count + t.n,
+        updated_at = clock.now
+    FROM held, clock, (SELECT count(*) AS n FROM steered) AS t
+    WHERE r.id = held.id AND r.lease_epoch = :epoch AND r.status = 'running' AND t.n > 0
+    RETURNING r.id, r.lease_epoch, held.last_event_seq AS seq_before,
+              held.inputs_count AS inputs_before
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.seq_before + s.n, 'run.input_delivered', run.lease_epoch,
+           jsonb_build_object('input_index', run.inputs_before + s.n,
+                              'principal', s.submitted_by, 'policy', 'steer',
+                              'pending_turn_id', s.id, 'at_step', CAST(:at_step AS integer)),
+           clock.now
+    FROM run, steered s, clock
+),
+answer AS (
+    INSERT INTO run_inputs (run_id, idx, input, principal, event_seq, created_at)
+    SELECT run.id, run.inputs_before + s.n, s.input, s.submitted_by, run.seq_before + s.n,
+           clock.now
+    FROM run, steered s, clock
+),
+delivered AS (
+    UPDATE pending_turns p
+    SET status = 'delivered', run_id = run.id, input_idx = run.inputs_before + s.n,
+        at_step = :at_step, updated_at = clock.now
+    FROM run, steered s, clock
+    WHERE p.id = s.id
+)
+SELECT held.id,
+       coalesce((SELECT jsonb_agg(s.input ORDER BY s.n) FROM steered s), '[]'::jsonb)
+           AS inputs
+FROM held;
+
+
 -- name: save_checkpoint
 -- fenced
 WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
@@ -691,7 +753,21 @@ hook_source AS (
                           ELSE jsonb_build_object('question', question) END AS data
     FROM ended WHERE status IN ('succeeded', 'failed', 'waiting_for_user')
 ),
-{{webhook_deliveries}}
+{{webhook_deliveries}},
+promoted AS (
+    -- A session whose run ended for good starts its next pending turn, in this transaction
+    -- (turnstile_promote_turns; docs/turn-control.md). After the count moves, as hook_run.
+    SELECT p.id
+    FROM (SELECT 1 WHERE EXISTS (SELECT 1 FROM ended
+                                 WHERE session_id IS NOT NULL
+                                   AND status IN ('succeeded', 'failed'))
+                     AND (SELECT count(*) FROM counted) + (SELECT count(*) FROM count_insert)
+                         >= 0) AS any_ended
+    CROSS JOIN LATERAL turnstile_promote_turns(
+        (SELECT now FROM clock),
+        ARRAY(SELECT session_id FROM ended
+              WHERE session_id IS NOT NULL AND status IN ('succeeded', 'failed'))) AS p
+)
 
 -- One row whatever the batch: the written runs as parallel arrays ((id, epoch) names a write:
 -- one process may hold a stale and a fresh execution of one run), and one bounded NOTIFY
@@ -715,7 +791,8 @@ SELECT coalesce(array_agg(e.id), '{}') AS ids,
                                ELSE '[]'::jsonb END)
                    ELSE '{}'::jsonb END)::text) END AS notified
 FROM ended e
-CROSS JOIN (SELECT count(*) FROM hook_run) AS delivered;
+CROSS JOIN (SELECT count(*) FROM hook_run) AS delivered
+CROSS JOIN (SELECT count(*) FROM promoted) AS started;
 
 
 -- name: record_fenced
@@ -889,6 +966,17 @@ hook_source AS (
     FROM run
 ),
 {{webhook_deliveries}},
+promoted AS (
+    -- Each cancelled run's session starts its next pending turn (an interrupt's first), in
+    -- this transaction (turnstile_promote_turns; docs/turn-control.md).
+    SELECT p.id
+    FROM (SELECT 1 WHERE EXISTS (SELECT 1 FROM run WHERE session_id IS NOT NULL)
+                     AND (SELECT count(*) FROM counted) + (SELECT count(*) FROM count_insert)
+                         >= 0) AS any_ended
+    CROSS JOIN LATERAL turnstile_promote_turns(
+        (SELECT now FROM clock),
+        ARRAY(SELECT session_id FROM run WHERE session_id IS NOT NULL)) AS p
+),
 notice AS MATERIALIZED (
     SELECT pg_notify('turnstile', (jsonb_build_object(
                'runs', (SELECT jsonb_agg(left(named.id::text, 8))
@@ -900,7 +988,10 @@ notice AS MATERIALIZED (
     FROM (SELECT count(*) FROM hook_run) AS delivered
     WHERE EXISTS (SELECT 1 FROM run)
 )
-SELECT run.* FROM run LEFT JOIN notice ON true;
+-- A cross join, not a left one: the planner removes a left join to a one-row subquery whose
+-- columns are not read, and `promoted` would then never run.
+SELECT run.* FROM run LEFT JOIN notice ON true
+CROSS JOIN (SELECT count(*) AS promoted FROM promoted) AS started;
 
 -- ============================================================================================
 -- Replays of fenced writes whose outcome is unknown (docs/adr/0002, "Replays").

@@ -33,10 +33,10 @@ WHERE tenant_id = :tenant_id AND principal = :principal AND key = :key;
 
 -- name: create_session
 -- The metadata is a conversation's (the OpenAI Conversations API), checked by the caller;
--- every other session starts with none.
-INSERT INTO sessions (tenant_id, principal, created_at, last_activity_at, metadata)
-VALUES (:tenant_id, :principal, {{now}}, {{now}}, CAST(:metadata AS jsonb))
-RETURNING id, tenant_id, principal, created_at, last_activity_at, metadata;
+-- every other session starts with none. The multitask policy: docs/turn-control.md.
+INSERT INTO sessions (tenant_id, principal, created_at, last_activity_at, metadata, multitask)
+VALUES (:tenant_id, :principal, {{now}}, {{now}}, CAST(:metadata AS jsonb), :multitask)
+RETURNING id, tenant_id, principal, created_at, last_activity_at, metadata, multitask;
 
 
 -- name: update_session_metadata
@@ -93,7 +93,9 @@ RETURNING s.id, s.principal;
 
 
 -- name: get_session
-SELECT s.id, s.tenant_id, s.principal, s.created_at, s.last_activity_at, s.metadata,
+SELECT s.id, s.tenant_id, s.principal, s.created_at, s.last_activity_at, s.metadata, s.multitask,
+       (SELECT count(*) FROM pending_turns p
+        WHERE p.session_id = s.id AND p.status = 'pending') AS pending_turns,
        a.id AS active_run_id, a.status AS active_status, a.question AS active_question
 FROM sessions s
 LEFT JOIN runs a
@@ -186,3 +188,130 @@ FROM turnstile_submit(
     p_scheduled_for => $17, p_input => $18, p_max_attempts => $19,
     p_traceparent => $20, p_max_queued => $21, p_submit_rate => $22, p_submit_burst => $23,
     p_start_within => $24, p_start_before => $25) r;
+
+
+-- Multitask policies (docs/turn-control.md): turns that arrive while the session's run is
+-- queued or running, kept as pending turns until the run ends, interrupts it, or steers it.
+
+-- name: set_session_multitask
+UPDATE sessions SET multitask = :multitask
+WHERE id = :session_id AND tenant_id = :tenant_id
+  AND (CAST(:principal AS text) IS NULL OR principal = :principal)
+RETURNING id;
+
+
+-- name: session_multitask
+-- The session's policy, read when a turn found its session busy and set no policy itself.
+SELECT multitask FROM sessions
+WHERE id = :session_id AND tenant_id = :tenant_id
+  AND (CAST(:principal AS text) IS NULL OR principal = :principal);
+
+
+-- name: lock_active_run
+-- A policy's submission takes the session's active run row after the session's (the
+-- submission lock order: sessions, then runs): an ending transaction either committed before
+-- (this returns nothing; the caller reads again, with a fresh snapshot, for the run it may
+-- have promoted) or waits for this one, and then promotes the turn this one adds.
+SELECT * FROM runs
+WHERE session_id = :session_id AND status IN ('queued', 'running', 'waiting_for_user')
+FOR UPDATE;
+
+
+-- name: add_pending_turn
+-- A pending turn, refused (no row) when the session already holds :max_pending of them; the
+-- caller holds the session's row, so the count cannot change under it. Its position: 1 is
+-- next (an interrupt's turn goes first).
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+waiting AS (
+    SELECT count(*) AS n FROM pending_turns
+    WHERE session_id = :session_id AND status = 'pending'
+),
+added AS (
+    INSERT INTO pending_turns (id, tenant_id, session_id, principal, submitted_by, actor,
+                               policy, agent, priority, input, max_attempts, traceparent,
+                               active_run_id, interrupt_by, created_at, updated_at)
+    SELECT :id, :tenant_id, :session_id, :principal, :submitted_by, :actor, :policy, :agent,
+           :priority, CAST(:input AS jsonb), :max_attempts, :traceparent, :active_run_id,
+           CASE WHEN :policy = 'interrupt'
+                THEN clock.now + make_interval(secs => :interrupt_grace_seconds) END,
+           clock.now, clock.now
+    FROM waiting, clock
+    WHERE waiting.n < :max_pending
+    RETURNING *
+)
+SELECT added.*,
+       CASE WHEN added.policy = 'interrupt'
+            THEN 1 + (SELECT count(*) FROM pending_turns p
+                      WHERE p.session_id = added.session_id AND p.status = 'pending'
+                        AND p.policy = 'interrupt')
+            ELSE (SELECT n FROM waiting) + 1 END AS position
+FROM added;
+
+
+-- name: turn_event
+-- An event of a session's active run about a turn (turn.pending, turn.cancelled,
+-- run.interrupted), under the caller's lock of the run row. Not a worker's write: no fence,
+-- but only while the run is active (events after a terminal one are the operator's alone).
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs SET last_event_seq = last_event_seq + 1
+    WHERE id = :run_id AND status IN ('queued', 'running', 'waiting_for_user')
+    RETURNING id, last_event_seq, lease_epoch, session_id
+)
+INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+SELECT run.id, run.last_event_seq, :type, run.lease_epoch, CAST(:data AS jsonb), clock.now
+FROM run, clock
+RETURNING seq, (SELECT pg_notify('turnstile', jsonb_build_object(
+                   'runs', jsonb_build_array(left(run.id::text, 8)),
+                   'sessions', jsonb_build_array(left(run.session_id::text, 8)))::text)
+                FROM run) AS notified;
+
+
+-- name: pending_turn
+-- A pending turn as its user follows it, with its position while it is pending.
+SELECT p.*,
+       CASE WHEN p.status = 'pending' THEN
+           (SELECT count(*) FROM pending_turns o
+            WHERE o.session_id = p.session_id AND o.status = 'pending'
+              AND ((o.policy = 'interrupt') > (p.policy = 'interrupt')
+                   OR ((o.policy = 'interrupt') = (p.policy = 'interrupt') AND o.seq <= p.seq)))
+       END AS position
+FROM pending_turns p
+WHERE p.id = :turn_id AND p.session_id = :session_id;
+
+
+-- name: pending_turns_of_session
+-- A session's pending turns in the order they will start.
+SELECT p.*, row_number() OVER (ORDER BY (p.policy = 'interrupt') DESC, p.seq) AS position
+FROM pending_turns p
+WHERE p.session_id = :session_id AND p.status = 'pending'
+ORDER BY (p.policy = 'interrupt') DESC, p.seq;
+
+
+-- name: cancel_pending_turn
+-- A user withdraws a pending turn. A promotion holding it is waited for; then the turn has
+-- started (or was delivered), nothing changes, and the caller reads which.
+UPDATE pending_turns SET status = 'cancelled', updated_at = {{now}}
+WHERE id = :turn_id AND session_id = :session_id AND status = 'pending'
+RETURNING *;
+
+
+-- name: promote_stranded_turns
+-- The backstop of the sweep: sessions with pending turns and no active run (a run an older
+-- release ended, which does not promote) start their next one.
+SELECT r.id FROM turnstile_promote_turns({{now}}, ARRAY(
+    SELECT DISTINCT p.session_id FROM pending_turns p
+    WHERE p.status = 'pending'
+      AND NOT EXISTS (SELECT 1 FROM runs a
+                      WHERE a.session_id = p.session_id
+                        AND a.status IN ('queued', 'running', 'waiting_for_user'))
+    LIMIT :limit)) AS r;
+
+
+-- name: overdue_interrupts
+-- Interrupts whose bound passed while their run had not stopped at a boundary (a long tool
+-- call, a dead worker): the sweep ends those runs as a cancel would.
+SELECT p.id AS turn_id, p.active_run_id AS run_id FROM pending_turns p
+WHERE p.status = 'pending' AND p.policy = 'interrupt' AND p.interrupt_by < {{now}}
+ORDER BY p.interrupt_by
+LIMIT :limit;

@@ -20,7 +20,7 @@ import httpx
 from httpx_sse import aconnect_sse
 
 from turnstile_client import calls
-from turnstile_client.calls import RunRef, SessionRef
+from turnstile_client.calls import PendingTurnRef, RunRef, SessionRef
 from turnstile_client.errors import (
     StreamEndedError,
     TransportError,
@@ -33,6 +33,8 @@ from turnstile_client.models import (
     SETTLED_STATUSES,
     Delta,
     Event,
+    MultitaskPolicy,
+    PendingTurn,
     PriorityClass,
     Run,
     Session,
@@ -83,8 +85,23 @@ class AsyncTurnstile:
         await self._http.aclose()
 
     # --- sessions and submissions --------------------------------------------------------------
-    async def create_session(self) -> Session:
-        return calls.as_session(await self._send(calls.create_session()))
+    async def create_session(self, *, multitask: MultitaskPolicy | None = None) -> Session:
+        """A new session; `multitask` sets what a turn does while its run is active (default
+        reject)."""
+        return calls.as_session(await self._send(calls.create_session(multitask)))
+
+    async def set_multitask(self, session: SessionRef, multitask: MultitaskPolicy) -> Session:
+        """Change the session's policy, for turns that arrive from now on."""
+        return calls.as_session(await self._send(calls.update_session(session, multitask)))
+
+    async def get_pending_turn(self, turn: PendingTurnRef) -> PendingTurn:
+        """A pending turn as it stands: its position, or the run it became (`run_id`)."""
+        return calls.as_pending_turn(await self._send(calls.get_pending_turn(turn)))
+
+    async def cancel_pending_turn(self, turn: PendingTurnRef) -> PendingTurn:
+        """Withdraw a pending turn before it starts (a cancelled one answers again). Raises
+        `TurnStartedError` (with `run_id`) once it has become a run or reached one."""
+        return calls.as_pending_turn(await self._send(calls.cancel_pending_turn(turn)))
 
     async def get_session(self, session: SessionRef) -> Session:
         return calls.as_session(await self._send(calls.get_session(session)))
@@ -100,23 +117,31 @@ class AsyncTurnstile:
         start_within: float | None = None,
         start_before: datetime | str | None = None,
         idempotency_key: str | None = None,
-    ) -> Run:
+        multitask: MultitaskPolicy | None = None,
+    ) -> Run | PendingTurn:
         """A user's turn: a new run, or, when the session's run waits for the user, the answer
-        that sends that same run back to the queue. Raises `SessionBusyError` (with
-        `active_run_id`) when the session's run is queued or running. `start_within` (seconds
+        that sends that same run back to the queue. When the session's run is queued or
+        running, the multitask policy decides (`multitask`, else the session's): reject raises
+        `SessionBusyError` (with `active_run_id`); enqueue, and interrupt of a running run,
+        answer a `PendingTurn` (follow it with `get_pending_turn`); interrupt of a queued run
+        answers the new run; steer answers the active run (same id). `start_within` (seconds
         after the run becomes eligible) or `start_before` (a time) gives a new run a deadline to
         start: still queued then, it ends `cancelled` with reason `expired`."""
         body = calls.submission_body(
-            input, agent, priority, scheduled_for, start_within, start_before
+            input, agent, priority, scheduled_for, start_within, start_before, multitask
         )
         key = idempotency_key or calls.new_idempotency_key()
-        return calls.as_run(await self._send(calls.submit_turn(session, body, key)))
+        return calls.as_submitted(await self._send(calls.submit_turn(session, body, key)))
 
     async def answer(self, run: Run, input: JSON, *, idempotency_key: str | None = None) -> Run:
         """Answer the question of a run waiting for the user: its session's next turn."""
         if run.session_id is None:
             raise ValueError("only a session's run can be answered")
-        return await self.submit_turn(run.session_id, input, idempotency_key=idempotency_key)
+        # A run waiting for the user takes the turn as its answer whatever the policy.
+        answered = await self.submit_turn(run.session_id, input, idempotency_key=idempotency_key)
+        if not isinstance(answered, Run):
+            raise ValueError(f"the session's run {run.id} was not waiting for the user")
+        return answered
 
     async def submit_run(
         self,

@@ -154,6 +154,9 @@ class Turnstile:
 
     create_session = _blocking(AsyncTurnstile.create_session)
     get_session = _blocking(AsyncTurnstile.get_session)
+    set_multitask = _blocking(AsyncTurnstile.set_multitask)
+    get_pending_turn = _blocking(AsyncTurnstile.get_pending_turn)
+    cancel_pending_turn = _blocking(AsyncTurnstile.cancel_pending_turn)
     submit_turn = _blocking(AsyncTurnstile.submit_turn)
     answer = _blocking(AsyncTurnstile.answer)
     submit_run = _blocking(AsyncTurnstile.submit_run)

@@ -12,7 +12,7 @@ from uuid import UUID
 
 import httpx
 
-from turnstile_client.models import JSON, Delta, Event, Run, Session
+from turnstile_client.models import JSON, Delta, Event, PendingTurn, Run, Session
 
 USER_AGENT = "turnstile-client"
 
@@ -71,10 +71,13 @@ def submission_body(
     scheduled_for: datetime | str | None,
     start_within: float | None = None,
     start_before: datetime | str | None = None,
+    multitask: str | None = None,
 ) -> dict[str, Any]:
     """A turn's or run's body; fields left out take the server's defaults (or, for an answer,
     the waiting run's values)."""
     body: dict[str, Any] = {"input": input}
+    if multitask is not None:
+        body["multitask"] = multitask
     if agent is not None:
         body["agent"] = agent
     if priority is not None:
@@ -98,10 +101,35 @@ def _rfc3339(name: str, value: datetime | str) -> str:
     return value
 
 
-def create_session() -> Call:
+def create_session(multitask: str | None = None) -> Call:
     # A retry after a lost answer may leave one unused, empty session behind: harmless, since a
     # session holds nothing until a turn.
-    return Call("POST", "/sessions")
+    body = None if multitask is None else {"multitask": multitask}
+    return Call("POST", "/sessions", json=body)
+
+
+def update_session(session: SessionRef, multitask: str) -> Call:
+    # Setting the same policy again is the same change: safe to repeat.
+    return Call("PATCH", f"/sessions/{session_id(session)}", json={"multitask": multitask})
+
+
+PendingTurnRef = PendingTurn | tuple[SessionRef, UUID | str]
+
+
+def pending_turn_path(turn: PendingTurnRef) -> str:
+    if isinstance(turn, PendingTurn):
+        return f"/sessions/{turn.session_id}/pending-turns/{turn.id}"
+    session, turn_id = turn
+    return f"/sessions/{session_id(session)}/pending-turns/{UUID(str(turn_id))}"
+
+
+def get_pending_turn(turn: PendingTurnRef) -> Call:
+    return Call("GET", pending_turn_path(turn))
+
+
+def cancel_pending_turn(turn: PendingTurnRef) -> Call:
+    # A cancelled pending turn answers 200 again, so a retry is safe.
+    return Call("POST", pending_turn_path(turn) + "/cancel")
 
 
 def get_session(session: SessionRef) -> Call:
@@ -187,6 +215,18 @@ def decode_item(event_type: str, data: str) -> Event | Delta:
 
 
 def as_run(document: Any) -> Run:
+    return Run.from_document(document)
+
+
+def as_pending_turn(document: Any) -> PendingTurn:
+    return PendingTurn.from_document(document)
+
+
+def as_submitted(document: Any) -> Run | PendingTurn:
+    """A turn's answer: the run it started or reached, or a pending turn (enqueue, or an
+    interrupt of a running run)."""
+    if isinstance(document, dict) and document.get("kind") == "pending_turn":
+        return PendingTurn.from_document(document)
     return Run.from_document(document)
 
 

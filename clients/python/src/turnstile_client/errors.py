@@ -169,6 +169,20 @@ class RateLimitedError(ProblemError):
     slug = "rate-limited"
 
 
+class TooManyPendingTurnsError(ProblemError):
+    """429 `too-many-pending-turns`: the session holds as many pending turns as it may
+    (`max_pending`); not retried. Wait for its runs, or cancel a pending turn."""
+
+    slug = "too-many-pending-turns"
+
+
+class TurnStartedError(ProblemError):
+    """409 `turn-started`: the pending turn became a run, or reached one (`run_id`); cancel
+    that run instead."""
+
+    slug = "turn-started"
+
+
 class ServiceUnavailableError(ProblemError):
     """503 `database-busy` or `database-unavailable`: nothing was written; retried."""
 
@@ -188,6 +202,8 @@ _BY_SLUG: dict[str, type[ProblemError]] = {
         TooManyStreamsError,
         QueueQuotaError,
         RateLimitedError,
+        TooManyPendingTurnsError,
+        TurnStartedError,
     )
     if cls.slug is not None
 } | {

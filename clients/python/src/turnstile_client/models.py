@@ -111,6 +111,8 @@ class Session:
     active_run_status: RunStatus | None
     question: JSON
     raw: dict[str, Any] = field(repr=False, compare=False)
+    multitask: str = "reject"
+    pending_turns: int = 0
 
     @classmethod
     def from_document(cls, document: dict[str, Any]) -> Session:
@@ -121,6 +123,44 @@ class Session:
             active_run_id=_uuid(document.get("active_run_id")),
             active_run_status=cast("RunStatus | None", document.get("active_run_status")),
             question=document.get("question"),
+            raw=document,
+            multitask=str(document.get("multitask", "reject")),
+            pending_turns=int(document.get("pending_turns", 0)),
+        )
+
+
+MultitaskPolicy = Literal["reject", "enqueue", "interrupt", "steer"]
+"""What a turn does when its session's run is queued or running (the server's
+docs/turn-control.md): reject (SessionBusyError), enqueue, interrupt, steer."""
+
+
+@dataclass(frozen=True)
+class PendingTurn:
+    """A turn waiting for its session's active run (enqueue, or interrupt of a running run):
+    `position` 1 is next; once `status` is `started`, `run_id` is the run it became."""
+
+    id: UUID
+    session_id: UUID
+    policy: str
+    status: str  # pending, started, delivered, cancelled
+    position: int | None
+    active_run_id: UUID | None
+    run_id: UUID | None
+    created_at: datetime
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_document(cls, document: dict[str, Any]) -> PendingTurn:
+        position = document.get("position")
+        return cls(
+            id=UUID(str(document["id"])),
+            session_id=UUID(str(document["session_id"])),
+            policy=str(document["policy"]),
+            status=str(document["status"]),
+            position=None if position is None else int(position),
+            active_run_id=_uuid(document.get("active_run_id")),
+            run_id=_uuid(document.get("run_id")),
+            created_at=_required_time(document["created_at"]),
             raw=document,
         )
 

@@ -77,6 +77,8 @@ def retryable_answer(response: httpx.Response) -> bool:
     """An error answer worth sending again unchanged (the request wrote nothing, or its key
     makes a repeat safe)."""
     status = response.status_code
+    if status == 429 and _slug(response) == "too-many-pending-turns":
+        return False  # the session's runs must finish first: minutes, not a retry's backoff
     if status >= 500 or status == 429:
         return True
     if status == 409:
@@ -88,3 +90,11 @@ def retryable_answer(response: httpx.Response) -> bool:
             "idempotency-key-in-flight"
         )
     return False
+
+
+def _slug(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    return slug_of(str(body.get("type", ""))) if isinstance(body, dict) else ""
