@@ -333,6 +333,25 @@ async def test_the_extended_card_shows_the_caller_and_its_tenants_limits(
     assert other_params["limits"]["max_queued"] is None
 
 
+async def test_the_extended_card_counts_the_tenants_queued_runs(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with running_api(database_url, engine, tenant_max_queued=3) as idle:  # no workers
+        try:
+            client = await sdk(idle, polling=True)  # non-blocking: the task stays submitted
+            await sent(client, request("wait", message_id="m-1"))
+            card = await client.get_extended_agent_card(GetExtendedAgentCardRequest())
+            [caller] = [
+                e for e in card.capabilities.extensions if e.uri == "urn:turnstile:a2a:caller:v1"
+            ]
+            params = json_format.MessageToDict(caller.params)
+            assert params["runs"] == {"running": 0, "queued": 1}
+            assert params["limits"]["max_queued"] == 3  # the service's default applies
+        finally:
+            while HTTP_CLIENTS:
+                await HTTP_CLIENTS.pop().aclose()
+
+
 @pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
 async def test_the_extended_card_needs_a_key(api: Api, binding: str) -> None:
     client = await sdk(api, key="tsk_" + "x" * 40, binding=binding)
