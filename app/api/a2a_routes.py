@@ -1,7 +1,7 @@
 """The Agent2Agent protocol (A2A 1.0) inside `turnstile serve` (issue 34): the agent card at
 `/.well-known/agent-card.json`, the JSON-RPC binding at `POST /a2a` (`SendMessage`, blocking
 or not, `SendStreamingMessage`, `GetTask`, `ListTasks`, `CancelTask`, `SubscribeToTask`, the
-four push-configuration methods) and
+four push-configuration methods, `GetExtendedAgentCard`) and
 the HTTP+JSON binding under `/a2a/rest` (the same operations, one `invoke` behind both),
 driven by the official `a2a-sdk` client unchanged (docs/a2a.md).
 
@@ -89,12 +89,35 @@ STOPPED = {*TERMINAL, "waiting_for_user"}
 SEND_PATH = "/a2a/message"
 
 
-@router.get(CARD_PATH)
-async def agent_card(request: Request) -> Any:
+def public_card(request: Request) -> dict[str, Any]:
     base = str(request.base_url).rstrip("/")
     state = state_of(request)
-    card = a2a.agent_card(base, state.agents, VERSION, push=state.secret_box is not None)
-    return FastJSONResponse(card)
+    return a2a.agent_card(base, state.agents, VERSION, push=state.secret_box is not None)
+
+
+@router.get(CARD_PATH)
+async def agent_card(request: Request) -> Any:
+    return FastJSONResponse(public_card(request))
+
+
+async def get_extended_card(
+    request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
+) -> dict[str, Any]:
+    """The extended card (the route's key dependency has refused a caller without one): the
+    caller's own tenant's limits that apply and its runs now, read as the admin's
+    `GET /tenants/{tenant}/limits` and the runbook read them."""
+    tenants = state_of(request).tenants
+    limits = tenants.effective(await tenants.get_limits(caller.tenant_id))
+    depth = await tenants.depth(tenant_id=caller.tenant_id)
+    return a2a.extended_agent_card(
+        public_card(request),
+        tenant=caller.tenant_id,
+        principal=caller.principal,
+        scopes=caller.scopes,
+        limits=limits.to_document(),
+        running=sum(d.running for d in depth),
+        queued=sum(d.queued for d in depth),
+    )
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -239,12 +262,6 @@ async def invoke(
         refused = version_error(request)
         if refused is not None:
             raise refused
-        if method == "GetExtendedAgentCard":
-            raise A2AError(
-                a2a.UNSUPPORTED_OPERATION,
-                "this agent has no extended agent card",
-                "UNSUPPORTED_OPERATION",
-            )
         if handler is None:
             raise A2AError(
                 a2a.METHOD_NOT_FOUND, f"Method not found: {method[:100]!r}", "METHOD_NOT_FOUND"
@@ -782,6 +799,7 @@ HANDLERS: dict[str, Handler] = {
     "GetTaskPushNotificationConfig": get_push_config,
     "ListTaskPushNotificationConfigs": list_push_configs,
     "DeleteTaskPushNotificationConfig": delete_push_config,
+    "GetExtendedAgentCard": get_extended_card,
 }
 
 
@@ -914,6 +932,7 @@ class A2AErrors:
         status = int(start["status"])
         if status == 401:
             error = A2AError(a2a.INVALID_REQUEST, detail, "UNAUTHENTICATED")
+            error.rpc_status = "UNAUTHENTICATED"  # google.rpc's code for it (HTTP+JSON)
         elif status == 429 or status >= 500:
             error = A2AError(a2a.INTERNAL_ERROR, detail, slug.upper().replace("-", "_"))
         elif slug == "malformed-json":

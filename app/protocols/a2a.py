@@ -42,6 +42,9 @@ RESULT_ARTIFACT = "result"
 # Turnstile's A2A extension: an unsafe tool call whose outcome is unknown (its run ended, or
 # its worker died, while it was in flight) travels as a data part the caller can read.
 TOOL_OUTCOMES_EXTENSION = "urn:turnstile:a2a:uncertain-tool-outcomes:v1"
+# The extended card's: who the caller is to Turnstile and the limits that apply to it, as the
+# extension's params (the card has no other free-form place).
+CALLER_EXTENSION = "urn:turnstile:a2a:caller:v1"
 
 # Turnstile run status -> A2A task state.
 STATE: dict[str, str] = {
@@ -658,8 +661,9 @@ def agent_card(
     base_url: str, agents: frozenset[str], version: str, *, push: bool = True
 ) -> dict[str, Any]:
     """The public agent card: Turnstile's agents as skills, the JSON-RPC interface, streaming,
-    push notifications (`push`: the server can store their tokens, TURNSTILE_SECRET_KEY), and
-    our bearer API keys as the security scheme."""
+    push notifications (`push`: the server can store their tokens, TURNSTILE_SECRET_KEY), the
+    extended card (`GetExtendedAgentCard`, a key required), and our bearer API keys as the
+    security scheme."""
     skills = [
         {
             "id": name,
@@ -693,7 +697,7 @@ def agent_card(
         "capabilities": {
             "streaming": True,
             "pushNotifications": push,
-            "extendedAgentCard": False,
+            "extendedAgentCard": True,
             "extensions": [
                 {
                     "uri": TOOL_OUTCOMES_EXTENSION,
@@ -718,3 +722,37 @@ def agent_card(
         "defaultOutputModes": ["text/plain"],
         "skills": skills,
     }
+
+
+def extended_agent_card(
+    card: dict[str, Any],
+    *,
+    tenant: str,
+    principal: str,
+    scopes: frozenset[str],
+    limits: dict[str, JSON],
+    running: int,
+    queued: int,
+) -> dict[str, Any]:
+    """The authenticated extended card: the public `card` with what only the caller may see,
+    as the params of our caller extension: its tenant, principal and scopes, the tenant's
+    limits that apply (`limits`: as `effective` in `GET /tenants/{tenant}/limits`, null for
+    no limit) and its running and queued runs now (against `max_running` and `max_queued`)."""
+    extended: dict[str, Any] = json.loads(json.dumps(card))  # a deep copy: `card` stays
+    extended["description"] += f" This card is for {principal!r} of tenant {tenant!r}."
+    extended["capabilities"]["extensions"].append(
+        {
+            "uri": CALLER_EXTENSION,
+            "description": "Who the caller is to Turnstile and the limits that apply to it: "
+            "tenant, principal, scopes; limits (null: no limit) and the tenant's runs now.",
+            "required": False,
+            "params": {
+                "tenant": tenant,
+                "principal": principal,
+                "scopes": sorted(scopes),
+                "limits": limits,
+                "runs": {"running": running, "queued": queued},
+            },
+        }
+    )
+    return extended

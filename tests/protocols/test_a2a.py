@@ -1,5 +1,6 @@
 """The A2A 1.0 JSON-RPC binding driven by the official `a2a-sdk` client, unchanged, against a
-real server with real workers: the agent card discovered, a blocking and a non-blocking send,
+real server with real workers: the agent card discovered, the extended card (the caller, its
+tenant's limits; refused without a key), a blocking and a non-blocking send,
 an `input-required` task answered by a message naming it, a busy context refused, cancel, an
 idempotent resend by message id, another tenant's task not found, a bad key, streams (live text
 as artifact updates, the result as an artifact) and a subscription resumed after a dropped
@@ -27,6 +28,7 @@ from a2a.client import (
 )
 from a2a.types import (
     CancelTaskRequest,
+    GetExtendedAgentCardRequest,
     GetTaskRequest,
     ListTasksRequest,
     SendMessageRequest,
@@ -38,6 +40,7 @@ from a2a.types import (
 from a2a.utils.errors import (
     InternalError,
     InvalidParamsError,
+    InvalidRequestError,
     TaskNotCancelableError,
     TaskNotFoundError,
     UnsupportedOperationError,
@@ -48,6 +51,7 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.queue.tenant_limits import Tenants
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import ToolCall, Written
 from tests.support.api import Api, running_api
@@ -145,6 +149,8 @@ async def test_the_agent_card_lists_the_agents_as_skills(api: Api) -> None:
     scheme = card.security_schemes["bearer"]
     assert scheme.http_auth_security_scheme.scheme == "Bearer"
     assert "bearer" in card.security_requirements[0].schemes
+    assert card.capabilities.extended_agent_card
+    assert "urn:turnstile:a2a:caller:v1" not in {e.uri for e in card.capabilities.extensions}
     # The card needs no key: a client discovers the agent first.
     async with httpx.AsyncClient() as plain:
         raw = await plain.get(f"{api.base}/.well-known/agent-card.json")
@@ -296,6 +302,77 @@ async def test_a_bad_key_is_refused_with_401(api: Api) -> None:
     with pytest.raises(A2AClientError) as refused:
         await sent(client, request("hi", message_id="m-1"))
     assert "401" in str(refused.value)
+
+
+@pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
+async def test_the_extended_card_shows_the_caller_and_its_tenants_limits(
+    api: Api, binding: str
+) -> None:
+    await Tenants(api.queue).set_limits("acme", max_queued=7, submit_rate_per_second=5.0)
+    client = await sdk(api, binding=binding)
+    script = {"script": [{"ask": "Which account?"}, {"final": "paid"}]}
+    await sent(client, request("pay", message_id="m-1", data=script))  # waits: not queued
+    card = await client.get_extended_agent_card(GetExtendedAgentCardRequest())
+    assert card.name == "Turnstile"
+    assert {"scripted"} <= {skill.id for skill in card.skills}
+    [caller] = [e for e in card.capabilities.extensions if e.uri == "urn:turnstile:a2a:caller:v1"]
+    params = json_format.MessageToDict(caller.params)
+    assert (params["tenant"], params["principal"], params["scopes"]) == ("acme", "alice", [])
+    assert params["limits"]["max_queued"] == 7
+    assert params["limits"]["submit_rate_per_second"] == 5.0
+    assert params["limits"]["submit_burst"] == 5  # one second's worth, as the bucket takes it
+    assert params["runs"] == {"running": 0, "queued": 0}
+    # Another tenant's caller sees its own tenant, none of acme's limits.
+    operator = await sdk(
+        api, "globex", "bob", binding=binding, key=await api.key("globex", "bob", "operator")
+    )
+    theirs = await operator.get_extended_agent_card(GetExtendedAgentCardRequest())
+    [other] = [e for e in theirs.capabilities.extensions if e.uri == caller.uri]
+    other_params = json_format.MessageToDict(other.params)
+    assert (other_params["tenant"], other_params["scopes"]) == ("globex", ["operator"])
+    assert other_params["limits"]["max_queued"] is None
+
+
+async def test_the_extended_card_counts_the_tenants_queued_runs(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    async with running_api(database_url, engine, tenant_max_queued=3) as idle:  # no workers
+        try:
+            client = await sdk(idle, polling=True)  # non-blocking: the task stays submitted
+            await sent(client, request("wait", message_id="m-1"))
+            card = await client.get_extended_agent_card(GetExtendedAgentCardRequest())
+            [caller] = [
+                e for e in card.capabilities.extensions if e.uri == "urn:turnstile:a2a:caller:v1"
+            ]
+            params = json_format.MessageToDict(caller.params)
+            assert params["runs"] == {"running": 0, "queued": 1}
+            assert params["limits"]["max_queued"] == 3  # the service's default applies
+        finally:
+            while HTTP_CLIENTS:
+                await HTTP_CLIENTS.pop().aclose()
+
+
+@pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
+async def test_the_extended_card_needs_a_key(api: Api, binding: str) -> None:
+    client = await sdk(api, key="tsk_" + "x" * 40, binding=binding)
+    # JSON-RPC: the transport's HTTP 401; HTTP+JSON: the 401's google.rpc.Status, mapped.
+    refusal = A2AClientError if binding == "JSONRPC" else InvalidRequestError
+    with pytest.raises(refusal) as refused:
+        await client.get_extended_agent_card(GetExtendedAgentCardRequest())
+    assert "401" in str(refused.value) or "API key" in str(refused.value)
+    async with httpx.AsyncClient() as plain:
+        for answer in (
+            await plain.get(f"{api.base}/a2a/rest/extendedAgentCard"),
+            await plain.post(
+                f"{api.base}/a2a",
+                json={"jsonrpc": "2.0", "id": 1, "method": "GetExtendedAgentCard", "params": {}},
+            ),
+        ):
+            assert answer.status_code == 401
+            assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+            error = answer.json()["error"]
+            assert error.get("status", "UNAUTHENTICATED") == "UNAUTHENTICATED"
+            assert "caller:v1" not in answer.text
 
 
 @pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
