@@ -440,9 +440,11 @@ def test_every_fenced_write_has_its_recognising_read() -> None:
     earlier commit (runs.sql, "Replays"); heartbeat_many needs none (sent again as it is), nor
     model_budget_reserve: it is never replayed (a lost connection fails the model call, and a
     reservation it may have committed goes back to the budget once its run's hold ends or it
-    expires, docs/model-budgets.md)."""
+    expires, docs/model-budgets.md), nor take_steered: never replayed either (its unknown
+    outcome gives the execution up; what it may have committed is in the run's inputs, which
+    the recovered run reads, so a steered input is neither lost nor taken twice)."""
     named = statements()
     fenced = {name for name, statement in named.items() if statement.fenced}
-    unreplayed = {"heartbeat_many", "model_budget_reserve"}
+    unreplayed = {"heartbeat_many", "model_budget_reserve", "take_steered"}
     missing = sorted(n for n in fenced - unreplayed if f"recognise_{n}" not in named)
     assert missing == []
