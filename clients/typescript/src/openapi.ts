@@ -38,6 +38,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/model-budgets": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list_budgets_model_budgets_get"];
+        put: operations["put_budget_model_budgets_put"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/problems/{slug}": {
         parameters: {
             query?: never;
@@ -323,7 +339,7 @@ export interface paths {
         delete?: never;
         options?: never;
         head?: never;
-        patch?: never;
+        patch: operations["update_session_sessions__session_id__patch"];
         trace?: never;
     };
     "/sessions/{session_id}/events": {
@@ -352,6 +368,54 @@ export interface paths {
         get: operations["session_messages_sessions__session_id__messages_get"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/sessions/{session_id}/pending-turns": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list_pending_turns_sessions__session_id__pending_turns_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/sessions/{session_id}/pending-turns/{turn_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["get_pending_turn_sessions__session_id__pending_turns__turn_id__get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/sessions/{session_id}/pending-turns/{turn_id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["cancel_pending_turn_sessions__session_id__pending_turns__turn_id__cancel_post"];
         delete?: never;
         options?: never;
         head?: never;
@@ -570,6 +634,98 @@ export interface components {
             /** Next */
             next: string | null;
         };
+        /** ModelBudgetDocument */
+        ModelBudgetDocument: {
+            effective: components["schemas"]["ModelBudgetValues"];
+            /** Endpoint */
+            endpoint: string;
+            overrides: components["schemas"]["ModelBudgetValues"];
+            /** Paused Until */
+            paused_until: string | null;
+            /** Pauses */
+            pauses: number;
+            /** Requests Used */
+            requests_used: number;
+            /** Reservations */
+            reservations: number;
+            /** Reserved Tokens */
+            reserved_tokens: number;
+            /** Tokens Used */
+            tokens_used: number;
+            /** Updated At */
+            updated_at: string | null;
+            /** Waits */
+            waits: number;
+        };
+        /** ModelBudgetRequest */
+        ModelBudgetRequest: {
+            /** Endpoint */
+            endpoint: string;
+            /** Requests Per Minute */
+            requests_per_minute?: number | null;
+            /** Tokens Per Minute */
+            tokens_per_minute?: number | null;
+        };
+        /** ModelBudgetValues */
+        ModelBudgetValues: {
+            /** Requests Per Minute */
+            requests_per_minute: number | null;
+            /** Tokens Per Minute */
+            tokens_per_minute: number | null;
+        };
+        /** ModelBudgetsDocument */
+        ModelBudgetsDocument: {
+            /** Budgets */
+            budgets: components["schemas"]["ModelBudgetDocument"][];
+            defaults: components["schemas"]["ModelBudgetValues"];
+        };
+        /** PendingTurnDocument */
+        PendingTurnDocument: {
+            /** Active Run Id */
+            active_run_id: string | null;
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /**
+             * Id
+             * Format: uuid
+             */
+            id: string;
+            /** Interrupt By */
+            interrupt_by: string | null;
+            /**
+             * Kind
+             * @default pending_turn
+             * @constant
+             */
+            kind: "pending_turn";
+            /**
+             * Policy
+             * @enum {string}
+             */
+            policy: "enqueue" | "interrupt" | "steer";
+            /** Position */
+            position: number | null;
+            /** Run Id */
+            run_id: string | null;
+            /**
+             * Session Id
+             * Format: uuid
+             */
+            session_id: string;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "pending" | "started" | "delivered" | "cancelled";
+        };
+        /** PendingTurnList */
+        PendingTurnList: {
+            /** Pending Turns */
+            pending_turns: components["schemas"]["PendingTurnDocument"][];
+        };
         /**
          * PriorityClass
          * @enum {string}
@@ -613,6 +769,8 @@ export interface components {
             classes: {
                 [key: string]: components["schemas"]["ClassDepth"];
             };
+            /** Model Budgets */
+            model_budgets?: components["schemas"]["ModelBudgetDocument"][];
             /** Scope */
             scope: string;
             /** Tenants */
@@ -826,12 +984,43 @@ export interface components {
              * Format: uuid
              */
             id: string;
+            /**
+             * Multitask
+             * @default reject
+             * @enum {string}
+             */
+            multitask: "reject" | "enqueue" | "interrupt" | "steer";
+            /**
+             * Pending Turns
+             * @default 0
+             */
+            pending_turns: number;
             question?: components["schemas"]["JsonValue"];
             /**
              * State
              * @enum {string}
              */
             state: "idle" | "busy" | "waiting_for_user";
+        };
+        /** SessionRequest */
+        SessionRequest: {
+            /** Multitask */
+            multitask?: ("reject" | "enqueue" | "interrupt" | "steer") | null;
+        };
+        /** SessionTurnRequest */
+        SessionTurnRequest: {
+            /** Agent */
+            agent?: string | null;
+            input: components["schemas"]["JsonValue"];
+            /** Multitask */
+            multitask?: ("reject" | "enqueue" | "interrupt" | "steer") | null;
+            priority?: components["schemas"]["PriorityClass"] | null;
+            /** Scheduled For */
+            scheduled_for?: string | null;
+            /** Start Before */
+            start_before?: string | null;
+            /** Start Within */
+            start_within?: number | null;
         };
         /** StuckRun */
         StuckRun: {
@@ -919,19 +1108,6 @@ export interface components {
             submit_burst?: number | null;
             /** Submit Rate Per Second */
             submit_rate_per_second?: number | null;
-        };
-        /** TurnRequest */
-        TurnRequest: {
-            /** Agent */
-            agent?: string | null;
-            input: components["schemas"]["JsonValue"];
-            priority?: components["schemas"]["PriorityClass"] | null;
-            /** Scheduled For */
-            scheduled_for?: string | null;
-            /** Start Before */
-            start_before?: string | null;
-            /** Start Within */
-            start_within?: number | null;
         };
         /** WebhookCreated */
         WebhookCreated: {
@@ -1075,6 +1251,112 @@ export interface operations {
                 };
             };
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    list_budgets_model_budgets_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ModelBudgetsDocument"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    put_budget_model_budgets_put: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ModelBudgetRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ModelBudgetDocument"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2101,7 +2383,11 @@ export interface operations {
             path?: never;
             cookie?: never;
         };
-        requestBody?: never;
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["SessionRequest"] | null;
+            };
+        };
         responses: {
             201: {
                 headers: {
@@ -2111,7 +2397,39 @@ export interface operations {
                     "application/json": components["schemas"]["SessionDocument"];
                 };
             };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2149,6 +2467,79 @@ export interface operations {
                 };
             };
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    update_session_sessions__session_id__patch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SessionRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionDocument"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2272,6 +2663,151 @@ export interface operations {
             };
         };
     };
+    list_pending_turns_sessions__session_id__pending_turns_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PendingTurnList"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    get_pending_turn_sessions__session_id__pending_turns__turn_id__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: string;
+                turn_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PendingTurnDocument"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    cancel_pending_turn_sessions__session_id__pending_turns__turn_id__cancel_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: string;
+                turn_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PendingTurnDocument"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     session_runs_sessions__session_id__runs_get: {
         parameters: {
             query?: {
@@ -2334,7 +2870,7 @@ export interface operations {
         };
         requestBody: {
             content: {
-                "application/json": components["schemas"]["TurnRequest"];
+                "application/json": components["schemas"]["SessionTurnRequest"];
             };
         };
         responses: {
@@ -2346,7 +2882,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["RunDocument"];
+                    "application/json": components["schemas"]["RunDocument"] | components["schemas"]["PendingTurnDocument"];
                 };
             };
             400: {
