@@ -22,6 +22,7 @@ import {
   type Delta,
   type Event,
   type Json,
+  type PendingTurn,
   type PriorityClass,
   type Run,
   type RunRef,
@@ -257,10 +258,14 @@ export class Turnstile {
   /**
    * A user's turn: a new run, or, when the session's run waits for the user, the answer that
    * sends that same run back to the queue. Throws `SessionBusyError` (with `activeRunId`) when
-   * the session's run is queued or running.
+   * the session's run is queued or running. A session whose multitask policy keeps the turn
+   * pending (enqueue, interrupt: docs/turn-control.md) is not followed by this client yet: the
+   * turn is accepted and kept, and this throws a `TypeError` naming the pending turn.
    */
   async submitTurn(session: SessionRef, input: Json, options: SubmitOptions = {}): Promise<Run> {
-    return this.#send<Ok<"submit_turn_sessions__session_id__turns_post", 202>>({
+    const answered: Run | PendingTurn = await this.#send<
+      Ok<"submit_turn_sessions__session_id__turns_post", 202>
+    >({
       method: "POST",
       path: route("/sessions/{session_id}/turns", { session_id: sessionId(session) }),
       body: submissionBody(input, options),
@@ -268,6 +273,13 @@ export class Turnstile {
       retry: true,
       signal: options.signal,
     });
+    if ("kind" in answered && answered.kind === "pending_turn") {
+      throw new TypeError(
+        `the session's multitask policy kept this turn pending (${answered.id}); follow it at ` +
+          `/sessions/${answered.session_id}/pending-turns/${answered.id}`,
+      );
+    }
+    return answered as Run;
   }
 
   /** Answer the question of a run waiting for the user: its session's next turn. */

@@ -48,6 +48,7 @@ export {
   type Delta,
   type Event,
   type Json,
+  type PendingTurn,
   type PriorityClass,
   type Problem,
   type Run,

@@ -11,6 +11,9 @@ type Schemas = components["schemas"];
 export type Run = Schemas["RunDocument"];
 /** A conversation: `idle`, `busy` with its active run, or `waiting_for_user`. */
 export type Session = Schemas["SessionDocument"];
+/** A turn kept until the session's active run ends, interrupts or takes it (a session's
+ * multitask policy other than reject: docs/turn-control.md). */
+export type PendingTurn = Schemas["PendingTurnDocument"];
 export type RunStatus = Schemas["RunStatus"];
 export type PriorityClass = Schemas["PriorityClass"];
 export type SessionState = Session["state"];
