@@ -509,6 +509,9 @@ async def submit_message(
                 session_id,
                 RunSpec(input=values, agent=agent, traceparent=span.traceparent),
                 key,
+                # A busy context is refused whatever the session's multitask policy: how A2A
+                # would follow a pending turn is not mapped yet (docs/a2a.md).
+                multitask="reject",
             )
     except TurnstileError:
         if made is not None:  # a refusal leaves nothing behind, not even the new context

@@ -302,7 +302,11 @@ async def submit(
         )
         session_id = made.id
     try:
-        outcome = await state.submissions.submit_turn(who, session_id, spec, idempotency)
+        # A busy conversation is refused whatever the session's multitask policy: a pending
+        # turn has no Responses API shape yet (docs/responses-api.md).
+        outcome = await state.submissions.submit_turn(
+            who, session_id, spec, idempotency, multitask="reject"
+        )
     except TurnstileError:
         if made is not None:
             await state.reads.discard_empty_session(made.id, tenant_id=caller.tenant_id)
