@@ -36,10 +36,11 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.sse import KEEPALIVE_COMMENT
 from pydantic import ValidationError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Send
 
 from app.api.auth import CallerDep, submitter_of, visible_principal, visible_tenant
 from app.api.json_responses import FastJSONResponse
+from app.api.problem_rewrite import ProblemRewrite
 from app.api.problems import ApiProblem
 from app.api.responses_routes import until_stopped
 from app.api.runs import load_run
@@ -888,39 +889,17 @@ async def task_stream(
 
 
 # --- problem+json under /a2a -------------------------------------------------------------------
-class A2AErrors:
+class A2AErrors(ProblemRewrite):
     """Under `/a2a`, a problem+json answer (from the auth dependency, the body limit, a
     timeout) becomes a JSON-RPC error object with id null: HTTP 200, except a missing or bad
     key, which stays 401 with its `WWW-Authenticate`. Problems are small: the body is read
     whole."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def covers(self, path: str) -> bool:
+        return path == RPC_PATH or path.startswith(REST_PATH + "/")
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path != RPC_PATH and not path.startswith(REST_PATH + "/"):
-            await self.app(scope, receive, send)
-            return
-        start: Message | None = None
-        chunks: list[bytes] = []
-
-        async def sending(message: Message) -> None:
-            nonlocal start
-            if message["type"] == "http.response.start":
-                content_type = dict(message.get("headers", [])).get(b"content-type", b"")
-                if content_type.startswith(b"application/problem+json"):
-                    start = message
-                    return
-            elif message["type"] == "http.response.body" and start is not None:
-                chunks.append(message.get("body", b""))
-                if message.get("more_body", False):
-                    return
-                await self._answer(start, b"".join(chunks), send, rest=path != RPC_PATH)
-                return
-            await send(message)
-
-        await self.app(scope, receive, sending)
+    async def answer(self, start: Message, raw: bytes, send: Send, path: str) -> None:
+        await self._answer(start, raw, send, rest=path != RPC_PATH)
 
     @staticmethod
     async def _answer(start: Message, raw: bytes, send: Send, *, rest: bool) -> None:

@@ -31,10 +31,11 @@ from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from fastapi import APIRouter, FastAPI, Path, Query, Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Send
 
 from app.api.auth import CHALLENGE, CallerDep, submitter_of, visible_principal
 from app.api.json_responses import FastJSONResponse
+from app.api.problem_rewrite import ProblemRewrite
 from app.api.problems import ApiProblem
 from app.api.rate_limits import rate_limit_headers
 from app.api.responses_stream import STOPPED, stream_events
@@ -476,38 +477,16 @@ async def cancel_response(response_id: ResponseId, request: Request, caller: Cal
     return FastJSONResponse(response_document(outcome.run))
 
 
-class OpenAIErrors:
+class OpenAIErrors(ProblemRewrite):
     """Under `/v1`, every problem+json answer (from a handler, the auth dependency, validation,
     the body limit, an unknown route) becomes OpenAI's error shape, its headers (Retry-After,
     WWW-Authenticate, RateLimit) kept. Problems are small, so the body is read whole."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def covers(self, path: str) -> bool:
+        return path == "/v1" or path.startswith("/v1/")
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path != "/v1" and not path.startswith("/v1/"):
-            await self.app(scope, receive, send)
-            return
-        start: Message | None = None
-        chunks: list[bytes] = []
-
-        async def sending(message: Message) -> None:
-            nonlocal start
-            if message["type"] == "http.response.start":
-                content_type = dict(message.get("headers", [])).get(b"content-type", b"")
-                if content_type.startswith(b"application/problem+json"):
-                    start = message
-                    return
-            elif message["type"] == "http.response.body" and start is not None:
-                chunks.append(message.get("body", b""))
-                if message.get("more_body", False):
-                    return
-                await self._answer(start, b"".join(chunks), send)
-                return
-            await send(message)
-
-        await self.app(scope, receive, sending)
+    async def answer(self, start: Message, raw: bytes, send: Send, path: str) -> None:
+        await self._answer(start, raw, send)
 
     @staticmethod
     async def _answer(start: Message, raw: bytes, send: Send) -> None:
