@@ -636,8 +636,8 @@ class Settings(BaseSettings):
         connections (`claim_pool_size`; not behind PgBouncer); for the runs' own writes (tool
         journal, checkpoints, waits, failures) up to ten at once, fewer with fewer slots; and
         two for the registry, maintenance and the API's requests (the heartbeats have their
-        own thread's connection). A 2,000-slot worker needs 19 in all (plus the engines'
-        overflow), not 2,000."""
+        own thread's connection). A 2,000-slot worker needs 19 in all (plus the share for
+        bursts: app/store/engine.py, pool_limit), not 2,000."""
         if self.db_pool_size is not None:
             return self.db_pool_size
         per_group = 2 if self.pgbouncer else 1

@@ -185,6 +185,13 @@ def pgbouncer_options(url: URL) -> tuple[URL, dict[str, Any]]:
     )
 
 
+def pool_limit(pool_size: int) -> int:
+    """The most connections an engine of `pool_size` holds at once: its size and half as much
+    again (at least two), for bursts past what the size was chosen for. A statement that finds
+    them all taken waits for one (up to 30 s, the pool's timeout)."""
+    return pool_size + max(2, pool_size // 2)
+
+
 def create_engine(
     settings: Settings,
     url: str,
@@ -224,8 +231,12 @@ def create_engine(
     engine_options["connect_args"] = {**engine_options.get("connect_args", {}), **connect_args}
     engine = create_async_engine(
         target,
-        pool_size=pool_size,
-        max_overflow=max(2, pool_size // 2),
+        # Every connection the pool may hold is kept once opened, none as overflow: the pool
+        # closes an overflow connection each time one is returned to it full, so demand that
+        # swings above its size (an API process's does, request by request) opened and closed
+        # connections all the time (tests/store/test_connection_reuse.py).
+        pool_size=pool_limit(pool_size),
+        max_overflow=0,
         **engine_options,
     )
 
