@@ -5,6 +5,12 @@ four push-configuration methods, `GetExtendedAgentCard`) and
 the HTTP+JSON binding under `/a2a/rest` (the same operations, one `invoke` behind both),
 driven by the official `a2a-sdk` client unchanged (docs/a2a.md).
 
+A message to a busy context follows its session's multitask policy (docs/turn-control.md):
+`reject` is an error; `enqueue` and `interrupt` answer with a pending task, a pending turn
+whose id its run takes when it starts (migration 0024), so every operation on a task (get,
+list, cancel, stream, subscribe, push configurations) reads the pending turn until the run
+exists (`find_task`); `steer` answers with the active task.
+
 A thin surface: the mapping is app/protocols/a2a.py; sessions, submissions (routing,
 idempotency, rate limits, quotas), reads and cancel are the core's, exactly as for
 `POST /sessions/{id}/turns`, with the caller's tenant and principal. Every error is a JSON-RPC
@@ -38,16 +44,27 @@ from fastapi.sse import KEEPALIVE_COMMENT
 from pydantic import ValidationError
 from starlette.types import Message, Send
 
-from app.api.auth import CallerDep, submitter_of, visible_principal, visible_tenant
+from app.api.auth import (
+    CHALLENGE,
+    CallerDep,
+    submitter_of,
+    visible_principal,
+    visible_tenant,
+)
 from app.api.json_responses import FastJSONResponse
 from app.api.problem_rewrite import ProblemRewrite
 from app.api.problems import ApiProblem
-from app.api.responses_routes import until_stopped
+from app.api.responses_routes import SYNC_WAIT_SECONDS, until_stopped
 from app.api.runs import load_run
 from app.api.schemas import storable_json
 from app.api.services import state_of
 from app.api.streams import KEEPALIVE_SECONDS, STREAM_PAGE, DeltaFilter, HeldStream, wait
-from app.api.watch import STREAM_RECHECK_SECONDS, StreamSlot, recheck_seconds
+from app.api.watch import (
+    POLL_RECHECK_SECONDS,
+    STREAM_RECHECK_SECONDS,
+    StreamSlot,
+    recheck_seconds,
+)
 from app.observability import tracing
 from app.protocols import a2a
 from app.protocols.a2a import A2AError
@@ -57,6 +74,8 @@ from app.queue.errors import (
     IdempotencyKeyInFlightError,
     IdempotencyKeyReusedError,
     InvalidCursorError,
+    PendingTurnsFullError,
+    PendingTurnStartedError,
     QueueQuotaError,
     RateLimitedError,
     RunFinishedError,
@@ -67,6 +86,7 @@ from app.queue.errors import (
     TurnstileError,
 )
 from app.queue.submit import IdempotencyKey, RunSpec, Submitted, request_hash
+from app.queue.turns import PendingTurn
 from app.queue.webhook_endpoints import TaskPushConfig, TaskPushNotFoundError
 from app.runtime.webhook_delivery import (
     DestinationRefusedError,
@@ -192,6 +212,14 @@ def core_error(exc: TurnstileError) -> A2AError:
             str(exc),
             "QUEUE_QUOTA",
             {"maxQueued": str(exc.max_queued), "queued": str(exc.queued)},
+            retry_after=1,
+        )
+    if isinstance(exc, PendingTurnsFullError):
+        return A2AError(
+            a2a.INTERNAL_ERROR,
+            str(exc),
+            "TOO_MANY_PENDING_TASKS",
+            {"maxPending": str(exc.max_pending)},
             retry_after=1,
         )
     if isinstance(exc, AnswerConflictError):
@@ -443,12 +471,119 @@ async def visible_task(request: Request, task_id: str, caller: Caller) -> Run:
         raise a2a.task_not_found(task_id) from None
 
 
+Found = Run | PendingTurn
+"""What a task id names: a run, or a turn waiting for its context's active task (a pending
+turn, docs/turn-control.md): the run it becomes has its id."""
+
+
+async def find_task(request: Request, task_id: str, caller: Caller) -> Found:
+    """The task, if the caller may see it (as `load_run` decides for runs); not found
+    otherwise. A steer delivered into a run is part of that run's task, not a task."""
+    wanted = a2a.uuid_of(task_id)
+    if wanted is None:
+        raise a2a.task_not_found(task_id)
+    run_id = wanted
+    for _ in range(2):
+        try:
+            return await load_run(request, run_id, caller)
+        except RunNotFoundError:
+            pass
+        turn = await state_of(request).submissions.turns.visible_pending_turn(
+            wanted, tenant_id=visible_tenant(caller), principal=visible_principal(caller)
+        )
+        if turn is None or turn.status == "delivered":
+            break
+        if turn.status != "started":
+            return turn
+        # Started between the two reads (its run exists now), or before migration 0024, when
+        # a promoted run took an id of its own: pending_turns.run_id names it.
+        run_id = turn.run_id or wanted
+    raise a2a.task_not_found(task_id)
+
+
+def task_document(
+    found: Found, *, history_length: int | None = None, artifacts: bool = True
+) -> dict[str, Any]:
+    if isinstance(found, Run):
+        return a2a.task_of(found, history_length=history_length, artifacts=artifacts)
+    return a2a.pending_task(
+        task_id=found.id,
+        context_id=found.session_id,
+        status=found.status,
+        updated_at=found.updated_at or found.created_at,
+        input=found.input,
+        policy=found.policy,
+        position=found.position,
+        active_run_id=found.active_run_id,
+        agent=found.agent,
+        history_length=history_length,
+        artifacts=artifacts,
+    )
+
+
+def pending_of(outcome: Submitted) -> tuple[str, UUID] | None:
+    """The pending turn a submission made, as (its policy, its id), or None for a run: the
+    first answer's routing, or a replay's stored document (a pending turn's own, or under
+    steer the active run's with its `pending_turn`)."""
+    document = outcome.document
+    turn = document if document.get("kind") == "pending_turn" else document.get("pending_turn")
+    if not isinstance(turn, dict):
+        return None
+    return str(turn.get("policy")), UUID(str(turn["id"]))
+
+
+def answered_task_id(outcome: Submitted) -> UUID:
+    """The task a send answers with: the pending turn's under enqueue and interrupt (the run it
+    becomes has its id), else the run's (the steered one, under steer)."""
+    pending = pending_of(outcome)
+    if pending is not None and pending[0] != "steer":
+        return pending[1]
+    return outcome.run_id
+
+
+async def until_task_stops(request: Request, found: Found, caller: Caller) -> Found:
+    """A blocking send's wait, as for any task: until it finishes or asks for input, or as it
+    is after `SYNC_WAIT_SECONDS` in all. A pending task is waited for to start first (its
+    session's notifications wake the wait; a read a second is the safety net)."""
+    if isinstance(found, Run):
+        return await until_stopped(request, found, caller)
+    state = state_of(request)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SYNC_WAIT_SECONDS
+    idle = asyncio.Event()  # nothing sets it: the inbox and the timeout wake this wait
+    with (
+        state.streams.acquire(caller.key_id, caller.tenant_id) as slot,
+        state.live.following(session_id=found.session_id) as inbox,
+    ):
+        while True:
+            found = await find_task(request, str(found.id), caller)
+            remaining = deadline - loop.time()
+            if isinstance(found, Run) or found.status != "pending" or remaining <= 0:
+                break
+            if state.shutdown.is_set():
+                return found
+            await wait(inbox, idle, state.shutdown, min(POLL_RECHECK_SECONDS, remaining), slot)
+            inbox.take()
+            if slot.ended.is_set():
+                raise ApiProblem(
+                    "unauthorized",
+                    "the API key was revoked while this request waited",
+                    headers=CHALLENGE,
+                )
+    remaining = deadline - loop.time()
+    if isinstance(found, Run) and remaining > 0:
+        return await until_stopped(request, found, caller, seconds=remaining)
+    return found
+
+
 async def submit_message(
     request: Request, caller: Caller, params: a2a.SendMessageParams
 ) -> Submitted:
     """The message as a turn: to the task it names (the answer to its question), to the context
-    it names, or to a new context. The message id is the idempotency key: a retried send,
-    whatever has happened since, answers with the first send's task."""
+    it names (while its task is submitted or working, as the multitask policy says: the
+    request's `metadata.multitask`, else the session's), or to a new context. The message id is
+    the idempotency key: a retried send, whatever has happened since, answers with the first
+    send's task."""
     state = state_of(request)
     message = params.message
     if message.role != "ROLE_USER":
@@ -473,8 +608,18 @@ async def submit_message(
     if replay is not None:
         return replay
     session_id: UUID | None = None
+    multitask = a2a.multitask_of(params)
     if message.task_id is not None:
-        run = await visible_task(request, message.task_id, caller)
+        named = await find_task(request, message.task_id, caller)
+        if isinstance(named, PendingTurn):
+            raise A2AError(
+                a2a.UNSUPPORTED_OPERATION,
+                f"task {named.id} is {a2a.PENDING_STATE.get(named.status, named.status)}: "
+                "it takes no message until it has started and asks for input",
+                "TASK_NOT_WAITING",
+                {"taskId": str(named.id)},
+            )
+        run = named
         if run.session_id is None:
             raise A2AError(
                 a2a.UNSUPPORTED_OPERATION,
@@ -493,6 +638,9 @@ async def submit_message(
         if run.status != "waiting_for_user":
             raise core_error(RunNotWaitingError(run.id, run.status))
         session_id = run.session_id
+        # The answer to that task, or nothing: never a pending task of its context (a run
+        # that stopped waiting meanwhile is refused, not queued behind).
+        multitask = "reject"
     elif message.context_id is not None:
         session_id = a2a.uuid_of(message.context_id)
         if session_id is None:
@@ -510,9 +658,9 @@ async def submit_message(
                 session_id,
                 RunSpec(input=values, agent=agent, traceparent=span.traceparent),
                 key,
-                # A busy context is refused whatever the session's multitask policy: how A2A
-                # would follow a pending turn is not mapped yet (docs/a2a.md).
-                multitask="reject",
+                # The request's own policy (metadata.multitask), else the session's: a busy
+                # context's message may wait as a pending task (docs/a2a.md).
+                multitask=multitask,
             )
     except TurnstileError:
         if made is not None:  # a refusal leaves nothing behind, not even the new context
@@ -530,11 +678,16 @@ async def send_message(
 ) -> dict[str, Any]:
     params = a2a.SendMessageParams.model_validate(raw)
     outcome = await submit_with_push(request, caller, params)
-    run = await load_run(request, outcome.run_id, caller)
     configuration = params.configuration or a2a.SendConfiguration()
+    history = configuration.history_length
+    pending = pending_of(outcome)
+    found = await find_task(request, str(answered_task_id(outcome)), caller)
     if not configuration.return_immediately:
-        run = await until_stopped(request, run, caller)
-    return {"task": a2a.task_of(run, history_length=configuration.history_length)}
+        found = await until_task_stops(request, found, caller)
+    task = task_document(found, history_length=history)
+    if pending is not None and pending[0] == "steer" and isinstance(found, Run):
+        task = a2a.steered_task(task, params.message, pending[1], history)
+    return {"task": task}
 
 
 async def send_streaming_message(
@@ -546,27 +699,46 @@ async def send_streaming_message(
     slot = state.streams.acquire(caller.key_id, caller.tenant_id)
     try:
         outcome = await submit_with_push(request, caller, params)
-        run = await load_run(request, outcome.run_id, caller)
+        found = await find_task(request, str(answered_task_id(outcome)), caller)
     except BaseException:
         slot.release()
         raise
-    return HeldStream(slot, task_stream(request, run, caller, framing, run.last_event_seq, slot))
+    if isinstance(found, PendingTurn):
+        return HeldStream(slot, pending_stream(request, found, caller, framing, 0, slot))
+    return HeldStream(
+        slot, task_stream(request, found, caller, framing, found.last_event_seq, slot)
+    )
 
 
 async def get_task(
     request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
 ) -> dict[str, Any]:
     params = a2a.TaskParams.model_validate(raw)
-    run = await visible_task(request, params.id, caller)
-    return a2a.task_of(run, history_length=params.history_length)
+    found = await find_task(request, params.id, caller)
+    return task_document(found, history_length=params.history_length)
 
 
 async def cancel_task(
     request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
 ) -> dict[str, Any]:
     params = a2a.TaskParams.model_validate(raw)
-    run = await visible_task(request, params.id, caller)
-    outcome = await state_of(request).queue.cancel(
+    state = state_of(request)
+    run = await find_task(request, params.id, caller)
+    if isinstance(run, PendingTurn):
+        if run.tenant_id != caller.tenant_id:  # writes stay within the caller's own tenant
+            raise a2a.task_not_found(params.id)
+        try:
+            withdrawn = await state.submissions.turns.cancel_pending(
+                submitter_of(caller), run.session_id, run.id
+            )
+        except PendingTurnStartedError:
+            run = await find_task(request, params.id, caller)  # its run now: cancel that
+        else:
+            state.live.session_changed(run.session_id)
+            return task_document(withdrawn)
+        if isinstance(run, PendingTurn):  # withdrawn meanwhile by another cancel
+            return task_document(run)
+    outcome = await state.queue.cancel(
         run.id,
         actor=caller.actor,
         reason="cancelled through A2A",
@@ -591,12 +763,13 @@ async def list_tasks(
         if session_id is None:
             return {"tasks": [], "nextPageToken": "", "pageSize": 0, "totalSize": 0}
     size = params.page_size or 50
+    status = a2a.status_filter(params.status)
     try:
         page = await state_of(request).reads.runs_page(
             tenant_id=caller.tenant_id,
             principal=visible_principal(caller),
             filters={
-                "status": a2a.status_filter(params.status),
+                "status": status,
                 "min_priority": None,
                 "max_priority": None,
                 "session_id": session_id,
@@ -608,9 +781,24 @@ async def list_tasks(
         )
     except InvalidCursorError:
         raise a2a.invalid_params("pageToken", "not a page token this agent gave out") from None
+    found: list[Found] = []
+    if session_id is not None and not params.page_token and status in (None, "queued"):
+        # The context's tasks not started yet (submitted, waiting for its active task) come
+        # first on the first page: they are not runs, so not in the runs' page.
+        found.extend(
+            await state_of(request).submissions.turns.waiting_turns(
+                session_id,
+                tenant_id=caller.tenant_id,
+                principal=visible_principal(caller),
+                limit=100,
+            )
+        )
+    found.extend(page.runs)
     tasks = [
-        a2a.task_of(run, history_length=params.history_length, artifacts=params.include_artifacts)
-        for run in page.runs
+        task_document(
+            item, history_length=params.history_length, artifacts=params.include_artifacts
+        )
+        for item in found
     ]
     return {
         "tasks": tasks,
@@ -633,8 +821,20 @@ async def subscribe_to_task(
     request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
 ) -> HeldStream:
     params = a2a.TaskParams.model_validate(raw)
-    run = await visible_task(request, params.id, caller)
+    found = await find_task(request, params.id, caller)
     resume = last_event_id(request)
+    if isinstance(found, PendingTurn):
+        if found.status != "pending":
+            raise A2AError(
+                a2a.UNSUPPORTED_OPERATION,
+                f"task {found.id} is {a2a.PENDING_STATE.get(found.status, found.status)}: "
+                "there is nothing to subscribe to",
+                "TASK_TERMINAL",
+                {"taskId": str(found.id)},
+            )
+        slot = state_of(request).streams.acquire(caller.key_id, caller.tenant_id)
+        return HeldStream(slot, pending_stream(request, found, caller, framing, resume or 0, slot))
+    run = found
     if run.status in TERMINAL and (resume is None or resume >= run.last_event_seq):
         raise A2AError(
             a2a.UNSUPPORTED_OPERATION,
@@ -657,14 +857,15 @@ def push_refusal(exc: SecretKeyMissingError | DestinationRefusedError, field: st
 async def store_push(
     request: Request,
     caller: Caller,
-    run: Run,
+    run: Found,
     config: a2a.PushConfigParams,
     field: str,
     *,
     catch_up: bool = False,
 ) -> dict[str, Any]:
     """Store a push configuration of the caller's task; its document. A configuration
-    without a token gets one of ours, answered here (it keys the signature too)."""
+    without a token gets one of ours, answered here (it keys the signature too). A pending
+    task's is stored under its id, which its run will have: the run's transitions push it."""
     state = state_of(request)
     token = config.token or secrets.token_urlsafe(32)
     stored = a2a.push_secret(token, config.authentication)
@@ -721,8 +922,8 @@ async def submit_with_push(
     if task_id is None:
         outcome = await submit_message(request, caller, params)
         if not outcome.replayed:
-            run = await load_run(request, outcome.run_id, caller)
-            await store_push(request, caller, run, config, f"{field}.url", catch_up=True)
+            task = await find_task(request, str(answered_task_id(outcome)), caller)
+            await store_push(request, caller, task, config, f"{field}.url", catch_up=True)
         return outcome
     run = await visible_task(request, task_id, caller)
     document = await store_push(request, caller, run, config, f"{field}.url")
@@ -746,7 +947,7 @@ async def create_push_config(
     config = a2a.PushConfigParams.model_validate(raw)
     if not config.task_id:
         raise a2a.invalid_params("taskId", "the task to push notifications of")
-    run = await visible_task(request, config.task_id, caller)
+    run = await find_task(request, config.task_id, caller)
     return await store_push(request, caller, run, config, "url")
 
 
@@ -754,7 +955,7 @@ async def get_push_config(
     request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
 ) -> dict[str, Any]:
     params = a2a.PushConfigRef.model_validate(raw)
-    run = await visible_task(request, params.task_id, caller)
+    run = await find_task(request, params.task_id, caller)
     found = await state_of(request).webhooks.task_push(
         tenant_id=run.tenant_id, run_id=run.id, config_id=params.id
     )
@@ -765,7 +966,7 @@ async def list_push_configs(
     request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
 ) -> dict[str, Any]:
     params = a2a.ListPushConfigsParams.model_validate(raw)
-    run = await visible_task(request, params.task_id, caller)
+    run = await find_task(request, params.task_id, caller)
     after = a2a.uuid_of(params.page_token) if params.page_token else None
     if params.page_token and after is None:
         raise a2a.invalid_params("pageToken", "not a page token this agent gave out")
@@ -785,7 +986,7 @@ async def delete_push_config(
     request: Request, caller: Caller, framing: Framing, raw: dict[str, Any]
 ) -> dict[str, Any]:
     params = a2a.PushConfigRef.model_validate(raw)
-    run = await visible_task(request, params.task_id, caller)
+    run = await find_task(request, params.task_id, caller)
     await state_of(request).webhooks.delete_task_push(
         tenant_id=run.tenant_id, run_id=run.id, config_id=params.id, actor=caller.actor
     )
@@ -819,14 +1020,73 @@ def sse(framing: Framing, item: dict[str, Any], event_id: int | None = None) -> 
     return f"{head}data: {data}\n\n".encode()
 
 
-async def task_stream(
-    request: Request, run: Run, caller: Caller, framing: Framing, after: int, slot: StreamSlot
+async def pending_stream(
+    request: Request,
+    turn: PendingTurn,
+    caller: Caller,
+    framing: Framing,
+    after: int,
+    slot: StreamSlot,
 ) -> AsyncIterator[bytes]:
-    """The task as it stands, then its events after `after` and its live text, until it
-    finishes or asks for input (or the key is revoked, or the server stops)."""
+    """A pending task's stream: the task as it stands (`submitted`), then, once it has started,
+    its run's events after `after` (0: every one, from `run.created`; the run has the task's
+    id) as `task_stream` follows a run. A task withdrawn first ends it `canceled`. What wakes
+    the wait is its session's notifications (the promotion's, a withdrawal's event on the
+    active run); a read a second is the safety net."""
     state = state_of(request)
     loop = asyncio.get_running_loop()
-    yield sse(framing, {"task": a2a.task_of(run)}, after)
+    yield sse(framing, {"task": task_document(turn)})
+    last_sent = loop.time()
+    found: Found = turn
+    idle = asyncio.Event()  # nothing sets it: the inbox and the timeout wake the wait
+    with state.live.following(session_id=turn.session_id) as inbox:
+        while not state.shutdown.is_set() and not slot.ended.is_set():
+            try:
+                found = await find_task(request, str(turn.id), caller)
+            except A2AError:
+                return  # gone (its session deleted) or no longer visible: the stream ends
+            if isinstance(found, Run):
+                break
+            if found.status != "pending":
+                status = task_document(found, history_length=0)["status"]
+                yield sse(
+                    framing,
+                    {
+                        "statusUpdate": {
+                            "taskId": str(found.id),
+                            "contextId": str(found.session_id),
+                            "status": status,
+                        }
+                    },
+                )
+                return
+            if loop.time() - last_sent >= KEEPALIVE_SECONDS:
+                yield KEEPALIVE_COMMENT
+                last_sent = loop.time()
+            await wait(inbox, idle, state.shutdown, POLL_RECHECK_SECONDS, slot)
+            inbox.take()
+    if isinstance(found, Run):
+        async for frame in task_stream(request, found, caller, framing, after, slot, opening=False):
+            yield frame
+
+
+async def task_stream(
+    request: Request,
+    run: Run,
+    caller: Caller,
+    framing: Framing,
+    after: int,
+    slot: StreamSlot,
+    *,
+    opening: bool = True,
+) -> AsyncIterator[bytes]:
+    """The task as it stands (unless not `opening`: a pending task's stream said it), then its
+    events after `after` and its live text, until it finishes or asks for input (or the key is
+    revoked, or the server stops)."""
+    state = state_of(request)
+    loop = asyncio.get_running_loop()
+    if opening:
+        yield sse(framing, {"task": a2a.task_of(run)}, after)
     last_sent = loop.time()
     next_check = loop.time()
     known = DeltaFilter(run.id)

@@ -125,14 +125,16 @@ async def visible_run(request: Request, response: str, caller: Caller) -> Run:
     return await load_run(request, run_id, caller)
 
 
-async def until_stopped(request: Request, run: Run, caller: Caller) -> Run:
-    """The run once it stops (finished or asking the user), or as it is after
-    `SYNC_WAIT_SECONDS`; held as a long poll is (capped per key and per process)."""
+async def until_stopped(
+    request: Request, run: Run, caller: Caller, *, seconds: float = SYNC_WAIT_SECONDS
+) -> Run:
+    """The run once it stops (finished or asking the user), or as it is after `seconds`
+    (`SYNC_WAIT_SECONDS`); held as a long poll is (capped per key and per process)."""
     state = state_of(request)
     if run.status in STOPPED:
         return run
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + SYNC_WAIT_SECONDS
+    deadline = loop.time() + seconds
     with (
         state.streams.acquire(caller.key_id, caller.tenant_id) as slot,
         state.watch.watching(str(run.id)) as changed,

@@ -187,7 +187,7 @@ class SessionRequest(Strict):
 class PendingTurnDocument(BaseModel):
     """A turn waiting for its session's active run (docs/turn-control.md)."""
 
-    id: UUID
+    id: UUID = Field(description="Also the id of the run it becomes when it starts.")
     kind: Literal["pending_turn"] = "pending_turn"
     session_id: UUID
     policy: Literal["enqueue", "interrupt", "steer"]

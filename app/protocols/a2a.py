@@ -3,11 +3,13 @@ functions, no HTTP, no SQL.
 
 A task is a run, its `id` the run's id; a context is a session, its `contextId` the session's
 id. A message with no context starts a session; one naming a context is a turn in it (our
-routing of ADR-0004, unchanged: a new run, the answer to the run waiting for the user, or a
-refusal while its run is queued or running); one naming a task in `input-required` is the
-answer that resumes that same run. The message's id is the submission's idempotency key
-(`a2a:<messageId>`, scoped to the tenant and principal as every `Idempotency-Key` is), so a
-retried send makes one run.
+routing of ADR-0004: a new run, the answer to the run waiting for the user, or, while its run
+is queued or running, what the session's multitask policy says: a refusal under `reject`, a
+pending task under `enqueue` and `interrupt` (`pending_task`: a pending turn, whose run takes
+its id), the active task under `steer` (`steered_task`)); one naming a task in
+`input-required` is the answer that resumes that same run. The message's id is the
+submission's idempotency key (`a2a:<messageId>`, scoped to the tenant and principal as every
+`Idempotency-Key` is), so a retried send makes one run.
 
 What the run is given: the text of the message's text parts joined (`text`), the keys of its
 data parts that are JSON objects (how a caller drives an agent such as `scripted` that reads
@@ -429,6 +431,25 @@ def skill_of(params: SendMessageParams) -> str | None:
     return None
 
 
+POLICIES = ("reject", "enqueue", "interrupt", "steer")
+MULTITASK_KEY = "multitask"
+
+
+def multitask_of(params: SendMessageParams) -> str | None:
+    """The multitask policy the request asks for a busy context (`metadata.multitask`, else
+    the message's; docs/turn-control.md), or None: the session's own. A2A has no field for it."""
+    for where, metadata in (
+        ("metadata", params.metadata),
+        ("message.metadata", params.message.metadata),
+    ):
+        if metadata and MULTITASK_KEY in metadata:
+            value = metadata[MULTITASK_KEY]
+            if value not in POLICIES:
+                raise invalid_params(f"{where}.{MULTITASK_KEY}", f"one of {', '.join(POLICIES)}")
+            return str(value)
+    return None
+
+
 def run_input(message: Message) -> dict[str, JSON]:
     """The run's input: the data parts' keys, then the text of the text parts and the message
     id. Files (url or raw parts) are not spoken: ContentTypeNotSupported."""
@@ -461,7 +482,11 @@ def message_fingerprint(params: SendMessageParams) -> dict[str, JSON]:
     """What makes a retried send the same request (its idempotency hash): the message and
     the skill, not the delivery options (blocking, history length)."""
     message = params.message.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return {"message": message, "skill": skill_of(params)}
+    fingerprint: dict[str, JSON] = {"message": message, "skill": skill_of(params)}
+    multitask = multitask_of(params)
+    if multitask is not None:  # only when given: the hashes of sends without it stay as they were
+        fingerprint["multitask"] = multitask
+    return fingerprint
 
 
 # --- responses ---------------------------------------------------------------------------------
@@ -564,6 +589,88 @@ def task_of(
         task["history"] = history
     task["metadata"] = {
         "turnstile": {"status": run.status, "agent": run.agent, "attempts": run.attempts}
+    }
+    return task
+
+
+# A pending turn's status -> its task's state while it is no run (a started one is its run, the
+# same id; a steer delivered into a run is part of that run's task, not a task of its own).
+PENDING_STATE = {"pending": "TASK_STATE_SUBMITTED", "cancelled": "TASK_STATE_CANCELED"}
+
+
+def pending_task(
+    *,
+    task_id: UUID,
+    context_id: UUID,
+    status: str,
+    updated_at: datetime,
+    input: JSON,
+    policy: str,
+    position: int | None,
+    active_run_id: UUID | None,
+    agent: str,
+    history_length: int | None = None,
+    artifacts: bool = True,
+) -> dict[str, Any]:
+    """The Task of a turn waiting for its context's active task (a pending turn; the run it
+    becomes has the same id): `submitted` while it waits, `canceled` once withdrawn."""
+    task: dict[str, Any] = {
+        "id": str(task_id),
+        "contextId": str(context_id),
+        "status": {
+            "state": PENDING_STATE.get(status, "TASK_STATE_SUBMITTED"),
+            "timestamp": timestamp(updated_at),
+        },
+    }
+    if artifacts:
+        task["artifacts"] = []
+    if history_length != 0:
+        values = input if isinstance(input, dict) else {}
+        text = values.get("text")
+        message_id = values.get("message_id")
+        history: list[dict[str, Any]] = []
+        if isinstance(text, str):
+            history.append(
+                {
+                    "messageId": message_id if isinstance(message_id, str) else f"{task_id}-input",
+                    "contextId": str(context_id),
+                    "taskId": str(task_id),
+                    "role": "ROLE_USER",
+                    "parts": [{"text": text}],
+                }
+            )
+        task["history"] = history if history_length is None else history[-history_length:]
+    task["metadata"] = {
+        "turnstile": {
+            "status": status,
+            "pendingTurn": True,
+            "policy": policy,
+            "position": position,
+            "activeTaskId": None if active_run_id is None else str(active_run_id),
+            "agent": agent,
+        }
+    }
+    return task
+
+
+def steered_task(
+    task: dict[str, Any], message: Message, turn_id: UUID, history_length: int | None
+) -> dict[str, Any]:
+    """The active task a message steered (`steer`): the message at the end of its history,
+    and the pending turn it waits as until the run takes it (`metadata.turnstile.steer`; a
+    task that ends first leaves it to become the context's next task, with that id)."""
+    if history_length != 0:
+        sent = {
+            "messageId": message.message_id,
+            "contextId": task["contextId"],
+            "taskId": task["id"],
+            "role": "ROLE_USER",
+            "parts": [{"text": "\n".join(p.text for p in message.parts if p.text is not None)}],
+        }
+        history = [*task.get("history", []), sent]
+        task["history"] = history if history_length is None else history[-history_length:]
+    task.setdefault("metadata", {}).setdefault("turnstile", {})["steer"] = {
+        "pendingTurnId": str(turn_id)
     }
     return task
 

@@ -62,6 +62,13 @@ class PendingTurn:
     run_id: UUID | None
     created_at: Any
     interrupt_by: Any
+    # Not in its document (GET /sessions/{id}/pending-turns/{id} shows none of them): what an
+    # A2A task made of it shows (docs/a2a.md).
+    tenant_id: str = ""
+    principal: str = ""  # the session's owner, as its run's will be
+    agent: str = ""
+    input: JSON = None
+    updated_at: Any = None
 
     @classmethod
     def from_row(cls, row: RowMapping) -> PendingTurn:
@@ -76,6 +83,11 @@ class PendingTurn:
             run_id=row["run_id"],
             created_at=row["created_at"],
             interrupt_by=row["interrupt_by"],
+            tenant_id=row["tenant_id"],
+            principal=row["principal"],
+            agent=row["agent"],
+            input=row["input"],
+            updated_at=row["updated_at"],
         )
 
     def to_document(self) -> dict[str, JSON]:
@@ -280,6 +292,29 @@ class TurnControl:
         if row is None:
             raise PendingTurnNotFoundError(turn_id)
         return PendingTurn.from_row(row)
+
+    async def visible_pending_turn(
+        self, turn_id: UUID, *, tenant_id: str | None, principal: str | None
+    ) -> PendingTurn | None:
+        """A pending turn by its id alone (an A2A task's), if the tenant and principal given
+        may see it (None: any)."""
+        row = await turn_rows.visible_pending_turn(
+            self.queue.engine, turn_id=turn_id, tenant_id=tenant_id, principal=principal
+        )
+        return None if row is None else PendingTurn.from_row(row)
+
+    async def waiting_turns(
+        self, session_id: UUID, *, tenant_id: str | None, principal: str | None, limit: int
+    ) -> list[PendingTurn]:
+        """A session's pending turns, newest first (an A2A context's task list)."""
+        rows = await turn_rows.waiting_turns_of_session(
+            self.queue.engine,
+            session_id=session_id,
+            tenant_id=tenant_id,
+            principal=principal,
+            limit=limit,
+        )
+        return [PendingTurn.from_row(row) for row in rows]
 
     async def pending_turns(self, session_id: UUID) -> list[PendingTurn]:
         rows = await turn_rows.pending_turns_of_session(self.queue.engine, session_id)

@@ -101,6 +101,33 @@ async def pending_turn(
     return (await conn.execute(q("pending_turn"), params)).mappings().one_or_none()
 
 
+async def visible_pending_turn(
+    engine: AsyncEngine, *, turn_id: UUID, tenant_id: str | None, principal: str | None
+) -> RowMapping | None:
+    params = {"turn_id": turn_id, "tenant_id": tenant_id, "principal": principal}
+    async with engine.connect() as conn:
+        return (await conn.execute(q("visible_pending_turn"), params)).mappings().one_or_none()
+
+
+async def waiting_turns_of_session(
+    engine: AsyncEngine,
+    *,
+    session_id: UUID,
+    tenant_id: str | None,
+    principal: str | None,
+    limit: int,
+) -> list[RowMapping]:
+    params = {
+        "session_id": session_id,
+        "tenant_id": tenant_id,
+        "principal": principal,
+        "limit": limit,
+    }
+    async with engine.connect() as conn:
+        result = await conn.execute(q("waiting_turns_of_session"), params)
+        return list(result.mappings().all())
+
+
 async def pending_turns_of_session(engine: AsyncEngine, session_id: UUID) -> list[RowMapping]:
     async with engine.connect() as conn:
         result = await conn.execute(q("pending_turns_of_session"), {"session_id": session_id})

@@ -133,6 +133,9 @@ async def test_enqueued_turns_start_in_order_as_each_run_completes(api: Api) -> 
         str(active["id"]),
         None,
     )
+    # The run took the pending turn's own id (migration 0024): whoever followed the turn
+    # follows the run under the id it already had.
+    assert str(active["id"]) == pending["id"]
     third_now = (await client.get(f"/sessions/{session}/pending-turns/{third['id']}")).json()
     assert third_now["position"] == 1
     run = (await client.get(f"/runs/{active['id']}")).json()
@@ -357,6 +360,7 @@ async def test_a_steer_that_arrives_as_the_run_ends_becomes_the_next_run(api: Ap
         await client.get(f"/sessions/{session}/pending-turns/{steered['pending_turn']['id']}")
     ).json()
     assert (followed["status"], followed["run_id"]) == ("started", str(active["id"]))
+    assert str(active["id"]) == steered["pending_turn"]["id"]  # the next run has its id
     assert await check_all_runs(api.engine) == 2
 
 

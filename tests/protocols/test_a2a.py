@@ -645,7 +645,14 @@ PARAMS = st.fixed_dictionaries(
             {}, optional={"returnImmediately": JSON_VALUES, "historyLength": JSON_VALUES}
         )
         | JSON_VALUES,
-        "metadata": st.fixed_dictionaries({}, optional={"skill": JSON_VALUES}) | JSON_VALUES,
+        "metadata": st.fixed_dictionaries(
+            {},
+            optional={
+                "skill": JSON_VALUES,
+                "multitask": st.sampled_from(["enqueue", "steer", "interrupt", "x"]) | JSON_VALUES,
+            },
+        )
+        | JSON_VALUES,
         "id": st.text(max_size=40) | JSON_VALUES,
         "historyLength": JSON_VALUES,
     },

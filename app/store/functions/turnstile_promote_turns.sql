@@ -18,6 +18,10 @@ LANGUAGE plpgsql VOLATILE AS $fn$
 -- when it was accepted). A session that still has an active run is left alone. Lock order:
 -- the ended run's row (the caller's), then the pending turn's; the session row is not taken
 -- (a submission holds it while it waits for the run's row). One notification per promoted run.
+--
+-- The run takes the pending turn's own id (migration 0024): a caller that followed the turn
+-- (an A2A task, docs/a2a.md) follows the run under the id it already has. Both are random
+-- uuids from different tables, so the id is free in runs; pending_turns.run_id is still set.
 DECLARE
     v_now timestamptz := coalesce(p_now, now());
     v_session uuid;
@@ -46,7 +50,7 @@ BEGIN
         END LOOP;
         CONTINUE WHEN v_turn.id IS NULL;
         SELECT * INTO v_run FROM turnstile_create_runs(
-            v_now, ARRAY[gen_random_uuid()], ARRAY[v_turn.tenant_id], ARRAY[v_turn.principal],
+            v_now, ARRAY[v_turn.id], ARRAY[v_turn.tenant_id], ARRAY[v_turn.principal],
             ARRAY[v_session], ARRAY[v_turn.priority], ARRAY[v_turn.agent], ARRAY[v_turn.input],
             ARRAY[v_turn.max_attempts], ARRAY[NULL::timestamptz], ARRAY[NULL::uuid],
             ARRAY[NULL::timestamptz], ARRAY[NULL::uuid], ARRAY[v_turn.traceparent],

@@ -280,6 +280,35 @@ FROM pending_turns p
 WHERE p.id = :turn_id AND p.session_id = :session_id;
 
 
+-- name: visible_pending_turn
+-- A pending turn by its id alone, as a caller that was given it as a task (docs/a2a.md) looks
+-- it up: :tenant_id and :principal limit what a key sees (None, no limit on that column), as
+-- get_run does for runs (the turn's principal is its session's owner, as its run's will be).
+SELECT p.*,
+       CASE WHEN p.status = 'pending' THEN
+           (SELECT count(*) FROM pending_turns o
+            WHERE o.session_id = p.session_id AND o.status = 'pending'
+              AND ((o.policy = 'interrupt') > (p.policy = 'interrupt')
+                   OR ((o.policy = 'interrupt') = (p.policy = 'interrupt') AND o.seq <= p.seq)))
+       END AS position
+FROM pending_turns p
+WHERE p.id = :turn_id
+  AND (CAST(:tenant_id AS text) IS NULL OR p.tenant_id = :tenant_id)
+  AND (CAST(:principal AS text) IS NULL OR p.principal = :principal);
+
+
+-- name: waiting_turns_of_session
+-- A session's pending turns newest first, as a context's task list shows them beside its
+-- runs (the partial index on pending ones; withdrawn turns are not listed, that would scan).
+SELECT p.*, NULL::bigint AS position
+FROM pending_turns p
+WHERE p.session_id = :session_id AND p.status = 'pending'
+  AND (CAST(:tenant_id AS text) IS NULL OR p.tenant_id = :tenant_id)
+  AND (CAST(:principal AS text) IS NULL OR p.principal = :principal)
+ORDER BY p.seq DESC
+LIMIT :limit;
+
+
 -- name: pending_turns_of_session
 -- A session's pending turns in the order they will start.
 SELECT p.*, row_number() OVER (ORDER BY (p.policy = 'interrupt') DESC, p.seq) AS position
