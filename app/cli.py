@@ -579,6 +579,36 @@ async def runs_cancel(runbook: Runbook, args: argparse.Namespace) -> object:
     return outcome.run.to_document()
 
 
+async def runs_decide(runbook: Runbook, args: argparse.Namespace) -> object:
+    """`turnstile runs approve|reject|edit RUN`: an operator's decision on the tool call a run
+    waits for, as the run's owner would send it (app/queue/approvals.py)."""
+    from app.queue.approvals import ApprovalAnswer
+    from app.queue.submit import Submitter
+
+    run_id = _uuid(args.run_id)
+    found = await runbook.queue.get_run(run_id, tenant_id=args.tenant)
+    if found is None:
+        raise CommandError(f"run {run_id} not found")
+    request = found.approval_request
+    call_id = args.call_id or (request.get("call_id") if isinstance(request, dict) else None)
+    if call_id is None:
+        raise CommandError(f"run {run_id} is {found.status}, waiting for no approval")
+    edited = None
+    if args.decision == "edit":
+        try:
+            edited = json.loads(args.args)
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"--args is not JSON: {exc}") from None
+        if not isinstance(edited, dict):
+            raise CommandError("--args must be a JSON object")
+    who = Submitter(
+        found.tenant_id, runbook.actor.actor, actor=runbook.actor.actor, own_sessions_only=False
+    )
+    answer = ApprovalAnswer(str(call_id), args.decision, edited, args.reason)
+    decided = await runbook.submissions.approvals.answer_run(who, run_id, answer, None)
+    return decided.document
+
+
 async def runs_resubmit(runbook: Runbook, args: argparse.Namespace) -> object:
     submitted = await runbook.submissions.resubmit(
         runbook.actor, _uuid(args.run_id), tenant_id=args.tenant
@@ -822,6 +852,20 @@ def build_parser() -> argparse.ArgumentParser:
         action.add_argument("--tenant", help="only if the run belongs to this tenant")
         action.add_argument("--json", action="store_true", help="print JSON rather than text")
         action.set_defaults(func=_runbook(command))
+    for decision, text in (
+        ("approve", "approve the tool call a run waits for (docs/approvals.md)"),
+        ("reject", "refuse the tool call a run waits for; the agent is told --reason"),
+        ("edit", "approve the tool call with other arguments (--args, checked)"),
+    ):
+        action = runs_sub.add_parser(decision, help=text)
+        action.add_argument("run_id", help="the run's id")
+        action.add_argument("--call-id", help="the call (default: the one the run waits for)")
+        action.add_argument("--reason", help="why (a rejection's is what the agent is told)")
+        if decision == "edit":
+            action.add_argument("--args", required=True, help="the arguments, as a JSON object")
+        action.add_argument("--tenant", help="only if the run belongs to this tenant")
+        action.add_argument("--json", action="store_true", help="print JSON rather than text")
+        action.set_defaults(func=_runbook(runs_decide), decision=decision)
     stuck = runs_sub.add_parser("stuck", help="expired leases, long queues, long waits")
     stuck.add_argument("--tenant", help="only this tenant's runs (default: every tenant's)")
     stuck.add_argument(

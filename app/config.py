@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.vocabulary.allowed_hosts import parse_allowed
+from app.vocabulary.approval_policy import parse_default
 from app.vocabulary.deadlines import MAX_START_WITHIN_SECONDS
 
 if TYPE_CHECKING:
@@ -221,6 +222,13 @@ class Settings(BaseSettings):
         "its next model or tool call) before it is cancelled as a cancel would (open calls "
         "settled by their idempotency class). Enforced by the sweep, so a dead worker does "
         "not hold an interrupt up longer than this plus a sweep interval.",
+    )
+    # --- approval before a tool call (docs/approvals.md) ---------------------------------------
+    approval_required: str = Field(
+        default="",
+        description="Which tool calls wait for a user's approval when neither the turn nor its "
+        "session says: comma-separated tool names and `class:<safe|keyed|unsafe>` items, e.g. "
+        "`http_request,class:unsafe`. Empty (the default): none.",
     )
     # --- tenants (README "Limits and rate limits") ---------------------------------------------
     submit_rate_per_second: float | None = Field(
@@ -520,6 +528,12 @@ class Settings(BaseSettings):
     def _any_case(cls, value: object) -> object:
         # People write INFO as often as info.
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("approval_required")
+    @classmethod
+    def _check_approval_required(cls, value: str) -> str:
+        parse_default(value)  # a ValueError names the bad item
+        return value
 
     @field_validator("http_allowed_hosts")
     @classmethod

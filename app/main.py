@@ -46,6 +46,7 @@ from app.security.api_keys import active_keys
 from app.security.secret_box import SecretBox
 from app.store.engine import create_claim_engine, create_engine
 from app.store.resolve import ResolvedDatabase, resolve_database
+from app.vocabulary.approval_policy import parse_default
 from app.vocabulary.classes import PriorityClass
 from app.worker.backpressure import Backpressure
 from app.worker.deltas import DeltaPublisher
@@ -244,6 +245,7 @@ async def services(
             default_time_limit_seconds=settings.agent_time_limit_seconds,
         ),
         budgets=ModelBudgets(queue, budget_defaults(settings)) if settings.model_budgets else None,
+        approval_default=parse_default(settings.approval_required),
     )
     notifier = Notifier(
         settings.listen_database_url or database.url,

@@ -22,13 +22,17 @@ from app.api.json_responses import FastJSONResponse
 from app.api.rate_limits import rate_limit_headers
 from app.queue.errors import (
     AnswerConflictError,
+    ApprovalCallMismatchError,
+    ApprovalPendingError,
     HoldingLimitError,
     IdempotencyKeyInFlightError,
     IdempotencyKeyReusedError,
+    InvalidApprovalError,
     InvalidCursorError,
     InvalidLimitsError,
     InvalidScheduleError,
     InvalidStartDeadlineError,
+    NoApprovalPendingError,
     PendingTurnNotFoundError,
     PendingTurnsFullError,
     PendingTurnStartedError,
@@ -97,6 +101,31 @@ PROBLEMS: dict[str, tuple[int, str, str]] = {
         "run is active waits as a pending turn; a session holds at most "
         "TURNSTILE_MAX_PENDING_TURNS of them (`max_pending`). Nothing was written. Wait for its "
         "runs to finish, or cancel a pending turn (docs/turn-control.md).",
+    ),
+    "approval-pending": (
+        409,
+        "The session's run waits for a tool call's approval",
+        "Its run decided a tool call that needs a user's approval (`call_id`, `tool`); only a "
+        'turn `{"approval": {"call_id": ..., "decision": "approve" | "reject" | "edit"}}` '
+        "answers it (docs/approvals.md). Nothing was written.",
+    ),
+    "no-approval-pending": (
+        409,
+        "No approval is pending for this call",
+        "The session's run waits for no approval (it was decided already, by this or another "
+        "request; `run_status` says where the run is). Nothing was written.",
+    ),
+    "approval-call-mismatch": (
+        409,
+        "The approval names another call",
+        "The session's run waits for the approval of `pending_call_id` (`tool`); answer that "
+        "call. Nothing was written.",
+    ),
+    "invalid-approval": (
+        422,
+        "The approval cannot be applied",
+        "Edited arguments must conform to the tool's JSON schema (the request's `parameters`); "
+        "`errors` says where they do not. Nothing was written.",
     ),
     "turn-started": (
         409,
@@ -280,6 +309,36 @@ def _core_problem(exc: TurnstileError, request: Request) -> JSONResponse:
         )
     if isinstance(exc, PendingTurnNotFoundError):
         return problem_response("not-found", str(exc), instance=path)
+    if isinstance(exc, ApprovalPendingError):
+        return problem_response(
+            "approval-pending",
+            str(exc),
+            instance=path,
+            run_id=str(exc.run_id),
+            call_id=exc.call_id,
+            tool=exc.tool,
+        )
+    if isinstance(exc, NoApprovalPendingError):
+        return problem_response(
+            "no-approval-pending",
+            str(exc),
+            instance=path,
+            call_id=exc.call_id,
+            run_id=None if exc.run_id is None else str(exc.run_id),
+            run_status=exc.status,
+        )
+    if isinstance(exc, ApprovalCallMismatchError):
+        return problem_response(
+            "approval-call-mismatch",
+            str(exc),
+            instance=path,
+            run_id=str(exc.run_id),
+            call_id=exc.given,
+            pending_call_id=exc.pending,
+            tool=exc.tool,
+        )
+    if isinstance(exc, InvalidApprovalError):
+        return problem_response("invalid-approval", str(exc), instance=path, errors=exc.errors)
     if isinstance(exc, PendingTurnsFullError):
         return problem_response(
             "too-many-pending-turns", str(exc), instance=path, max_pending=exc.max_pending

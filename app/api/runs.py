@@ -17,6 +17,7 @@ from app.api.auth import CHALLENGE, CallerDep, submitter_of, visible_principal, 
 from app.api.json_responses import FastJSONResponse
 from app.api.problems import ApiProblem, responses
 from app.api.schemas import (
+    ApprovalDecisionBody,
     CancelRequest,
     EventPage,
     RunDocument,
@@ -39,6 +40,7 @@ from app.api.watch import (
     wait_for_change,
 )
 from app.observability import tracing
+from app.queue.approvals import ApprovalAnswer
 from app.queue.core import Queue
 from app.queue.errors import RunNotFoundError
 from app.security.api_keys import Caller
@@ -231,6 +233,59 @@ async def run_events(
         last_seq=events[-1].seq if events else after,
         finished=run.status in TERMINAL and (not events or events[-1].seq >= run.last_event_seq),
     )
+
+
+@router.post(
+    "/runs/{run_id}/approval",
+    status_code=202,
+    response_model=RunDocument,
+    summary="Decide the tool call a run waits to have approved (approve, reject or edit)",
+    description=(
+        'The same answer as a session\'s turn `{"approval": {...}}` (docs/approvals.md), named '
+        "by the run: the way to answer a sessionless run. 202 with the run, back in the queue. "
+        "409 `no-approval-pending` when it waits for none (decided already), "
+        "`approval-call-mismatch` for another call; 422 `invalid-approval` for edited "
+        "arguments outside the tool's schema. With `Idempotency-Key`, a retry replays."
+    ),
+    responses={
+        **responses(
+            "unauthorized",
+            "not-found",
+            "invalid-request",
+            "malformed-json",
+            "no-approval-pending",
+            "approval-call-mismatch",
+            "invalid-approval",
+            "idempotency-key-reused",
+            "idempotency-key-in-flight",
+        ),
+        202: {"headers": SUBMITTED_HEADERS},
+    },
+)
+async def decide_approval(
+    run_id: UUID,
+    body: ApprovalDecisionBody,
+    request: Request,
+    caller: CallerDep,
+    idempotency_key: IdempotencyHeader = None,
+    traceparent: TraceparentHeader = None,
+) -> Any:
+    state = state_of(request)
+    with tracing.submission("turn", traceparent) as span:
+        outcome = await state.submissions.approvals.answer_run(
+            submitter_of(caller),
+            run_id,
+            ApprovalAnswer(
+                call_id=body.call_id, decision=body.decision, args=body.args, reason=body.reason
+            ),
+            await idempotency_of(request, idempotency_key),
+            traceparent=span.traceparent,
+        )
+        span.set(submitted_attributes(outcome))
+    session_id = outcome.document.get("session_id")
+    if isinstance(session_id, str):
+        state.live.session_changed(UUID(session_id))
+    return submitted_response(outcome)
 
 
 @router.post(

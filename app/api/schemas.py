@@ -115,6 +115,48 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+ToolName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")]
+
+
+class ApprovalPolicyBody(Strict):
+    """Which tool calls wait for a user's approval (docs/approvals.md): a call whose tool is
+    named in `tools` or whose idempotency class is in `classes`. Both empty: none (which
+    overrides the session's policy and the process default)."""
+
+    tools: list[ToolName] = Field(default_factory=list, max_length=100)
+    classes: list[Literal["safe", "keyed", "unsafe"]] = Field(default_factory=list, max_length=3)
+
+    def to_json(self) -> dict[str, JsonValue]:
+        tools: list[JsonValue] = [str(name) for name in sorted(set(self.tools))]
+        classes: list[JsonValue] = [str(name) for name in sorted(set(self.classes))]
+        return {"tools": tools, "classes": classes}
+
+
+class ApprovalDecisionBody(Strict):
+    """A user's decision on the tool call the session's run waits for (docs/approvals.md)."""
+
+    call_id: str = Field(min_length=1, max_length=200, description="The request's `call_id`.")
+    decision: Literal["approve", "reject", "edit"]
+    args: dict[str, StorableJson] | None = Field(
+        default=None,
+        description="edit only: the arguments to run the call with, checked against the "
+        "tool's JSON schema (the request's `parameters`).",
+    )
+    reason: str | None = Field(
+        default=None,
+        max_length=2000,
+        description="Why; a rejection's reason is what the model is told.",
+    )
+
+    @model_validator(mode="after")
+    def _args_for_edit(self) -> ApprovalDecisionBody:
+        if self.decision == "edit" and self.args is None:
+            raise ValueError("an edit needs args: the arguments to run the call with")
+        if self.decision != "edit" and self.args is not None:
+            raise ValueError("args go with decision edit only")
+        return self
+
+
 class TurnRequest(Strict):
     """A user's turn. Fields left out of an answer to a waiting run come from that run."""
 
@@ -151,6 +193,12 @@ class TurnRequest(Strict):
         "`scheduled_for`, or over 30 days after the run becomes eligible is refused.",
     )
 
+    approval: ApprovalPolicyBody | None = Field(
+        default=None,
+        description="Which of this run's tool calls wait for a user's approval "
+        "(docs/approvals.md). Default: the session's policy, else TURNSTILE_APPROVAL_REQUIRED.",
+    )
+
     @model_validator(mode="after")
     def _one_deadline(self) -> TurnRequest:
         if self.start_within is not None and self.start_before is not None:
@@ -169,11 +217,37 @@ MULTITASK_DESCRIPTION = (
 
 
 class SessionTurnRequest(TurnRequest):
-    """A user's turn in a session."""
+    """A user's turn in a session; or, with `approval` a decision, the answer to the tool call
+    the session's run waits to have approved (then with no other field)."""
 
+    input: StorableJson = Field(
+        default=None,
+        description="Anything JSON: the turn's content for the agent (required, but for an "
+        "approval). Numbers lie within the signed 64-bit range (larger ones as strings); "
+        "strings hold no NUL character.",
+    )
     multitask: MultitaskPolicy | None = Field(
         default=None, description=MULTITASK_DESCRIPTION + " Default: the session's policy."
     )
+    approval: ApprovalDecisionBody | ApprovalPolicyBody | None = Field(  # type: ignore[assignment]
+        default=None,
+        description="A policy (`tools`, `classes`): which of this run's tool calls wait for a "
+        "user's approval (default: the session's, else TURNSTILE_APPROVAL_REQUIRED); or a "
+        "decision (`call_id`, `decision`, `args`, `reason`) on the call the run waits for "
+        "(docs/approvals.md).",
+    )
+
+    @model_validator(mode="after")
+    def _input_or_decision(self) -> SessionTurnRequest:
+        if isinstance(self.approval, ApprovalDecisionBody):
+            others = self.model_fields_set - {"approval"}
+            if others:
+                raise ValueError(
+                    f"an approval is a turn of its own: no {', '.join(sorted(others))}"
+                )
+        elif "input" not in self.model_fields_set:
+            raise ValueError("input is required (but for an approval)")
+        return self
 
 
 class SessionRequest(Strict):
@@ -181,6 +255,12 @@ class SessionRequest(Strict):
 
     multitask: MultitaskPolicy | None = Field(
         default=None, description=MULTITASK_DESCRIPTION + " Default: reject."
+    )
+    approval: ApprovalPolicyBody | None = Field(
+        default=None,
+        description="Which tool calls of the session's runs wait for a user's approval "
+        "(docs/approvals.md); a turn's own overrides it. Default (or null in a PATCH): "
+        "TURNSTILE_APPROVAL_REQUIRED.",
     )
 
 
@@ -224,6 +304,12 @@ class RunDocument(BaseModel):
     max_attempts: int
     scheduled_for: datetime | None
     question: JsonValue = Field(description="The pending question while waiting_for_user.")
+    approval_request: JsonValue = Field(
+        default=None,
+        description="While waiting_for_user for a tool call's approval (docs/approvals.md): "
+        "`call_id`, `tool`, `arguments`, `idempotency_class`, `step`, `description`, "
+        "`parameters` (the tool's JSON schema).",
+    )
     result: JsonValue
     failure: JsonValue = Field(description="Why the run failed (the dead letter).")
     resubmitted_from: UUID | None
@@ -255,6 +341,12 @@ class SessionDocument(BaseModel):
     question: JsonValue = None
     multitask: MultitaskPolicy = "reject"
     pending_turns: int = Field(default=0, description="Turns waiting for the active run.")
+    approval: JsonValue = Field(
+        default=None, description="The session's approval policy (null: the process default)."
+    )
+    approval_request: JsonValue = Field(
+        default=None, description="The tool call its run waits to have approved, if any."
+    )
 
 
 class RunPage(BaseModel):
@@ -269,7 +361,17 @@ class MessageItem(BaseModel):
     seq: int = Field(description="The sequence number of the run's event it comes from.")
     run_id: UUID
     role: Literal["user", "assistant", "tool", "system"]
-    kind: Literal["input", "answer", "question", "final", "tool_call", "failed", "cancelled"]
+    kind: Literal[
+        "input",
+        "answer",
+        "question",
+        "final",
+        "tool_call",
+        "failed",
+        "cancelled",
+        "approval_request",
+        "approval",
+    ]
     content: JsonValue = Field(
         description="user: the input; assistant: the question or final message; tool: the "
         "outcome; system: the run's end (status, failure or reason)."

@@ -18,6 +18,8 @@ from app.api.json_responses import FastJSONResponse
 from app.api.problems import ApiProblem, responses
 from app.api.rate_limits import rate_limit_headers
 from app.api.schemas import (
+    ApprovalDecisionBody,
+    ApprovalPolicyBody,
     MessagePage,
     PendingTurnDocument,
     PendingTurnList,
@@ -33,6 +35,7 @@ from app.api.schemas import (
 from app.api.services import state_of
 from app.api.streams import HeldStream, session_stream
 from app.observability import tracing
+from app.queue.approvals import ApprovalAnswer
 from app.queue.errors import SessionNotFoundError
 from app.queue.reads import Reads, SessionView
 from app.queue.submit import IdempotencyKey, RunSpec, Submitted, request_hash
@@ -84,6 +87,7 @@ def spec_from(
         traceparent=traceparent,
         start_within=body.start_within,
         start_before=body.start_before,
+        approval=body.approval.to_json() if isinstance(body.approval, ApprovalPolicyBody) else None,
     )
 
 
@@ -151,6 +155,8 @@ def session_document(session: SessionView) -> SessionDocument:
         question=session.active_question,
         multitask=session.multitask,
         pending_turns=session.pending_turns,
+        approval=session.approval,
+        approval_request=session.approval_request,
     )
 
 
@@ -171,6 +177,7 @@ async def create_session(
         tenant_id=caller.tenant_id,
         principal=caller.principal,
         multitask=(body.multitask if body else None) or "reject",
+        approval=body.approval.to_json() if body and body.approval else None,
     )
     response.headers["Location"] = f"/sessions/{session.id}"
     return session_document(session)
@@ -189,8 +196,10 @@ async def get_session(session_id: UUID, request: Request, caller: CallerDep) -> 
 @router.patch(
     "/sessions/{session_id}",
     response_model=SessionDocument,
-    summary="Change a session's multitask policy",
-    description="Applies to turns that arrive from now on; pending turns keep their own.",
+    summary="Change a session's multitask policy or approval policy",
+    description="`multitask` applies to turns that arrive from now on; pending turns keep "
+    "their own. `approval` (null: the process default) applies to the session's runs from "
+    "their next execution's first tool call (docs/approvals.md).",
     responses=responses(
         "unauthorized",
         "not-found",
@@ -208,6 +217,13 @@ async def update_session(
     if body.multitask is not None:
         await state.submissions.turns.set_session_policy(
             submitter_of(caller), session_id, body.multitask
+        )
+    if "approval" in body.model_fields_set:
+        # null sets the session back to the process default (docs/approvals.md).
+        await state.submissions.approvals.set_session_policy(
+            submitter_of(caller),
+            session_id,
+            body.approval.to_json() if body.approval is not None else None,
         )
     return session_document(await visible_session(request, session_id, caller))
 
@@ -367,7 +383,10 @@ async def session_events(
         "interrupt answers 202 with the new run when the active run was only queued, else with "
         "a pending turn that starts once the run stops; steer answers 202 with the active run "
         "(same id) and its `pending_turn`. Over TURNSTILE_MAX_PENDING_TURNS: 429 "
-        "`too-many-pending-turns`. With `Idempotency-Key`, a retry of the same "
+        "`too-many-pending-turns`. A run waiting for a tool call's approval takes only an "
+        'approval (`{"approval": {"call_id", "decision": approve|reject|edit, '
+        '"args", "reason"}}`, docs/approvals.md): any other turn is 409 '
+        "`approval-pending`. With `Idempotency-Key`, a retry of the same "
         "request replays the first outcome (`Idempotent-Replayed: true`). With a submission "
         "rate limit, a turn over it is refused with 429 `rate-limited` and `Retry-After`, and "
         "every answer carries `RateLimit-Policy` and `RateLimit`."
@@ -387,6 +406,10 @@ async def session_events(
             "request-timeout",
             "rate-limited",
             "too-many-pending-turns",
+            "approval-pending",
+            "no-approval-pending",
+            "approval-call-mismatch",
+            "invalid-approval",
         ),
         202: {"headers": SUBMITTED_HEADERS},
     },
@@ -400,6 +423,23 @@ async def submit_turn(
     traceparent: TraceparentHeader = None,
 ) -> Any:
     state = state_of(request)
+    if isinstance(body.approval, ApprovalDecisionBody):
+        with tracing.submission("turn", traceparent) as span:
+            outcome = await state.submissions.approvals.answer(
+                submitter_of(caller),
+                session_id,
+                ApprovalAnswer(
+                    call_id=body.approval.call_id,
+                    decision=body.approval.decision,
+                    args=body.approval.args,
+                    reason=body.approval.reason,
+                ),
+                await idempotency_of(request, idempotency_key),
+                traceparent=span.traceparent,
+            )
+            span.set(submitted_attributes(outcome))
+        state.live.session_changed(session_id)
+        return submitted_response(outcome)
     # The submission's span: the run keeps its context, so the run's work joins this trace.
     with tracing.submission("turn", traceparent) as span:
         spec = spec_from(body, caller, state.agents, span.traceparent)

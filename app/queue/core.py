@@ -422,6 +422,30 @@ class Queue:
             },
         )
 
+    async def tool_rejected(
+        self, lease: Lease, call: ToolCall, outcome: JSON, state: JSON
+    ) -> WriteOutcome:
+        """Record a call the user refused (docs/approvals.md): never run, it is closed in the
+        journal with its arguments, its tool.finished event and the checkpoint, in one fenced
+        statement."""
+        return await self._fenced(
+            "tool_rejected",
+            lease,
+            {
+                "step": call.step,
+                "tool": call.tool,
+                "idempotency_class": call.idempotency_class,
+                "args": dump_json(call.args),
+                "outcome": dump_json(outcome),
+                "state": dump_json(state),
+            },
+        )
+
+    async def session_approval(self, session_id: UUID) -> JSON:
+        """A session's approval policy (docs/approvals.md), None when it has none."""
+        rows = await self.db.rows("session_approval", {"session_id": session_id})
+        return rows[0]["approval"] if rows else None
+
     async def tool_not_sent(self, lease: Lease, call: ToolCall, error: str) -> WriteOutcome:
         """Close a started call that provably never left: the next attempt plans it again."""
         return await self._fenced(

@@ -208,3 +208,58 @@ class PendingTurnStartedError(TurnstileError):
         self.turn_id = turn_id
         self.status = status
         self.run_id = run_id
+
+
+class ApprovalPendingError(TurnstileError):
+    """A turn that is not an approval reached a run waiting for a tool call's approval
+    (docs/approvals.md): only an approval naming `call_id` answers it."""
+
+    def __init__(self, session_id: UUID, run_id: UUID, call_id: str, tool: str) -> None:
+        super().__init__(
+            f"run {run_id} waits for approval of {tool} (call {call_id}); answer with "
+            f'{{"approval": {{"call_id": "{call_id}", "decision": "approve"|"reject"|"edit"}}}}'
+        )
+        self.session_id = session_id
+        self.run_id = run_id
+        self.call_id = call_id
+        self.tool = tool
+
+
+class NoApprovalPendingError(TurnstileError):
+    """An approval reached a session whose run waits for no approval (decided already, by a
+    twin; or there is no such run)."""
+
+    def __init__(
+        self, session_id: UUID | None, call_id: str, run_id: UUID | None, status: str
+    ) -> None:
+        if session_id is None:
+            text = f"run {run_id} is {status}, waiting for no approval"
+        elif run_id is None:
+            text = f"session {session_id} has no active run, waiting for no approval"
+        else:
+            text = f"session {session_id}'s run {run_id} is {status}, waiting for no approval"
+        super().__init__(f"{text}; call {call_id} is not pending")
+        self.session_id = session_id
+        self.call_id = call_id
+        self.run_id = run_id
+        self.status = status
+
+
+class ApprovalCallMismatchError(TurnstileError):
+    """An approval named another call than the one the run waits for."""
+
+    def __init__(self, run_id: UUID, given: str, pending: str, tool: str) -> None:
+        super().__init__(f"run {run_id} waits for approval of call {pending} ({tool}), not {given}")
+        self.run_id = run_id
+        self.given = given
+        self.pending = pending
+        self.tool = tool
+
+
+class InvalidApprovalError(TurnstileError):
+    """An approval the core cannot take: edited arguments outside the tool's schema, or a
+    decision whose fields do not fit it. `errors` are problem+json items; nothing is written."""
+
+    def __init__(self, message: str, errors: list[dict[str, object]]) -> None:
+        super().__init__(message)
+        self.errors = errors

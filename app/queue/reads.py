@@ -114,6 +114,16 @@ class SessionView:
     # The multitask policy (docs/turn-control.md) and the turns waiting for the active run.
     multitask: str = "reject"
     pending_turns: int = 0
+    # The session's approval policy (docs/approvals.md; None: the process default).
+    approval: JSON = None
+
+    @property
+    def approval_request(self) -> JSON:
+        """The tool call the active run waits to have approved, or None."""
+        question = self.active_question
+        if self.active_status == "waiting_for_user" and isinstance(question, dict):
+            return question.get("approval_request")
+        return None
 
     @property
     def state(self) -> str:
@@ -202,6 +212,7 @@ class Reads:
         principal: str,
         metadata: dict[str, str] | None = None,
         multitask: str = "reject",
+        approval: JSON = None,
     ) -> SessionView:
         row = await read_rows.insert_session(
             self.queue.engine,
@@ -210,6 +221,7 @@ class Reads:
             principal=principal,
             metadata=dump_json(metadata or {}),
             multitask=multitask,
+            approval=None if approval is None else dump_json(approval),
         )
         return SessionView(
             id=row["id"],
@@ -221,6 +233,7 @@ class Reads:
             active_question=None,
             metadata=_pairs(row["metadata"]),
             multitask=row["multitask"],
+            approval=row["approval"],
         )
 
     async def update_session_metadata(
@@ -270,6 +283,7 @@ class Reads:
             metadata=_pairs(row["metadata"]),
             multitask=row["multitask"],
             pending_turns=int(row["pending_turns"]),
+            approval=row.get("approval"),
         )
 
     async def session_runs_page(

@@ -33,9 +33,11 @@ from uuid import UUID
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.queue.approvals import Approvals
 from app.queue.core import Queue, dump_json, failed_with
 from app.queue.errors import (
     AnswerConflictError,
+    ApprovalPendingError,
     IdempotencyKeyInFlightError,
     IdempotencyKeyReusedError,
     InvalidStartDeadlineError,
@@ -85,6 +87,9 @@ class RunSpec:
     # eligible, or a time; neither, the class's default (Submissions' start_within).
     start_within: float | None = None
     start_before: datetime | None = None
+    # Which of the run's tool calls wait for a user's approval (docs/approvals.md), as JSON
+    # ({"tools", "classes"}); None: the session's, else the process default.
+    approval: JSON = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,8 @@ class Submissions:
         # The process defaults of a new run's deadline to start, by class (a class left out:
         # none), for a submission that gives neither start_within nor start_before.
         self.start_within = dict(start_within or {})
+        # Answers to runs waiting for a tool call's approval (app/queue/approvals.py).
+        self.approvals = Approvals(self)
         # The multitask policies other than reject (app/queue/turns.py).
         self.turns = TurnControl(
             self,
@@ -301,6 +308,7 @@ class Submissions:
             self.submit_burst,
             start_within,
             start_before,
+            None if spec.approval is None else dump_json(spec.approval),
         )
         # A keyed submission may be sent again after its connection died mid-call: the key
         # makes a second call a replay of whatever the first committed.
@@ -483,6 +491,13 @@ def _refusal(name: str, detail: dict[str, Any]) -> Exception:
         return IdempotencyKeyInFlightError(detail["key"])
     if name == "idempotency-key-reused":
         return IdempotencyKeyReusedError(detail["key"])
+    if name == "approval-pending":
+        return ApprovalPendingError(
+            UUID(detail["session_id"]),
+            UUID(detail["run_id"]),
+            str(detail["call_id"]),
+            str(detail["tool"]),
+        )
     if name == "run-not-waiting":
         return RunNotWaitingError(UUID(detail["run_id"]), "not waiting")
     if name == "start-deadline-passed":

@@ -33,12 +33,14 @@ from sqlalchemy import RowMapping
 from app.queue.core import Queue, dump_json
 from app.queue.errors import (
     AnswerConflictError,
+    ApprovalPendingError,
+    InvalidApprovalError,
     PendingTurnNotFoundError,
     PendingTurnsFullError,
     PendingTurnStartedError,
     SessionNotFoundError,
 )
-from app.store import turn_rows
+from app.store import approval_rows, turn_rows
 from app.store.transactions import transaction
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import JSON, NewRun, Run
@@ -179,6 +181,7 @@ class TurnControl:
                 run = await self.queue.enqueue(
                     self._new_run(who, owner, session_id, spec), conn=conn
                 )
+                run = await _with_approval(conn, run, spec)
                 return await subs._finish(conn, who, idempotency, run, "created")
             current = Run.from_row(active)
             if current.status == "waiting_for_user":
@@ -190,7 +193,23 @@ class TurnControl:
                     traceparent=spec.traceparent,
                     conn=conn,
                 )
+                run = await _with_approval(conn, run, spec)
                 return await subs._finish(conn, who, idempotency, run, "delivered")
+            if spec.approval is not None:
+                # A pending turn keeps no policy of its own (docs/approvals.md): the run it
+                # becomes works under the session's.
+                raise InvalidApprovalError(
+                    f"session {session_id}'s run is {current.status}: a turn that waits as a "
+                    "pending turn cannot carry an approval policy; set the session's instead "
+                    "(PATCH /sessions/{id})",
+                    [
+                        {
+                            "loc": ["body", "approval"],
+                            "msg": "not allowed on a pending turn",
+                            "type": "approval_on_pending_turn",
+                        }
+                    ],
+                )
             turn = await self._add(conn, who, owner, session_id, spec, policy, current)
             if policy == "interrupt" and current.status == "queued":
                 # A queued run has no boundary to wait for: it ends now, and its session's
@@ -360,8 +379,24 @@ class TurnControl:
             return turn
 
 
+async def _with_approval(conn: Any, run: Run, spec: RunSpec) -> Run:
+    """The turn's approval policy, when it gives one, on the run it made or answered."""
+    if spec.approval is None:
+        return run
+    row = await approval_rows.set_run_approval(
+        conn, run_id=run.id, approval=dump_json(spec.approval)
+    )
+    return Run.from_row(row)
+
+
 def _check_answer(run: Run, spec: RunSpec) -> None:
-    """An answer resumes the waiting run: the fields it sets must be the run's."""
+    """An answer resumes the waiting run: the fields it sets must be the run's, and a run
+    waiting for a tool call's approval takes only an approval (app/queue/approvals.py)."""
+    request = run.approval_request
+    if isinstance(request, dict) and run.session_id is not None:
+        raise ApprovalPendingError(
+            run.session_id, run.id, str(request.get("call_id")), str(request.get("tool"))
+        )
     if spec.agent is not None and spec.agent != run.agent:
         raise AnswerConflictError("agent", run.agent, spec.agent)
     if spec.priority is not None and spec.priority.base // 10 != run.priority // 10:

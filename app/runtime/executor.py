@@ -38,6 +38,7 @@ from app.runtime.tools import (
     TransientToolError,
     derive_idempotency_key,
 )
+from app.vocabulary.approval_policy import REJECTED_MESSAGE, ApprovalPolicy, call_id_of, effective
 from app.vocabulary.records import JSON, UNKNOWN_OUTCOME, JournalEntry, ToolCall
 from app.worker.execution import ExecutionContext, StopExecution
 
@@ -85,6 +86,9 @@ class Registry:
 class RuntimeExecutor:
     registry: Registry
     limits: RuntimeLimits = field(default_factory=RuntimeLimits)
+    # Which tool calls wait for a user's approval when neither the run's turn nor its session
+    # says (TURNSTILE_APPROVAL_REQUIRED; docs/approvals.md). None: none.
+    approval_default: ApprovalPolicy | None = None
     # Fault injection for tests: called with a boundary name; may raise SimulatedCrash.
     crash_hook: Callable[[str, int], None] | None = None
     # The model endpoints' budgets (docs/model-budgets.md); None: model calls reserve nothing.
@@ -111,6 +115,8 @@ class RuntimeExecutor:
                     value for index, value in enumerate(resume.inputs, 1) if index not in indexes
                 ]
                 state.steered = [{"input": value, "at_step": step} for value, _, step in steered]
+        # The decision on the call the run waited for (docs/approvals.md), if it has come.
+        state.take_approval()
         await self._load_history(ctx, state)
         state.output = LiveOutput(ctx)
         if self.budgets is not None:
@@ -159,6 +165,12 @@ class RuntimeExecutor:
                 await ctx.complete(decision.result)
                 return
             if isinstance(decision, Ask):
+                if isinstance(decision.question, dict) and "approval_request" in decision.question:
+                    # The runtime's own question shape: an agent's would pass for an approval.
+                    await self._fail(
+                        ctx, "agent_error", "a question may not have an 'approval_request' field"
+                    )
+                    return
                 state.questions.append(decision.question)
                 state.elapsed_seconds = clock.elapsed()
                 await ctx.wait_for_user(
@@ -206,18 +218,106 @@ class RuntimeExecutor:
             await self._fail(ctx, "unknown_tool", f"no tool named {call.tool!r}")
             return False
         step = state.next_step
-        klass = tool.idempotency_class(call.args)
-        key = derive_idempotency_key(str(ctx.lease.run_id), step) if klass == "keyed" else None
-        record = ToolCall(
-            step=step, tool=tool.name, idempotency_class=klass, idempotency_key=key, args=call.args
-        )
+        args = call.args
+        klass = tool.idempotency_class(args)
         self._crash("before_started", step)
         ctx.ensure_may_continue()  # journal nothing this worker may not go on to run
         await self._boundary(ctx, state)  # before the tool call
+        if (await self._approval_policy(ctx, state)).needs(tool.name, klass):
+            call_id = call_id_of(ctx.lease.run_id, step)
+            decided = state.decision_for(call_id)
+            if decided is None:
+                await self._ask_approval(ctx, state, clock, tool, call, klass, step, call_id)
+                return False
+            if decided.get("decision") == "reject":
+                await self._reject(ctx, state, clock, tool, call, klass, step, decided)
+                return True
+            if decided.get("decision") == "edit" and isinstance(decided.get("args"), dict):
+                args = dict(decided["args"])
+                klass = tool.idempotency_class(args)
+        key = derive_idempotency_key(str(ctx.lease.run_id), step) if klass == "keyed" else None
+        record = ToolCall(
+            step=step, tool=tool.name, idempotency_class=klass, idempotency_key=key, args=args
+        )
         with tracing.tool(tool.name, klass, step):
             await ctx.tool_started(record)
             self._crash("after_started", step)
             return await self._run_and_record(ctx, state, clock, tool, record)
+
+    # --- approval before a tool call (docs/approvals.md) --------------------------------------
+    async def _approval_policy(self, ctx: ExecutionContext, state: RunState) -> ApprovalPolicy:
+        """The run's own policy, else its session's (read once an execution, at its first
+        tool call: a run that calls no tool pays nothing), else the process default."""
+        if state.approval_policy is None:
+            run = ctx.claimed.run
+            session = None
+            if run.approval is None and run.session_id is not None:
+                session = await ctx.session_approval()
+            state.approval_policy = effective(run.approval, session, self.approval_default)
+        return state.approval_policy
+
+    async def _ask_approval(
+        self,
+        ctx: ExecutionContext,
+        state: RunState,
+        clock: _Budget,
+        tool: Tool,
+        call: CallTool,
+        klass: str,
+        step: int,
+        call_id: str,
+    ) -> None:
+        """Wait for the user's decision on this call, before it is journaled: nothing of it
+        has happened yet. The waiting checkpoint names it (`pending_approval`)."""
+        request: dict[str, JSON] = {
+            "call_id": call_id,
+            "tool": tool.name,
+            "arguments": call.args,
+            "idempotency_class": klass,
+            "step": step,
+            "description": tool.description,
+            "parameters": tool.parameters,
+        }
+        state.pending_approval = request
+        state.elapsed_seconds = clock.elapsed()
+        await ctx.append_event("tool.approval_requested", request)
+        await ctx.wait_for_user({"approval_request": request}, step=step, state=state.to_json())
+
+    async def _reject(
+        self,
+        ctx: ExecutionContext,
+        state: RunState,
+        clock: _Budget,
+        tool: Tool,
+        call: CallTool,
+        klass: str,
+        step: int,
+        decided: dict[str, JSON],
+    ) -> None:
+        """The user refused the call: it never runs; its outcome, what the model is told, is
+        the refusal and its reason. One fenced statement (journal, tool.finished, checkpoint),
+        so a recovered run never takes the step for an open call."""
+        reason = decided.get("reason")
+        outcome: dict[str, JSON] = {
+            "rejected": True,
+            "reason": reason,
+            "message": REJECTED_MESSAGE + (f" Reason: {reason}" if reason else ""),
+        }
+        record = ToolCall(
+            step=step, tool=tool.name, idempotency_class=klass, idempotency_key=None, args=call.args
+        )
+        state.tools.append(
+            ToolRecord(
+                step=step,
+                tool=tool.name,
+                args=call.args,
+                idempotency_class=klass,
+                status="rejected",
+                outcome=outcome,
+            )
+        )
+        state.elapsed_seconds = clock.elapsed()
+        await ctx.tool_rejected(record, outcome, state.to_json())
 
     async def _run_and_record(
         self,

@@ -5,7 +5,9 @@ oldest of them out of the request.
 Mapping: a user turn (a run's input or an answer) is a `user` message; the assistant's
 question or final message an `assistant` message; a tool call an `assistant` message carrying
 that one call followed by its `tool` result (an `uncertain` outcome reads "unknown", never
-"failed"; an `abandoned` one, a safe or keyed call its run's end left open, says so). A run's
+"failed"; an `abandoned` one, a safe or keyed call its run's end left open, says so; a
+`rejected` one, refused by the user, carries the refusal and its reason). A tool call's
+approval request and its decision send nothing of their own (docs/approvals.md). A run's
 failed or cancelled end sends nothing: its user turns stay, and the next
 user turn follows them.
 
@@ -46,6 +48,8 @@ def chat_messages(history: Sequence[dict[str, JSON]]) -> list[dict[str, JSON]]:
     messages: list[dict[str, JSON]] = []
     for entry in history:
         role = entry.get("role")
+        if entry.get("kind") in ("approval_request", "approval"):
+            continue  # the call's own entry carries what came of it (docs/approvals.md)
         if role == "user":
             messages.append({"role": "user", "content": as_text(entry.get("content"))})
         elif role == "assistant":
@@ -58,6 +62,8 @@ def chat_messages(history: Sequence[dict[str, JSON]]) -> list[dict[str, JSON]]:
                 result = json.dumps({"status": "unknown", "message": UNKNOWN_RESULT})
             elif status == "abandoned":
                 result = json.dumps({"status": "abandoned", "message": ABANDONED_RESULT})
+            elif status == "rejected":
+                result = json.dumps({"status": "rejected", "result": entry.get("content")})
             else:
                 result = json.dumps({"status": status, "result": entry.get("content")})
             messages.append(

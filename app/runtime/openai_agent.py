@@ -375,7 +375,11 @@ class OpenAIAgent:
             return None
         if record.status == "uncertain":
             return json.dumps({"status": "unknown", "message": UNKNOWN})
-        return json.dumps({"status": record.status, "result": record.outcome})
+        result: dict[str, JSON] = {"status": record.status, "result": record.outcome}
+        if record.args != call.get("args", record.args):
+            # The user edited the arguments before approving the call (docs/approvals.md).
+            result["arguments_edited_by_user"] = record.args
+        return json.dumps(result)
 
     # --- the endpoint -------------------------------------------------------------------------
     def _tool_schema(self) -> list[dict[str, JSON]]:

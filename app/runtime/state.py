@@ -18,8 +18,10 @@ from app.vocabulary.records import JSON
 if TYPE_CHECKING:
     from app.runtime.capacity import ModelCapacity
     from app.runtime.live import LiveOutput
+    from app.vocabulary.approval_policy import ApprovalPolicy
 
-OutcomeStatus = Literal["succeeded", "failed", "uncertain"]
+# `rejected`: the user refused the call before it ran (docs/approvals.md); it never ran.
+OutcomeStatus = Literal["succeeded", "failed", "uncertain", "rejected"]
 
 
 @dataclass
@@ -59,12 +61,21 @@ class RunState:
     # step the run was at: where the agent's conversation places it). Not checkpointed: the
     # executor reads them back at every claim, so one taken after the checkpoint is kept.
     steered: list[dict[str, JSON]] = field(default_factory=list)
+    # Approval before a tool call (docs/approvals.md): the decisions the run took, in order
+    # ({"call_id", "decision", "args", "reason"}; each was one of its inputs), and the request
+    # it waits for (or None). Checkpointed: the waiting checkpoint names the call, so the
+    # input delivered next is its decision, whichever worker resumes the run.
+    approvals: list[dict[str, JSON]] = field(default_factory=list)
+    pending_approval: dict[str, JSON] | None = None
     # Where the agent writes its message live (app/runtime/live.py); set by the executor for
     # each execution, never checkpointed.
     output: LiveOutput | None = field(default=None, repr=False, compare=False)
     # Where the agent reserves model capacity before each call (app/runtime/capacity.py); set
     # by the executor when model budgets are on, never checkpointed.
     capacity: ModelCapacity | None = field(default=None, repr=False, compare=False)
+    # The approval policy this execution works under (docs/approvals.md), read by the
+    # executor at the execution's first tool call; never checkpointed.
+    approval_policy: ApprovalPolicy | None = field(default=None, repr=False, compare=False)
 
     @property
     def next_step(self) -> int:
@@ -72,8 +83,26 @@ class RunState:
 
     @property
     def unconsumed_inputs(self) -> list[JSON]:
-        """Inputs delivered after the first that no question has consumed yet (answers)."""
-        return self.inputs[1 + len(self.answers) :]
+        """Inputs delivered after the first that no question has consumed yet (answers); the
+        approvals the runtime took are not answers."""
+        return self.inputs[1 + len(self.answers) + len(self.approvals) :]
+
+    def take_approval(self) -> None:
+        """The decision delivered for the call this run waits for, taken from its inputs."""
+        pending = self.pending_approval
+        if pending is None or not self.unconsumed_inputs:
+            return
+        value = self.unconsumed_inputs[0]
+        decision = value.get("approval") if isinstance(value, dict) else None
+        if isinstance(decision, dict) and decision.get("call_id") == pending.get("call_id"):
+            self.approvals.append(decision)
+            self.pending_approval = None
+
+    def decision_for(self, call_id: str) -> dict[str, JSON] | None:
+        for decision in self.approvals:
+            if decision.get("call_id") == call_id:
+                return decision
+        return None
 
     def to_json(self) -> dict[str, JSON]:
         return {
@@ -84,6 +113,8 @@ class RunState:
             "agent": self.agent,
             "elapsed_seconds": round(self.elapsed_seconds, 3),
             "history_window": self.history_window,
+            "approvals": self.approvals,
+            "pending_approval": self.pending_approval,
         }
 
     @classmethod
@@ -96,4 +127,6 @@ class RunState:
             agent=dict(data.get("agent", {})),
             elapsed_seconds=float(data.get("elapsed_seconds", 0.0)),
             history_window=data.get("history_window"),
+            approvals=list(data.get("approvals") or []),
+            pending_approval=data.get("pending_approval"),
         )

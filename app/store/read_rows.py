@@ -81,8 +81,10 @@ async def insert_session(
     principal: str,
     metadata: str,
     multitask: str = "reject",
+    approval: str | None = None,
 ) -> RowMapping:
-    """A new session; `metadata` is its JSON text (`{}` for none)."""
+    """A new session; `metadata` is its JSON text (`{}` for none), `approval` its approval
+    policy's (None: the process default)."""
     async with engine.begin() as conn:
         result = await conn.execute(
             q("create_session"),
@@ -92,6 +94,7 @@ async def insert_session(
                 "principal": principal,
                 "metadata": metadata,
                 "multitask": multitask,
+                "approval": approval,
             },
         )
         return result.mappings().one()

@@ -83,6 +83,9 @@ sessions = Table(
     # a turn's own `multitask` overrides it.
     Column("multitask", Text, nullable=False, server_default=text("'reject'")),
     CheckConstraint(f"multitask IN {MULTITASK_SQL}", name="multitask"),
+    # Which tool calls of the session's runs wait for a user's approval (docs/approvals.md):
+    # {"tools": [...], "classes": [...]}; NULL: the process default. A turn's own overrides it.
+    Column("approval", JSONB, nullable=True),
     Index("ix_sessions_tenant_id_created_at", "tenant_id", "created_at"),
     Index("ix_sessions_last_activity_at", "last_activity_at"),
 )
@@ -131,6 +134,9 @@ runs = Table(
     # The run's deadline to start (docs/start-deadlines.md): still queued and never claimed at
     # this time, it ends cancelled ('expired'). NULL: none.
     _ts("start_before"),
+    # The approval policy its turn gave (docs/approvals.md); NULL: its session's, else the
+    # process default, read when the run reaches a tool call.
+    Column("approval", JSONB, nullable=True),
     CheckConstraint(
         "status IN ('queued', 'running', 'waiting_for_user', 'succeeded', 'failed', 'cancelled')",
         name="status",
@@ -368,7 +374,9 @@ tool_journal = Table(
     Column("epoch", BigInteger, nullable=False),
     Column("step", Integer, nullable=False),
     # 'started' before the tool runs; 'finished' with its outcome after; 'not_sent' when the
-    # call provably never left and its retries ran out (the next attempt plans it again).
+    # call provably never left and its retries ran out (the next attempt plans it again). A
+    # call the user refused (docs/approvals.md) has only a 'finished' entry, status
+    # 'rejected', which keeps its args.
     Column("entry", Text, nullable=False),
     Column("tool", Text, nullable=False),
     Column("idempotency_class", Text, nullable=False),
@@ -382,7 +390,7 @@ tool_journal = Table(
     CheckConstraint("idempotency_class IN ('safe', 'keyed', 'unsafe')", name="idempotency_class"),
     CheckConstraint(
         "outcome_status IS NULL OR outcome_status IN ('succeeded', 'failed', 'uncertain', "
-        "'abandoned')",
+        "'abandoned', 'rejected')",
         name="outcome_status",
     ),
     CheckConstraint(

@@ -158,6 +158,16 @@ class Run:
     # Its deadline to start (docs/start-deadlines.md): queued and never claimed then, it ends
     # cancelled ('expired'). None: no deadline.
     start_before: datetime | None = None
+    # The approval policy its turn gave (docs/approvals.md; migration 0025), or None.
+    approval: JSON = None
+
+    @property
+    def approval_request(self) -> JSON:
+        """The tool call this run waits to have approved (docs/approvals.md), or None."""
+        question = self.question
+        if self.status == "waiting_for_user" and isinstance(question, dict):
+            return question.get("approval_request")
+        return None
 
     @property
     def priority_class(self) -> PriorityClass:
@@ -171,7 +181,11 @@ class Run:
     def from_row(cls, row: RowMapping | Mapping[str, Any]) -> Run:
         """The run of a row; `UndecodableRun` when a time is not a real instant (the driver
         turns PostgreSQL's infinities into naive `datetime.max` and `datetime.min`)."""
-        values = {name: row[name] for name in _RUN_FIELDS}
+        # A row read before migration 0025 (or by a statement that names its columns) has no
+        # approval policy.
+        values: dict[str, Any] = {
+            name: row.get(name) if name in _OPTIONAL_FIELDS else row[name] for name in _RUN_FIELDS
+        }
         for name in _TIME_FIELDS:
             value = values[name]
             if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
@@ -184,7 +198,8 @@ class Run:
         strings; times in the session's zone, brought back to UTC as the driver gives them)."""
         # An answer stored before a column existed (migration 0005) spells no value for it.
         values: dict[str, Any] = {
-            name: row.get(name) if name in _LATER_FIELDS else row[name] for name in _RUN_FIELDS
+            name: row.get(name) if name in _LATER_FIELDS | _OPTIONAL_FIELDS else row[name]
+            for name in _RUN_FIELDS
         }
         for name in _UUID_FIELDS:
             if values[name] is not None:
@@ -210,6 +225,7 @@ class Run:
             "max_attempts": self.max_attempts,
             "scheduled_for": _iso(self.scheduled_for),
             "question": self.question if self.status == "waiting_for_user" else None,
+            "approval_request": self.approval_request,
             "result": self.result,
             "failure": self.failure,
             "resubmitted_from": str(self.resubmitted_from) if self.resubmitted_from else None,
@@ -230,6 +246,7 @@ def _iso(value: datetime | None) -> str | None:
 
 _RUN_FIELDS = [f for f in Run.__dataclass_fields__]
 _LATER_FIELDS = frozenset({"session_run_no", "traceparent", "start_before"})
+_OPTIONAL_FIELDS = frozenset({"approval"})
 _UUID_FIELDS = ("id", "session_id", "resubmitted_from", "schedule_id")
 _TIME_FIELDS = (
     "scheduled_for",

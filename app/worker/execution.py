@@ -115,6 +115,19 @@ class ExecutionContext:
             "tool_finished",
         )
 
+    async def tool_rejected(self, call: ToolCall, outcome: JSON, state: JSON) -> None:
+        """A call the user refused (docs/approvals.md): its outcome and the checkpoint, fenced."""
+        await self.checked(
+            await self.queue.tool_rejected(self.lease, call, outcome, state), "tool_rejected"
+        )
+
+    async def session_approval(self) -> JSON:
+        """The approval policy of this run's session as it stands (a plain read)."""
+        session_id = self.claimed.run.session_id
+        if session_id is None:
+            return None
+        return await self.queue.session_approval(session_id)
+
     async def tool_not_sent(self, call: ToolCall, error: str) -> None:
         await self.checked(await self.queue.tool_not_sent(self.lease, call, error), "tool_not_sent")
 

@@ -162,9 +162,14 @@ def check_log(log: RunLog) -> None:
             status = target
         elif type_ == "tool.finished" and settled_by_cancel(types[index:]):
             pass  # a cancel settles the open calls it leaves, whatever the run's status
-        elif type_.startswith("turn.") or type_ == "run.interrupted":
-            # Notes about a session's other turns (docs/turn-control.md), not worker writes:
-            # written while the run is active, whatever its status.
+        elif type_.startswith("turn.") or type_ in (
+            "run.interrupted",
+            "tool.approved",
+            "tool.rejected",
+        ):
+            # Notes about a session's other turns (docs/turn-control.md) and a user's decision
+            # on a tool call (docs/approvals.md), not worker writes: written while the run is
+            # active, whatever its status.
             assert status in ("queued", "running", "waiting_for_user"), (
                 f"{log.run_id}: {type_} at {seq} while {status}"
             )

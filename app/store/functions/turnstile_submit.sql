@@ -31,6 +31,9 @@ CREATE OR REPLACE FUNCTION turnstile_submit(
     -- started already).
     p_start_within double precision DEFAULT NULL,
     p_start_before timestamptz DEFAULT NULL,
+    -- The turn's approval policy (docs/approvals.md, migration 0025): kept on the run it
+    -- creates or answers; NULL: the run keeps its own (its session's, else the default).
+    p_approval jsonb DEFAULT NULL,
     OUT outcome text,              -- created, delivered or replayed
     OUT the_run runs,              -- the run created or delivered to (NULL on a replay)
     OUT stored_status integer,     -- on a replay: the stored answer
@@ -55,6 +58,8 @@ LANGUAGE plpgsql VOLATILE AS $fn$
 --    at a time) and its last activity marked; then, on a fresh read of its active run: none,
 --    a new run; a run waiting for the user, the answer delivered to it (turnstile_deliver_input;
 --    routed again if a cancel got there first); a run queued or running, TS409 session-busy;
+--    a run waiting for a tool call's approval, TS409 approval-pending (only an approval,
+--    app/queue/approvals.py, answers it);
 -- 5. a new run through turnstile_create_runs (the queued quota: TS429 queue-quota);
 -- 6. the 2xx answer stored under the key.
 -- Refusals raise SQLSTATE TS404/TS409/TS422/TS429 with the problem's name as the message and
@@ -156,6 +161,14 @@ BEGIN
                                                 'active_run_id', v_active.id,
                                                 'status', v_active.status)::text;
             END IF;
+            -- A run waiting for an approval takes only an approval (docs/approvals.md).
+            IF v_active.question -> 'approval_request' IS NOT NULL THEN
+                RAISE EXCEPTION 'approval-pending' USING ERRCODE = 'TS409',
+                    DETAIL = jsonb_build_object(
+                        'session_id', p_session, 'run_id', v_active.id,
+                        'call_id', v_active.question -> 'approval_request' ->> 'call_id',
+                        'tool', v_active.question -> 'approval_request' ->> 'tool')::text;
+            END IF;
             -- An answer resumes the waiting run: the fields it sets must match the run's.
             IF p_agent IS NOT NULL AND p_agent <> v_active.agent THEN
                 RAISE EXCEPTION 'answer-conflict' USING ERRCODE = 'TS409',
@@ -228,6 +241,12 @@ BEGIN
                              THEN jsonb_build_array(left(p_session::text, 8)) END,
             'start_before', the_run.start_before))::text);
         outcome := 'created';
+    END IF;
+
+    IF p_approval IS NOT NULL THEN
+        -- The turn's approval policy, on the run it created or answered, before the commit
+        -- that lets a worker claim it.
+        UPDATE runs SET approval = p_approval WHERE id = the_run.id RETURNING * INTO the_run;
     END IF;
 
     IF p_key IS NOT NULL THEN

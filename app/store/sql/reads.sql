@@ -211,7 +211,14 @@ FROM session_runs r
 -- holds, and otherwise hashes every run's events to join a page's.
 CROSS JOIN LATERAL (
     SELECT i.event_seq AS seq, 'user' AS role,
-           CASE WHEN i.idx = 1 THEN 'input' ELSE 'answer' END AS kind,
+           CASE WHEN i.idx = 1 THEN 'input'
+                -- A decision on a tool call (docs/approvals.md) is followed at once by its
+                -- tool.approved or tool.rejected event: that, not its content, tells it.
+                WHEN EXISTS (SELECT 1 FROM run_events d
+                             WHERE d.run_id = i.run_id AND d.seq = i.event_seq + 1
+                               AND d.type IN ('tool.approved', 'tool.rejected'))
+                THEN 'approval'
+                ELSE 'answer' END AS kind,
            i.input AS content, CAST(NULL AS jsonb) AS tool, i.created_at
     FROM run_inputs i
     WHERE i.run_id = r.id
@@ -222,7 +229,9 @@ CROSS JOIN LATERAL (
                        WHEN 'run.cancelled' THEN 'system'
                        ELSE 'assistant' END,
            CASE e.type WHEN 'run.succeeded' THEN 'final'
-                       WHEN 'run.waiting' THEN 'question'
+                       WHEN 'run.waiting' THEN
+                           CASE WHEN e.data -> 'approval_request' IS NOT NULL
+                                THEN 'approval_request' ELSE 'question' END
                        WHEN 'tool.finished' THEN 'tool_call'
                        WHEN 'run.failed' THEN 'failed'
                        ELSE 'cancelled' END,
@@ -245,10 +254,12 @@ CROSS JOIN LATERAL (
                'idempotency_class', e.data -> 'idempotency_class',
                'args', (
                    -- The latest 'started' entry of the step before its outcome (a recovered
-                   -- safe call starts twice).
+                   -- safe call starts twice); a refused call's own 'finished' entry keeps
+                   -- them (docs/approvals.md).
                    SELECT j.args FROM tool_journal j
                    WHERE j.run_id = e.run_id AND j.step = CAST(e.data ->> 'step' AS integer)
-                     AND j.entry = 'started' AND j.event_seq < e.seq
+                     AND j.event_seq <= e.seq
+                     AND (j.entry = 'started' OR j.outcome_status = 'rejected')
                    ORDER BY j.event_seq DESC
                    LIMIT 1)) END,
            e.created_at

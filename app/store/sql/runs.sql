@@ -431,6 +431,43 @@ FROM run, clock
 RETURNING event_seq AS seq;
 
 
+-- name: tool_rejected
+-- fenced
+-- A call the user refused before it ran (docs/approvals.md): one 'finished' journal entry
+-- (status rejected) that also keeps the call's arguments, for the transcript, since no
+-- 'started' entry will; its tool.finished event and the checkpoint, together. Never open, so
+-- neither recovery nor an ending statement takes it for a call that may have run.
+WITH clock AS MATERIALIZED (SELECT {{now}} AS now),
+run AS (
+    UPDATE runs
+    SET last_event_seq = last_event_seq + 1
+    WHERE id = :run_id AND lease_epoch = :epoch AND status = 'running'
+    RETURNING id, last_event_seq, lease_epoch
+),
+event AS (
+    INSERT INTO run_events (run_id, seq, type, epoch, data, created_at)
+    SELECT run.id, run.last_event_seq, 'tool.finished', run.lease_epoch,
+           jsonb_build_object('step', CAST(:step AS integer), 'tool', CAST(:tool AS text),
+                              'idempotency_class', CAST(:idempotency_class AS text),
+                              'outcome_status', 'rejected',
+                              'outcome', CAST(:outcome AS jsonb)),
+           clock.now
+    FROM run, clock
+),
+journal AS (
+    INSERT INTO tool_journal (run_id, event_seq, epoch, step, entry, tool, idempotency_class,
+                              args, outcome_status, outcome, created_at)
+    SELECT run.id, run.last_event_seq, run.lease_epoch, :step, 'finished', :tool,
+           :idempotency_class, CAST(:args AS jsonb), 'rejected', CAST(:outcome AS jsonb),
+           clock.now
+    FROM run, clock
+)
+INSERT INTO checkpoints (run_id, event_seq, epoch, step, state, created_at)
+SELECT run.id, run.last_event_seq, run.lease_epoch, :step, CAST(:state AS jsonb), clock.now
+FROM run, clock
+RETURNING event_seq AS seq;
+
+
 -- name: tool_not_sent
 -- fenced
 -- Closes a started call whose transient errors prove the request never reached its target and
@@ -711,6 +748,11 @@ event AS (
                 WHEN e.status = 'failed' THEN jsonb_build_object('failure', e.failure)
                 WHEN e.status = 'waiting_for_user'
                     THEN jsonb_build_object('question', e.question, 'step', e.step)
+                         -- A wait for a tool call's approval names it (docs/approvals.md).
+                         || CASE WHEN e.question -> 'approval_request' IS NOT NULL
+                                 THEN jsonb_build_object('approval_request',
+                                                         e.question -> 'approval_request')
+                                 ELSE '{}'::jsonb END
                 WHEN e.outcome = 'released'
                     THEN jsonb_build_object('graceful', true, 'attempts', e.attempts,
                                             'reason', e.value ->> 'reason')
@@ -750,7 +792,11 @@ hook_source AS (
            jsonb_build_object('run_id', id, 'session_id', session_id, 'status', status)
            || CASE status WHEN 'succeeded' THEN jsonb_build_object('result', result)
                           WHEN 'failed' THEN jsonb_build_object('failure', failure)
-                          ELSE jsonb_build_object('question', question) END AS data
+                          ELSE jsonb_build_object('question', question)
+                               || CASE WHEN question -> 'approval_request' IS NOT NULL
+                                       THEN jsonb_build_object('approval_request',
+                                                               question -> 'approval_request')
+                                       ELSE '{}'::jsonb END END AS data
     FROM ended WHERE status IN ('succeeded', 'failed', 'waiting_for_user')
 ),
 {{webhook_deliveries}},

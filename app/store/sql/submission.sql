@@ -34,9 +34,12 @@ WHERE tenant_id = :tenant_id AND principal = :principal AND key = :key;
 -- name: create_session
 -- The metadata is a conversation's (the OpenAI Conversations API), checked by the caller;
 -- every other session starts with none. The multitask policy: docs/turn-control.md.
-INSERT INTO sessions (tenant_id, principal, created_at, last_activity_at, metadata, multitask)
-VALUES (:tenant_id, :principal, {{now}}, {{now}}, CAST(:metadata AS jsonb), :multitask)
-RETURNING id, tenant_id, principal, created_at, last_activity_at, metadata, multitask;
+-- Its approval policy (docs/approvals.md), NULL for the process default.
+INSERT INTO sessions (tenant_id, principal, created_at, last_activity_at, metadata, multitask,
+                      approval)
+VALUES (:tenant_id, :principal, {{now}}, {{now}}, CAST(:metadata AS jsonb), :multitask,
+        CAST(:approval AS jsonb))
+RETURNING id, tenant_id, principal, created_at, last_activity_at, metadata, multitask, approval;
 
 
 -- name: update_session_metadata
@@ -94,6 +97,7 @@ RETURNING s.id, s.principal;
 
 -- name: get_session
 SELECT s.id, s.tenant_id, s.principal, s.created_at, s.last_activity_at, s.metadata, s.multitask,
+       s.approval,
        (SELECT count(*) FROM pending_turns p
         WHERE p.session_id = s.id AND p.status = 'pending') AS pending_turns,
        a.id AS active_run_id, a.status AS active_status, a.question AS active_question
@@ -187,11 +191,38 @@ FROM turnstile_submit(
     p_default_agent => $14, p_priority => $15, p_default_priority => $16,
     p_scheduled_for => $17, p_input => $18, p_max_attempts => $19,
     p_traceparent => $20, p_max_queued => $21, p_submit_rate => $22, p_submit_burst => $23,
-    p_start_within => $24, p_start_before => $25) r;
+    p_start_within => $24, p_start_before => $25, p_approval => $26) r;
 
 
 -- Multitask policies (docs/turn-control.md): turns that arrive while the session's run is
 -- queued or running, kept as pending turns until the run ends, interrupts it, or steers it.
+
+-- name: set_session_approval
+-- A session's approval policy (docs/approvals.md); NULL: the process default. Read by its
+-- runs when they reach a tool call, so it applies from their next one.
+UPDATE sessions SET approval = CAST(:approval AS jsonb)
+WHERE id = :session_id AND tenant_id = :tenant_id
+  AND (CAST(:principal AS text) IS NULL OR principal = :principal)
+RETURNING id;
+
+
+-- name: session_approval
+-- The approval policy a run of this session works under when its own turn gave none.
+SELECT approval FROM sessions WHERE id = :session_id;
+
+
+-- name: set_run_approval
+-- A turn's approval policy on the run it created (the multitask path,
+-- app/queue/turns.py), in the transaction that created it.
+UPDATE runs SET approval = CAST(:approval AS jsonb) WHERE id = :run_id
+RETURNING *;
+
+
+-- name: lock_run_for_approval
+-- The run an approval names (POST /runs/{id}/approval), locked: two approvals of one call
+-- take turns here, and the second finds it no longer waiting.
+SELECT * FROM runs WHERE id = :run_id FOR UPDATE;
+
 
 -- name: set_session_multitask
 UPDATE sessions SET multitask = :multitask

@@ -166,6 +166,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/runs/{run_id}/approval": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["decide_approval_runs__run_id__approval_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/runs/{run_id}/cancel": {
         parameters: {
             query?: never;
@@ -538,6 +554,29 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** ApprovalDecisionBody */
+        ApprovalDecisionBody: {
+            /** Args */
+            args?: {
+                [key: string]: components["schemas"]["JsonValue"];
+            } | null;
+            /** Call Id */
+            call_id: string;
+            /**
+             * Decision
+             * @enum {string}
+             */
+            decision: "approve" | "reject" | "edit";
+            /** Reason */
+            reason?: string | null;
+        };
+        /** ApprovalPolicyBody */
+        ApprovalPolicyBody: {
+            /** Classes */
+            classes?: ("safe" | "keyed" | "unsafe")[];
+            /** Tools */
+            tools?: string[];
+        };
         /** CancelRequest */
         CancelRequest: {
             /** Reason */
@@ -610,7 +649,7 @@ export interface components {
              * Kind
              * @enum {string}
              */
-            kind: "input" | "answer" | "question" | "final" | "tool_call" | "failed" | "cancelled";
+            kind: "input" | "answer" | "question" | "final" | "tool_call" | "failed" | "cancelled" | "approval_request" | "approval";
             /**
              * Role
              * @enum {string}
@@ -780,6 +819,7 @@ export interface components {
         RunDocument: {
             /** Agent */
             agent: string;
+            approval_request?: components["schemas"]["JsonValue"];
             /** Attempts */
             attempts: number;
             class: components["schemas"]["PriorityClass"];
@@ -839,6 +879,7 @@ export interface components {
         RunRequest: {
             /** Agent */
             agent?: string | null;
+            approval?: components["schemas"]["ApprovalPolicyBody"] | null;
             input: components["schemas"]["JsonValue"];
             priority?: components["schemas"]["PriorityClass"] | null;
             /** Scheduled For */
@@ -974,6 +1015,8 @@ export interface components {
             /** Active Run Id */
             active_run_id?: string | null;
             active_run_status?: components["schemas"]["RunStatus"] | null;
+            approval?: components["schemas"]["JsonValue"];
+            approval_request?: components["schemas"]["JsonValue"];
             /**
              * Created At
              * Format: date-time
@@ -1004,6 +1047,7 @@ export interface components {
         };
         /** SessionRequest */
         SessionRequest: {
+            approval?: components["schemas"]["ApprovalPolicyBody"] | null;
             /** Multitask */
             multitask?: ("reject" | "enqueue" | "interrupt" | "steer") | null;
         };
@@ -1011,7 +1055,9 @@ export interface components {
         SessionTurnRequest: {
             /** Agent */
             agent?: string | null;
-            input: components["schemas"]["JsonValue"];
+            /** Approval */
+            approval?: components["schemas"]["ApprovalDecisionBody"] | components["schemas"]["ApprovalPolicyBody"] | null;
+            input?: components["schemas"]["JsonValue"];
             /** Multitask */
             multitask?: ("reject" | "enqueue" | "interrupt" | "steer") | null;
             priority?: components["schemas"]["PriorityClass"] | null;
@@ -1714,6 +1760,77 @@ export interface operations {
                 };
             };
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    decide_approval_runs__run_id__approval_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                "Idempotency-Key"?: string | null;
+                traceparent?: string | null;
+            };
+            path: {
+                run_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ApprovalDecisionBody"];
+            };
+        };
+        responses: {
+            202: {
+                headers: {
+                    Location?: string;
+                    RateLimit?: string;
+                    "RateLimit-Policy"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunDocument"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -31,6 +31,7 @@ from turnstile_client.errors import (
 from turnstile_client.models import (
     JSON,
     SETTLED_STATUSES,
+    ApprovalPolicy,
     Delta,
     Event,
     MultitaskPolicy,
@@ -85,10 +86,62 @@ class AsyncTurnstile:
         await self._http.aclose()
 
     # --- sessions and submissions --------------------------------------------------------------
-    async def create_session(self, *, multitask: MultitaskPolicy | None = None) -> Session:
+    async def create_session(
+        self,
+        *,
+        multitask: MultitaskPolicy | None = None,
+        approval: ApprovalPolicy | None = None,
+    ) -> Session:
         """A new session; `multitask` sets what a turn does while its run is active (default
-        reject)."""
-        return calls.as_session(await self._send(calls.create_session(multitask)))
+        reject), `approval` which tool calls of its runs wait for a user's approval (default:
+        the server's)."""
+        return calls.as_session(await self._send(calls.create_session(multitask, approval)))
+
+    async def set_approval(self, session: SessionRef, approval: ApprovalPolicy | None) -> Session:
+        """Change the session's approval policy (None: back to the server's default); its
+        runs follow it from their next tool call."""
+        return calls.as_session(await self._send(calls.update_approval(session, approval)))
+
+    # --- approval before a tool call (the server's docs/approvals.md) --------------------------
+    async def approve(
+        self, run: RunRef, *, call_id: str | None = None, idempotency_key: str | None = None
+    ) -> Run:
+        """Approve the tool call the run waits for (by default the one `run.approval_request`
+        names): the same run goes back to the queue and makes the call once."""
+        return await self._decide(
+            run, calls.decision_body(run, call_id, "approve"), idempotency_key
+        )
+
+    async def reject(
+        self,
+        run: RunRef,
+        reason: str | None = None,
+        *,
+        call_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Run:
+        """Refuse the call: it is never made, and the agent is told so, with `reason`."""
+        body = calls.decision_body(run, call_id, "reject", reason=reason)
+        return await self._decide(run, body, idempotency_key)
+
+    async def edit(
+        self,
+        run: RunRef,
+        args: dict[str, JSON],
+        *,
+        reason: str | None = None,
+        call_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Run:
+        """Approve the call with other arguments, checked against the tool's schema (raises
+        `InvalidApprovalError` when they do not fit it)."""
+        body = calls.decision_body(run, call_id, "edit", args=args, reason=reason)
+        return await self._decide(run, body, idempotency_key)
+
+    async def _decide(self, run: RunRef, body: dict[str, Any], key: str | None) -> Run:
+        # A retry with the same key replays the first decision instead of refusing a second.
+        key = key or calls.new_idempotency_key()
+        return calls.as_run(await self._send(calls.decide(run, body, key)))
 
     async def set_multitask(self, session: SessionRef, multitask: MultitaskPolicy) -> Session:
         """Change the session's policy, for turns that arrive from now on."""
@@ -118,6 +171,7 @@ class AsyncTurnstile:
         start_before: datetime | str | None = None,
         idempotency_key: str | None = None,
         multitask: MultitaskPolicy | None = None,
+        approval: ApprovalPolicy | None = None,
     ) -> Run | PendingTurn:
         """A user's turn: a new run, or, when the session's run waits for the user, the answer
         that sends that same run back to the queue. When the session's run is queued or
@@ -128,7 +182,7 @@ class AsyncTurnstile:
         after the run becomes eligible) or `start_before` (a time) gives a new run a deadline to
         start: still queued then, it ends `cancelled` with reason `expired`."""
         body = calls.submission_body(
-            input, agent, priority, scheduled_for, start_within, start_before, multitask
+            input, agent, priority, scheduled_for, start_within, start_before, multitask, approval
         )
         key = idempotency_key or calls.new_idempotency_key()
         return calls.as_submitted(await self._send(calls.submit_turn(session, body, key)))
@@ -153,11 +207,13 @@ class AsyncTurnstile:
         start_within: float | None = None,
         start_before: datetime | str | None = None,
         idempotency_key: str | None = None,
+        approval: ApprovalPolicy | None = None,
     ) -> Run:
         """A sessionless run (back-end work, `async` unless `priority` says otherwise), with an
-        optional deadline to start as for `submit_turn`."""
+        optional deadline to start as for `submit_turn`, and `approval`: which of its tool
+        calls wait for `approve`, `reject` or `edit`."""
         body = calls.submission_body(
-            input, agent, priority, scheduled_for, start_within, start_before
+            input, agent, priority, scheduled_for, start_within, start_before, approval=approval
         )
         key = idempotency_key or calls.new_idempotency_key()
         return calls.as_run(await self._send(calls.submit_run(body, key)))

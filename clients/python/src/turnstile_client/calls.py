@@ -72,10 +72,13 @@ def submission_body(
     start_within: float | None = None,
     start_before: datetime | str | None = None,
     multitask: str | None = None,
+    approval: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A turn's or run's body; fields left out take the server's defaults (or, for an answer,
     the waiting run's values)."""
     body: dict[str, Any] = {"input": input}
+    if approval is not None:
+        body["approval"] = approval
     if multitask is not None:
         body["multitask"] = multitask
     if agent is not None:
@@ -101,11 +104,48 @@ def _rfc3339(name: str, value: datetime | str) -> str:
     return value
 
 
-def create_session(multitask: str | None = None) -> Call:
+def create_session(multitask: str | None = None, approval: dict[str, Any] | None = None) -> Call:
     # A retry after a lost answer may leave one unused, empty session behind: harmless, since a
     # session holds nothing until a turn.
-    body = None if multitask is None else {"multitask": multitask}
-    return Call("POST", "/sessions", json=body)
+    body: dict[str, Any] = {}
+    if multitask is not None:
+        body["multitask"] = multitask
+    if approval is not None:
+        body["approval"] = approval
+    return Call("POST", "/sessions", json=body or None)
+
+
+def update_approval(session: SessionRef, approval: dict[str, Any] | None) -> Call:
+    # Setting the same policy again is the same change: safe to repeat.
+    return Call("PATCH", f"/sessions/{session_id(session)}", json={"approval": approval})
+
+
+def decide(run: RunRef, decision: dict[str, Any], key: str) -> Call:
+    """A decision on the tool call a run waits to have approved (POST /runs/{id}/approval)."""
+    return Call(
+        "POST", f"/runs/{run_id(run)}/approval", json=decision, headers={"Idempotency-Key": key}
+    )
+
+
+def decision_body(
+    run: RunRef,
+    call_id: str | None,
+    decision: str,
+    args: dict[str, Any] | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    """The decision's body; the call defaults to the one a `Run` shows it waits for."""
+    if call_id is None:
+        request = run.approval_request if isinstance(run, Run) else None
+        if not isinstance(request, dict):
+            raise ValueError("name the call_id: this run shows no approval_request")
+        call_id = str(request["call_id"])
+    body: dict[str, Any] = {"call_id": call_id, "decision": decision}
+    if args is not None:
+        body["args"] = args
+    if reason is not None:
+        body["reason"] = reason
+    return body
 
 
 def update_session(session: SessionRef, multitask: str) -> Call:

@@ -183,6 +183,31 @@ class TurnStartedError(ProblemError):
     slug = "turn-started"
 
 
+class ApprovalPendingError(ProblemError):
+    """409 `approval-pending`: the session's run waits for a tool call's approval (`call_id`,
+    `tool`); only `approve`, `reject` or `edit` answers it."""
+
+    slug = "approval-pending"
+
+    def __init__(self, body: dict[str, Any], *, retry_after: float | None = None) -> None:
+        super().__init__(body, retry_after=retry_after)
+        self.call_id = str(body["call_id"])
+        self.tool: str | None = body.get("tool")
+
+
+class NoApprovalPendingError(ProblemError):
+    """409 `no-approval-pending` or `approval-call-mismatch`: the run waits for no approval of
+    this call (decided already, or it waits for `pending_call_id`)."""
+
+    slug = "no-approval-pending"
+
+
+class InvalidApprovalError(ProblemError):
+    """422 `invalid-approval`: edited arguments outside the tool's schema (`errors`)."""
+
+    slug = "invalid-approval"
+
+
 class ServiceUnavailableError(ProblemError):
     """503 `database-busy` or `database-unavailable`: nothing was written; retried."""
 
@@ -204,9 +229,13 @@ _BY_SLUG: dict[str, type[ProblemError]] = {
         RateLimitedError,
         TooManyPendingTurnsError,
         TurnStartedError,
+        ApprovalPendingError,
+        NoApprovalPendingError,
+        InvalidApprovalError,
     )
     if cls.slug is not None
 } | {
+    "approval-call-mismatch": NoApprovalPendingError,
     "malformed-json": InvalidRequestError,
     "database-busy": ServiceUnavailableError,
     "database-unavailable": ServiceUnavailableError,

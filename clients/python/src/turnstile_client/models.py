@@ -61,6 +61,9 @@ class Run:
     raw: dict[str, Any] = field(repr=False, compare=False)
     # Its deadline to start (None: none, or a server that predates deadlines).
     start_before: datetime | None = None
+    # While waiting_for_user for a tool call's approval: the call (`call_id`, `tool`,
+    # `arguments`, `idempotency_class`, `step`, `parameters`); None otherwise.
+    approval_request: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:
@@ -96,6 +99,7 @@ class Run:
             dismissed_at=_time(document.get("dismissed_at")),
             raw=document,
             start_before=_time(document.get("start_before")),
+            approval_request=document.get("approval_request"),
         )
 
 
@@ -113,6 +117,10 @@ class Session:
     raw: dict[str, Any] = field(repr=False, compare=False)
     multitask: str = "reject"
     pending_turns: int = 0
+    # Its approval policy (None: the server's default) and the call its run waits to have
+    # approved, if any.
+    approval: dict[str, Any] | None = None
+    approval_request: dict[str, Any] | None = None
 
     @classmethod
     def from_document(cls, document: dict[str, Any]) -> Session:
@@ -126,8 +134,14 @@ class Session:
             raw=document,
             multitask=str(document.get("multitask", "reject")),
             pending_turns=int(document.get("pending_turns", 0)),
+            approval=document.get("approval"),
+            approval_request=document.get("approval_request"),
         )
 
+
+ApprovalPolicy = dict[str, list[str]]
+"""Which tool calls wait for a user's approval (the server's docs/approvals.md):
+`{"tools": [...names], "classes": [...of safe, keyed, unsafe]}`; `{}`: none."""
 
 MultitaskPolicy = Literal["reject", "enqueue", "interrupt", "steer"]
 """What a turn does when its session's run is queued or running (the server's
