@@ -25,6 +25,8 @@ WORKER_WRITES = {
     "tool_started",
     "tool_finished",
     "save_checkpoint",
+    # A refused call's journal entry and event (docs/approvals.md).
+    "tool_rejected",
     "take_steered",
     "end_holds",
     # A model call's reservation (budgets.sql): taken only for a run still held.

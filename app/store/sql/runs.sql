@@ -1093,6 +1093,13 @@ SELECT j.event_seq AS seq FROM tool_journal j
 WHERE j.run_id = :run_id AND j.epoch = :epoch AND j.step = :step AND j.entry = 'not_sent';
 
 
+-- name: recognise_tool_rejected
+-- The refusal's journal entry of this epoch and step (its event and checkpoint committed with it).
+SELECT j.event_seq AS seq FROM tool_journal j
+WHERE j.run_id = :run_id AND j.epoch = :epoch AND j.step = :step AND j.entry = 'finished'
+  AND j.outcome_status = 'rejected';
+
+
 -- name: recognise_save_checkpoint
 -- As append_event: the latest event of this epoch is this checkpoint (step and state).
 SELECT e.seq FROM run_events e
