@@ -36,6 +36,7 @@ from app.queue.errors import (
     RunNotFoundError,
     SessionNotFoundError,
 )
+from app.queue.turns import lock_visible_session
 from app.store import approval_rows, turn_rows
 from app.store.transactions import transaction
 from app.vocabulary.approval_policy import schema_errors
@@ -126,15 +127,7 @@ class Approvals:
             )
 
     async def _lock_session(self, conn: AsyncConnection, who: Submitter, session_id: UUID) -> None:
-        session = await turn_rows.lock_session(
-            conn,
-            session_id=session_id,
-            tenant_id=who.tenant_id,
-            principal=who.principal if who.own_sessions_only else None,
-            now=self.queue.clock(),
-        )
-        if session is None:
-            raise SessionNotFoundError(session_id)
+        await lock_visible_session(conn, who, session_id, self.queue.clock())
 
     async def _decide(
         self,

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.queue.core import Queue, dump_json
 from app.queue.errors import (
@@ -111,6 +113,23 @@ class PendingTurn:
         return f"/sessions/{self.session_id}/pending-turns/{self.id}"
 
 
+async def lock_visible_session(
+    conn: AsyncConnection, who: Submitter, session_id: UUID, now: datetime | None
+) -> RowMapping:
+    """The session's row, locked for a routing decision (a turn, an approval), if `who` may
+    see it; else `SessionNotFoundError`."""
+    session = await turn_rows.lock_session(
+        conn,
+        session_id=session_id,
+        tenant_id=who.tenant_id,
+        principal=who.principal if who.own_sessions_only else None,
+        now=now,
+    )
+    if session is None:
+        raise SessionNotFoundError(session_id)
+    return session
+
+
 class TurnControl:
     """The multitask policies' side of a submission, and pending turns' reads and cancel."""
 
@@ -160,15 +179,7 @@ class TurnControl:
         async with transaction(self.queue.engine) as conn:
             if idempotency and (replay := await subs.take_key(conn, who, idempotency)):
                 return replay
-            session = await turn_rows.lock_session(
-                conn,
-                session_id=session_id,
-                tenant_id=who.tenant_id,
-                principal=who.principal if who.own_sessions_only else None,
-                now=self.queue.clock(),
-            )
-            if session is None:
-                raise SessionNotFoundError(session_id)
+            session = await lock_visible_session(conn, who, session_id, self.queue.clock())
             owner = str(session["principal"])
             active: RowMapping | None = None
             for _ in range(3):
