@@ -7,7 +7,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test check lint typecheck pytest docs openapi-types bench bench-quick bench-churn clean
+.PHONY: run test check lint typecheck pytest docs openapi-types bench bench-quick bench-churn bench-budgets clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "make: Python 3.11 or newer is required (python3 --version)"; exit 2; }
@@ -43,6 +43,9 @@ typecheck: $(VENV)/.installed-test
 # servers started once); TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 3
 pytest: $(VENV)/.installed-test
+	@# Bytecode for the hundreds of processes the suite starts (workers, servers, the CLI):
+	@# where PYTHONDONTWRITEBYTECODE is set, each would compile every module of app/ again.
+	$(BIN)/python -m compileall -q app clients/python/src
 	$(BIN)/pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 $(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
@@ -82,6 +85,12 @@ bench-quick: $(VENV)/.installed-bench
 ## bench/results/churn-latest.json and .md.
 bench-churn: $(VENV)/.installed-bench
 	$(BIN)/python bench/churn.py $(if $(CHURN_RUNS),--runs $(CHURN_RUNS),)
+
+## Model budgets (issue 39; a few minutes): a burst of 2,000 openai runs against an endpoint
+## enforcing its own limits, with budgets and without; BUDGET_RUNS=N for another count,
+## BENCH_QUICK=1 the quick mode; bench/results/budgets-latest.json and .md.
+bench-budgets: $(VENV)/.installed-bench
+	$(BIN)/python bench/model_budgets.py $(if $(BENCH_QUICK),--quick,) $(if $(BUDGET_RUNS),--runs $(BUDGET_RUNS),)
 
 clean:
 	rm -rf $(VENV) .turnstile .pytest_cache .mypy_cache .ruff_cache site docs/index.md docs/reference

@@ -1,7 +1,7 @@
 """The `turnstile` command line: serve, worker, migrate, keys, and the operator commands.
 
-The operator commands (runs, queue, schedules, webhooks, tenants, model-budgets) act on the
-configured database through the queue's services.
+The operator commands (runs, sessions, pending-turns, queue, schedules, webhooks, tenants,
+model-budgets) act on the configured database through the queue's services.
 
 Thin by design: each command parses its flags, calls into the app, and prints one line on
 error (exit status 2) rather than a traceback.
@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import socket
 import sys
 import uuid
@@ -80,7 +81,7 @@ def _migrated(settings: Settings) -> tuple[Settings, EmbeddedDatabase | None]:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from app.roles import serve
+    from app.roles import collect_less, serve
 
     overrides: dict[str, object] = {"host": args.host, "port": args.port}
     if args.no_workers:
@@ -92,6 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     settings, embedded = _migrated(settings)
     asyncio.run(first_start_key(settings, embedded))
     print(f"turnstile: serving on http://{settings.host}:{settings.port}/docs", file=sys.stderr)
+    collect_less()  # everything imported by now lives as long as the process
     try:
         serve(settings)  # returns once the lifespan has drained the pool and disposed the engine
     finally:
@@ -271,7 +273,7 @@ def _key_json(info: KeyInfo) -> dict[str, object]:
 def cmd_worker(args: argparse.Namespace) -> None:
     """The worker pool and the sweeper with no HTTP server, for more machines. SIGTERM or SIGINT
     drains it: no new claims, running steps get the grace period, the rest are released."""
-    from app.roles import WorkerStartError, event_loop_run, run_worker
+    from app.roles import WorkerStartError, collect_less, event_loop_run, run_worker
 
     settings = _settings(run_workers=True)
     configure_logging(settings.log_level, log_format=settings.log_format)
@@ -296,6 +298,7 @@ def cmd_worker(args: argparse.Namespace) -> None:
         database = resolve_database(settings)
         embedded = database.embedded
         settings = settings.model_copy(update={"database_url": database.url})
+    collect_less()  # everything imported by now lives as long as the process
     try:
         # uvloop's event loop: the worker's loops, its sockets and its timers cost less CPU.
         ran = event_loop_run(
@@ -346,7 +349,7 @@ def _runbook(command: RunbookCommand) -> Callable[[argparse.Namespace], None]:
     a document or JSON), and turn the core's refusals into one-line errors."""
 
     def entry(args: argparse.Namespace) -> None:
-        from app.main import budget_defaults, limit_defaults, queue_config, submissions_for
+        from app.assembly import budget_defaults, limit_defaults, queue_config, submissions_for
         from app.queue.core import Queue
         from app.queue.errors import TurnstileError
         from app.queue.holdings import Holdings
@@ -523,6 +526,29 @@ async def budgets_set(runbook: Runbook, args: argparse.Namespace) -> object:
     return budget.to_document(runbook.budgets.defaults)
 
 
+async def budgets_tenant(runbook: Runbook, args: argparse.Namespace) -> object:
+    """`turnstile model-budgets tenant TENANT`: its own limits on model endpoints (on every
+    endpoint: endpoint null) and its use of each."""
+    budgets = await runbook.budgets.tenant_budgets(args.tenant)
+    return {"tenant": args.tenant, "budgets": [entry.to_document() for entry in budgets]}
+
+
+async def budgets_set_tenant(runbook: Runbook, args: argparse.Namespace) -> object:
+    """`turnstile model-budgets set-tenant TENANT [--endpoint KEY] ...`: a tenant's own limits
+    on one endpoint, or without --endpoint on every endpoint; changes only the values named,
+    `default` removes one (no limit of the tenant's own there)."""
+    from app.queue.tenant_limits import KEEP
+
+    changes: dict[str, Any] = {}
+    for flag, key in (("--rpm", "requests_per_minute"), ("--tpm", "tokens_per_minute")):
+        given = getattr(args, key)
+        changes[key] = KEEP if given is None else _limit_value(flag, given, int)
+    if all(v is KEEP for v in changes.values()):
+        raise CommandError("nothing to set: give --rpm or --tpm")
+    limits = await runbook.budgets.set_tenant_budget(args.tenant, args.endpoint, **changes)
+    return limits.to_document()
+
+
 def _limit_value(flag: str, value: str, kind: type[int] | type[float]) -> int | float | None:
     text = value.strip()
     if text == "default":
@@ -569,14 +595,182 @@ async def runs_show(runbook: Runbook, args: argparse.Namespace) -> object:
     return found.to_document()
 
 
+CANCEL_REASON = "cancelled from the CLI"
+"""A CLI cancel's reason when --reason gives none (the run's `run.cancelled` event says it)."""
+MAX_CANCEL_REASON = 500  # as the API's cancel body (app/api/schemas.py, CancelRequest)
+
+
 async def runs_cancel(runbook: Runbook, args: argparse.Namespace) -> object:
+    reason = (args.reason or "").strip() or CANCEL_REASON
+    if len(reason) > MAX_CANCEL_REASON:
+        raise CommandError(f"--reason is at most {MAX_CANCEL_REASON} characters")
     outcome = await runbook.queue.cancel(
-        _uuid(args.run_id),
-        actor=runbook.actor.actor,
-        tenant_id=args.tenant,
-        reason="cancelled from the CLI",
+        _uuid(args.run_id), actor=runbook.actor.actor, tenant_id=args.tenant, reason=reason
     )
     return outcome.run.to_document()
+
+
+# --- sessions and pending turns (docs/turn-control.md) ---------------------------------------
+async def _visible_session(runbook: Runbook, args: argparse.Namespace) -> Any:
+    """The session named on the command line (within --tenant when given), else one line."""
+    session_id = _uuid(args.session_id, "session")
+    found = await runbook.reads.session(session_id, tenant_id=args.tenant, principal=None)
+    if found is None:
+        where = f" in tenant {args.tenant}" if args.tenant else ""
+        raise CommandError(f"session {session_id} not found{where}")
+    return found
+
+
+def _operator_on(runbook: Runbook, session: Any) -> Submitter:
+    """Who the CLI acts as on a session: an operator of its tenant (any principal's session),
+    recorded as the CLI's actor, as `runs approve` acts."""
+    from app.queue.submit import Submitter
+
+    actor = runbook.actor.actor
+    return Submitter(session.tenant_id, actor, actor=actor, own_sessions_only=False)
+
+
+def _session_result(session: Any) -> dict[str, object]:
+    return {
+        "id": str(session.id),
+        "tenant": session.tenant_id,
+        "principal": session.principal,
+        "state": session.state,
+        "multitask": session.multitask,
+        # None: the process default (TURNSTILE_APPROVAL_REQUIRED), which `approval_from` names.
+        "approval": session.approval,
+        "approval_from": "session" if session.approval is not None else "process default",
+        "active_run_id": None if session.active_run_id is None else str(session.active_run_id),
+        "active_run_status": session.active_status,
+        "approval_request": session.approval_request,
+        "pending_turns": session.pending_turns,
+    }
+
+
+async def sessions_show(runbook: Runbook, args: argparse.Namespace) -> object:
+    """`turnstile sessions show SESSION`: its policies, its active run, its pending turns."""
+    return _session_result(await _visible_session(runbook, args))
+
+
+async def sessions_set_policy(runbook: Runbook, args: argparse.Namespace) -> object:
+    """`turnstile sessions set-policy SESSION`: the multitask policy, the approval policy, or
+    both, through the core that PATCH /sessions/{id} calls; the session as it is then."""
+    from app.vocabulary.approval_policy import CLASSES, ApprovalPolicy
+
+    approval_given = args.approval_tools is not None or args.approval_classes is not None
+    if args.multitask is None and not approval_given and not args.approval_default:
+        raise CommandError(
+            "nothing to set: give --multitask, --approval-tools/--approval-classes or "
+            "--approval-default"
+        )
+    if approval_given and args.approval_default:
+        raise CommandError("give --approval-tools/--approval-classes or --approval-default")
+    policy: ApprovalPolicy | None = None
+    if approval_given:
+        tools = _names(args.approval_tools)
+        for tool in tools:
+            if not TOOL_NAME.fullmatch(tool):
+                raise CommandError(f"--approval-tools: {tool!r} is not a tool name")
+        classes = _names(args.approval_classes)
+        for klass in classes:
+            if klass not in CLASSES:
+                raise CommandError(
+                    f"--approval-classes: {klass!r} is not one of {', '.join(CLASSES)}"
+                )
+        policy = ApprovalPolicy(frozenset(tools), frozenset(classes))
+    session = await _visible_session(runbook, args)
+    who = _operator_on(runbook, session)
+    if args.multitask is not None:
+        await runbook.submissions.turns.set_session_policy(who, session.id, args.multitask)
+    if approval_given or args.approval_default:
+        await runbook.submissions.approvals.set_session_policy(
+            who, session.id, None if policy is None else policy.to_json()
+        )
+    return _session_result(await _visible_session(runbook, args))
+
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")  # as the API's ToolName
+
+
+def _names(given: str | None) -> list[str]:
+    """A comma-separated list (empty: none)."""
+    return [name.strip() for name in (given or "").split(",") if name.strip()]
+
+
+async def sessions_submit(runbook: Runbook, args: argparse.Namespace) -> object:
+    """`turnstile sessions submit SESSION INPUT_JSON`: a turn, as POST /sessions/{id}/turns
+    routes it (a new run, an answer, or under the multitask policy a pending turn or a steer);
+    prints the run or the pending turn."""
+    from app.queue.submit import RunSpec
+
+    try:
+        value = json.loads(args.input)
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"INPUT_JSON is not JSON: {exc}") from None
+    within = None
+    if args.start_within is not None:
+        try:
+            within = float(args.start_within)
+        except ValueError:
+            raise CommandError(
+                f"--start-within takes a number of seconds, not {args.start_within!r}"
+            ) from None
+    session = await _visible_session(runbook, args)
+    submitted = await runbook.submissions.submit_turn(
+        _operator_on(runbook, session),
+        session.id,
+        RunSpec(input=value, start_within=within),
+        None,
+        multitask=args.multitask,
+    )
+    return submitted.document
+
+
+def _turn_row(turn: Any) -> dict[str, object]:
+    return {
+        "position": turn.position,
+        "id": str(turn.id),
+        "policy": turn.policy,
+        "status": turn.status,
+        "accepted_at": turn.created_at.isoformat(),
+        "interrupt_by": None if turn.interrupt_by is None else turn.interrupt_by.isoformat(),
+        "start_before": None if turn.start_before is None else turn.start_before.isoformat(),
+    }
+
+
+async def pending_turns_list(runbook: Runbook, args: argparse.Namespace) -> object:
+    """`turnstile pending-turns list SESSION`: the turns waiting, in the order they start."""
+    session = await _visible_session(runbook, args)
+    return [_turn_row(turn) for turn in await runbook.submissions.turns.pending_turns(session.id)]
+
+
+async def pending_turns_show(runbook: Runbook, args: argparse.Namespace) -> object:
+    session = await _visible_session(runbook, args)
+    turn = await runbook.submissions.turns.pending_turn(
+        session.id, _uuid(args.turn_id, "pending turn")
+    )
+    return turn.to_document()
+
+
+async def pending_turns_cancel(runbook: Runbook, args: argparse.Namespace) -> object:
+    """`turnstile pending-turns cancel SESSION TURN`: withdraw it (again: as it is); one that
+    has started is one line naming its run, which is what to cancel instead."""
+    from app.queue.errors import PendingTurnStartedError
+
+    session = await _visible_session(runbook, args)
+    try:
+        turn = await runbook.submissions.turns.cancel_pending(
+            _operator_on(runbook, session), session.id, _uuid(args.turn_id, "pending turn")
+        )
+    except PendingTurnStartedError as exc:
+        if exc.run_id is None:
+            raise CommandError(str(exc)) from None
+        became = "it is run" if exc.status == "started" else "it reached run"
+        raise CommandError(
+            f"pending turn {exc.turn_id} is {exc.status}: {became} {exc.run_id}; cancel "
+            f"that run instead (turnstile runs cancel {exc.run_id})"
+        ) from None
+    return turn.to_document()
 
 
 async def runs_decide(runbook: Runbook, args: argparse.Namespace) -> object:
@@ -713,7 +907,7 @@ async def schedules_delete(runbook: Runbook, args: argparse.Namespace) -> object
 
 
 async def webhooks_create(runbook: Runbook, args: argparse.Namespace) -> object:
-    from app.main import limit_defaults
+    from app.assembly import limit_defaults
     from app.queue.holdings import Holdings
     from app.queue.webhook_endpoints import EVENTS, Webhooks
     from app.runtime.http_tool import HttpRequestTool
@@ -788,6 +982,17 @@ def cmd_migrate(args: argparse.Namespace) -> None:
     _migrated_settings(_settings())
 
 
+def _rate_flags(parser: argparse.ArgumentParser) -> None:
+    """A model budget's two rates (an endpoint's or a tenant's on it), and --json."""
+    parser.add_argument(
+        "--rpm", dest="requests_per_minute", metavar="N", help="requests a minute, or default"
+    )
+    parser.add_argument(
+        "--tpm", dest="tokens_per_minute", metavar="N", help="tokens a minute, or default"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON rather than text")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="turnstile",
@@ -849,6 +1054,11 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         action = runs_sub.add_parser(name, help=text)
         action.add_argument("run_id", help="the run's id")
+        if name == "cancel":
+            action.add_argument(
+                "--reason",
+                help=f"why, in its run.cancelled event and webhook (default {CANCEL_REASON!r})",
+            )
         action.add_argument("--tenant", help="only if the run belongs to this tenant")
         action.add_argument("--json", action="store_true", help="print JSON rather than text")
         action.set_defaults(func=_runbook(command))
@@ -880,6 +1090,7 @@ def build_parser() -> argparse.ArgumentParser:
     stuck.add_argument("--limit", type=int, default=100, help="at most this many runs (100)")
     stuck.add_argument("--json", action="store_true", help="print JSON rather than text")
     stuck.set_defaults(func=_runbook(runs_stuck))
+    _add_turn_commands(sub)
     queue = sub.add_parser("queue", help="queue-wide views")
     queue_sub = queue.add_subparsers(dest="queue_command", required=True)
     stats = queue_sub.add_parser("stats", help="depth per class and status, oldest age")
@@ -950,14 +1161,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="change an endpoint's budget; 'default' returns a value to the service's default",
     )
     set_budget.add_argument("endpoint", help="the endpoint's key (model@base-url, or a name)")
-    set_budget.add_argument(
-        "--rpm", dest="requests_per_minute", metavar="N", help="requests a minute, or default"
-    )
-    set_budget.add_argument(
-        "--tpm", dest="tokens_per_minute", metavar="N", help="tokens a minute, or default"
-    )
-    set_budget.add_argument("--json", action="store_true", help="print JSON rather than text")
+    _rate_flags(set_budget)
     set_budget.set_defaults(func=_runbook(budgets_set))
+    tenant_budgets = budgets_sub.add_parser(
+        "tenant", help="a tenant's own limits on model endpoints and its use of each"
+    )
+    tenant_budgets.add_argument("tenant", help="the tenant's name")
+    tenant_budgets.add_argument("--json", action="store_true", help="print JSON rather than text")
+    tenant_budgets.set_defaults(func=_runbook(budgets_tenant))
+    set_tenant = budgets_sub.add_parser(
+        "set-tenant",
+        help="change a tenant's own limits on an endpoint (or on every endpoint); 'default' "
+        "removes one",
+    )
+    set_tenant.add_argument("tenant", help="the tenant's name")
+    set_tenant.add_argument(
+        "--endpoint",
+        metavar="KEY",
+        help="the endpoint's key (model@base-url, or a name); left out: every endpoint where "
+        "the tenant has no limit of its own",
+    )
+    _rate_flags(set_tenant)
+    set_tenant.set_defaults(func=_runbook(budgets_set_tenant))
 
     schedules = sub.add_parser("schedules", help="recurring runs: one run per cron tick")
     schedules_sub = schedules.add_subparsers(dest="schedules_command", required=True)
@@ -1049,6 +1274,77 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_turn_commands(sub: Any) -> None:
+    """`sessions` and `pending-turns`: turn control from the command line
+    (docs/turn-control.md)."""
+    from app.queue.turns import POLICIES
+
+    sessions = sub.add_parser("sessions", help="a session's policies and turns")
+    sessions_sub = sessions.add_subparsers(dest="sessions_command", required=True)
+
+    def session_command(name: str, text: str, command: RunbookCommand) -> Any:
+        action = sessions_sub.add_parser(name, help=text)
+        action.add_argument("session_id", help="the session's id")
+        action.add_argument("--tenant", help="only if the session belongs to this tenant")
+        action.add_argument("--json", action="store_true", help="print JSON rather than text")
+        action.set_defaults(func=_runbook(command))
+        return action
+
+    session_command(
+        "show", "its multitask and approval policies, active run and pending turns", sessions_show
+    )
+    set_policy = session_command(
+        "set-policy",
+        "change its multitask policy or approval policy (later turns)",
+        sessions_set_policy,
+    )
+    set_policy.add_argument(
+        "--multitask", choices=POLICIES, help="what a turn does while the session's run works"
+    )
+    set_policy.add_argument(
+        "--approval-tools",
+        metavar="TOOL,...",
+        help="tools whose calls wait for a user's approval ('' for none)",
+    )
+    set_policy.add_argument(
+        "--approval-classes",
+        metavar="CLASS,...",
+        help="idempotency classes (safe, keyed, unsafe) whose calls wait for approval",
+    )
+    set_policy.add_argument(
+        "--approval-default",
+        action="store_true",
+        help="back to the process default (TURNSTILE_APPROVAL_REQUIRED)",
+    )
+    submit = session_command(
+        "submit", "submit a user's turn, as POST /sessions/{id}/turns does", sessions_submit
+    )
+    submit.add_argument("input", metavar="INPUT_JSON", help="the turn's input, JSON")
+    submit.add_argument(
+        "--multitask", choices=POLICIES, help="this turn's policy (default: the session's)"
+    )
+    submit.add_argument(
+        "--start-within",
+        metavar="S",
+        help="seconds it may wait to start, else it expires (a new run or a pending turn)",
+    )
+
+    turns = sub.add_parser("pending-turns", help="turns waiting for their session's run")
+    turns_sub = turns.add_subparsers(dest="pending_turns_command", required=True)
+    for name, text, command in (
+        ("list", "a session's pending turns, in the order they start", pending_turns_list),
+        ("show", "a pending turn: its position, or the run it became", pending_turns_show),
+        ("cancel", "withdraw a pending turn before it starts", pending_turns_cancel),
+    ):
+        action = turns_sub.add_parser(name, help=text)
+        action.add_argument("session_id", help="the session's id")
+        if name != "list":
+            action.add_argument("turn_id", help="the pending turn's id")
+        action.add_argument("--tenant", help="only if the session belongs to this tenant")
+        action.add_argument("--json", action="store_true", help="print JSON rather than text")
+        action.set_defaults(func=_runbook(command))
+
+
 AN_ID = "0193c4d2-5b6e-7a8f-9012-3456789abcde"
 EXAMPLES = {
     "serve": "turnstile serve --port 8000",
@@ -1058,7 +1354,18 @@ EXAMPLES = {
     "keys list": "turnstile keys list --tenant acme",
     "keys revoke": f"turnstile keys revoke {AN_ID}",
     "runs show": f"turnstile runs show {AN_ID}",
-    "runs cancel": f"turnstile runs cancel {AN_ID}",
+    "runs cancel": f'turnstile runs cancel {AN_ID} --reason "duplicate of another run"',
+    "sessions show": f"turnstile sessions show {AN_ID} --tenant acme",
+    "sessions set-policy": (
+        f"turnstile sessions set-policy {AN_ID} --multitask enqueue --approval-classes unsafe"
+    ),
+    "sessions submit": (
+        f"""turnstile sessions submit {AN_ID} '{{"text": "and tomorrow?"}}' """
+        "--multitask steer --start-within 30"
+    ),
+    "pending-turns list": f"turnstile pending-turns list {AN_ID}",
+    "pending-turns show": f"turnstile pending-turns show {AN_ID} TURN_ID",
+    "pending-turns cancel": f"turnstile pending-turns cancel {AN_ID} TURN_ID --tenant acme",
     "runs resubmit": f"turnstile runs resubmit {AN_ID}",
     "runs dismiss": f"turnstile runs dismiss {AN_ID}",
     "runs stuck": "turnstile runs stuck --queued-seconds 60 --json",
@@ -1071,6 +1378,11 @@ EXAMPLES = {
     "model-budgets list": "turnstile model-budgets list --json",
     "model-budgets set": (
         "turnstile model-budgets set gpt-4o-mini@https://api.openai.com/v1 --rpm 500 --tpm 200000"
+    ),
+    "model-budgets tenant": "turnstile model-budgets tenant acme --json",
+    "model-budgets set-tenant": (
+        "turnstile model-budgets set-tenant acme "
+        "--endpoint gpt-4o-mini@https://api.openai.com/v1 --tpm 50000"
     ),
     "schedules create": (
         "turnstile schedules create --tenant acme --cron '0 3 * * *' --input '{\"report\": 1}'"

@@ -207,6 +207,12 @@ class Settings(BaseSettings):
     idempotency_wait_seconds: float = Field(
         default=5.0, gt=0, description="How long a request waits for its in-flight twin."
     )
+    submit_group_commit: bool = Field(
+        default=True,
+        description="Turns and sessionless runs that arrive while earlier ones are being "
+        "committed go together in one statement, one commit and one notification, each with "
+        "its own answer (docs/adr/0012-group-committed-submissions.md). Off: one commit each.",
+    )
     # --- turn control (docs/turn-control.md) ---------------------------------------------------
     max_pending_turns: int = Field(
         default=20,
@@ -385,6 +391,14 @@ class Settings(BaseSettings):
         le=86_400,
         description="The longest a model call's reservation is held: past it (or once its run "
         "lost its lease) its tokens go back to the budget.",
+    )
+    model_interactive_share: float = Field(
+        default=0.2,
+        ge=0,
+        lt=1,
+        description="The share of a model endpoint's minute an async or maintenance call must "
+        "leave for interactive calls: a burst of back-end work cannot spend the whole budget "
+        "before a user's turn asks (0: none held).",
     )
     history_max_messages: int = Field(
         default=50,

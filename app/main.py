@@ -22,17 +22,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.api.auth import KeyCache
 from app.api.services import ServiceState
 from app.api.watch import KeyRecheck, LiveWatch, RunWatch, StreamLimits
+from app.assembly import budget_defaults, limit_defaults, queue_config, submissions_for
 from app.config import Settings, get_settings
 from app.maintenance.maintainer import Maintainer
 from app.observability import tracing
 from app.observability.metrics import HttpMetrics, Metrics
-from app.queue.core import Clock, Queue, QueueConfig
+from app.queue.core import Clock, Queue
 from app.queue.holdings import Holdings
-from app.queue.model_budgets import BudgetDefaults, ModelBudgets
+from app.queue.model_budgets import ModelBudgets
 from app.queue.reads import Reads
 from app.queue.scheduling import Schedules
 from app.queue.submit import Submissions
-from app.queue.tenant_limits import LimitDefaults, Tenants
+from app.queue.tenant_limits import Tenants
 from app.queue.webhook_endpoints import Webhooks
 from app.runtime.executor import RuntimeExecutor, RuntimeLimits, default_registry
 from app.runtime.http_tool import HttpRequestTool
@@ -47,7 +48,6 @@ from app.security.secret_box import SecretBox
 from app.store.engine import create_claim_engine, create_engine
 from app.store.resolve import ResolvedDatabase, resolve_database
 from app.vocabulary.approval_policy import parse_default
-from app.vocabulary.classes import PriorityClass
 from app.worker.backpressure import Backpressure
 from app.worker.deltas import DeltaPublisher
 from app.worker.execution import Executor
@@ -88,70 +88,6 @@ def _serves_the_api(state: AppState) -> ServiceState:
     """Never called: mypy checks here that AppState offers every service the handlers reach
     through `state_of` (app/api/services.py), so the two cannot drift apart."""
     return state
-
-
-def queue_config(settings: Settings) -> QueueConfig:
-    """The queue core's settings, taken from the service's (the core knows no Settings)."""
-    return QueueConfig(
-        lease_seconds=settings.lease_seconds,
-        max_attempts=settings.max_attempts,
-        backoff_base_seconds=settings.retry_backoff_base_seconds,
-        backoff_max_seconds=settings.retry_backoff_max_seconds,
-        webhook_max_attempts=settings.webhook_max_attempts,
-        webhook_backoff_base_seconds=settings.webhook_backoff_base_seconds,
-        webhook_backoff_max_seconds=settings.webhook_backoff_max_seconds,
-        direct_calls=not settings.pgbouncer,
-        tenant_max_running=settings.tenant_running_limits,
-        tenant_max_queued=settings.tenant_max_queued,
-        fair_claim=settings.fair_claim,
-    )
-
-
-def submissions_for(queue: Queue, settings: Settings) -> Submissions:
-    return Submissions(
-        queue,
-        default_agent=settings.default_agent,
-        idempotency_ttl_seconds=settings.idempotency_ttl_seconds,
-        idempotency_wait_seconds=settings.idempotency_wait_seconds,
-        lock_timeout_ms=settings.lock_timeout_ms,
-        submit_rate_per_second=settings.submit_rate_per_second,
-        submit_burst=settings.submit_burst,
-        start_within=settings.start_within_defaults,
-        max_pending_turns=settings.max_pending_turns,
-        interrupt_grace_seconds=settings.interrupt_grace_seconds,
-    )
-
-
-def budget_defaults(settings: Settings) -> BudgetDefaults:
-    """Every model endpoint's budget where an admin set none (TURNSTILE_MODEL_RPM,
-    TURNSTILE_MODEL_TPM; unset: unlimited), and the longest a reservation is held
-    (TURNSTILE_MODEL_RESERVATION_SECONDS)."""
-    return BudgetDefaults(
-        requests_per_minute=settings.model_rpm,
-        tokens_per_minute=settings.model_tpm,
-        reservation_seconds=settings.model_reservation_seconds,
-    )
-
-
-def limit_defaults(settings: Settings) -> LimitDefaults:
-    """Every tenant's limits where it has no override of its own (TURNSTILE_TENANT_MAX_RUNNING,
-    TURNSTILE_TENANT_MAX_QUEUED, TURNSTILE_SUBMIT_RATE_PER_SECOND, TURNSTILE_SUBMIT_BURST,
-    TURNSTILE_TENANT_MAX_SCHEDULES, TURNSTILE_TENANT_MAX_WEBHOOK_ENDPOINTS,
-    TURNSTILE_SCHEDULE_MIN_INTERVAL_SECONDS)."""
-    running = settings.tenant_running_limits  # by class band: interactive, async, maintenance
-    return LimitDefaults(
-        max_running={
-            klass: limit
-            for klass, limit in zip(PriorityClass, running, strict=True)
-            if limit is not None
-        },
-        max_queued=settings.tenant_max_queued,
-        submit_rate_per_second=settings.submit_rate_per_second,
-        submit_burst=settings.submit_burst,
-        max_schedules=settings.tenant_max_schedules,
-        max_webhook_endpoints=settings.tenant_max_webhook_endpoints,
-        min_schedule_interval_seconds=settings.schedule_min_interval_seconds,
-    )
 
 
 @asynccontextmanager
@@ -468,7 +404,7 @@ def create_app(
 # headers beyond the CORS-safelisted ones: the key, submissions' idempotency, a stream's resume
 # point, a conditional read, trace context. Response headers its script may read: where a new
 # run is, whether an answer was replayed, the rate limit, when to retry, a run's version.
-CORS_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE"]
+CORS_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
 CORS_REQUEST_HEADERS = [
     "Authorization",
     "Content-Type",

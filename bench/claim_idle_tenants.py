@@ -17,12 +17,15 @@ and drops the two databases.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -123,26 +126,41 @@ def summary(times: list[float]) -> dict[str, float]:
     }
 
 
-async def measure(claims: int) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def migrated(server: str, name: str) -> AsyncIterator[str]:
+    """A database of its own on `server`, migrated to head; dropped afterwards."""
+    await admin_execute(
+        server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"'
+    )
+    try:
+        url = with_database(server, name)
+        await asyncio.to_thread(upgrade, url)
+        yield url
+    finally:
+        await admin_execute(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def measure(
+    claims: int, fresh: Callable[[str], AbstractAsyncContextManager[str]] | None = None
+) -> dict[str, Any]:
+    """Both cases' claim times, and the ratios of their medians. `fresh(name)` gives each
+    case a migrated database (make bench's `idle_tenants` phase passes clones of its template,
+    bench/run.py); by default, databases of their own on SERVER."""
     settings = Settings(database_url=None)
     names = {"one tenant": 1, "10,000 tenants": IDLE_RUNS}
-    urls: dict[str, str] = {}
     engines: dict[str, AsyncEngine] = {}
-    try:
+    async with contextlib.AsyncExitStack() as stack:
         for label, tenants in names.items():
             name = f"bench_idle_{tenants}"
-            await admin_execute(
-                SERVER,
-                f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)',
-                f'CREATE DATABASE "{name}"',
+            url = await stack.enter_async_context(
+                fresh(name) if fresh is not None else migrated(SERVER, name)
             )
-            urls[label] = with_database(SERVER, name)
-            await asyncio.to_thread(upgrade, urls[label])
-            plain = create_engine(settings, urls[label], pool_size=2)
+            plain = create_engine(settings, url, pool_size=2)
             await fill(plain, tenants)
             await plain.dispose()
-            claim_engine = create_claim_engine(settings, urls[label])
+            claim_engine = create_claim_engine(settings, url)
             assert claim_engine is not None
+            stack.push_async_callback(claim_engine.dispose)
             engines[label] = claim_engine
         results: dict[str, Any] = {}
         for limit in (1, 8):
@@ -159,13 +177,6 @@ async def measure(claims: int) -> dict[str, Any]:
                 "ratio_p50": round(many["p50_ms"] / one["p50_ms"], 2),
             }
         return results
-    finally:
-        for engine in engines.values():
-            await engine.dispose()
-        for tenants in names.values():
-            await admin_execute(
-                SERVER, f'DROP DATABASE IF EXISTS "bench_idle_{tenants}" WITH (FORCE)'
-            )
 
 
 def main() -> None:

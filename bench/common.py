@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -220,3 +221,22 @@ async def retrying(label: str, phase: Callable[[], Awaitable[T]]) -> T:
             log(f"{label}: the server has no free connection; again in 20 s ({attempt}/5)")
             await asyncio.sleep(20)
     raise AssertionError("unreachable")
+
+
+async def endpoint_stats(port: int) -> dict[str, Any]:
+    """The figures a bench's loopback model endpoint keeps (`GET /stats`: bench/fake_model.py,
+    bench/limited_model.py), read over a plain HTTP/1.1 request."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /stats HTTP/1.1\r\nHost: bench\r\n\r\n")
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        stats: dict[str, Any] = json.loads(await reader.readexactly(length))
+        return stats
+    finally:
+        writer.close()

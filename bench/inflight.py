@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-from common import ROOT, Databases, Worker, cpu_seconds, log, wait_workers
+from common import ROOT, Databases, Worker, cpu_seconds, endpoint_stats, log, wait_workers
 
 from app.config import Settings
 from app.queue.core import Queue
@@ -109,20 +109,7 @@ class FakeModel:
             raise RuntimeError(f"the fake model endpoint did not start (see {logs})")
 
     async def stats(self) -> dict[str, int]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-        try:
-            writer.write(b"GET /stats HTTP/1.1\r\nHost: bench\r\n\r\n")
-            await writer.drain()
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(
-                int(line.split(b":", 1)[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )
-            stats: dict[str, int] = json.loads(await reader.readexactly(length))
-            return stats
-        finally:
-            writer.close()
+        return await endpoint_stats(self.port)
 
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.process.pid) or 0.0

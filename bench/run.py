@@ -25,6 +25,9 @@ their own (`latest-ceiling-api.json` and `.md`), the table whenever the ceiling 
    runs arrive at a steady rate. Enqueue-to-claim by the database clock, per class.
 4. Claim latency with 1k, 100k and 1M queued runs (claim_one and claim_many of 8), timed from
    this process around the whole claim transaction.
+4b. Idle tenants (bench/claim_idle_tenants.py): the claim beside 10,000 tenants whose only
+   work is due tomorrow (a daily cron each), against the same with one such tenant, in
+   alternating blocks; target within 1.5x.
 5. POST /sessions/{id}/turns against 1 and 2 API processes (each a `turnstile serve
    --no-workers`, its own uvicorn on its own port, as docs/deployment.md runs API replicas),
    from two bench/http_load.py processes spreading their connections over the ports. With the
@@ -35,6 +38,11 @@ their own (`latest-ceiling-api.json` and `.md`), the table whenever the ceiling 
    three times as many `openai` runs against a loopback endpoint answering after 1 s
    (bench/fake_model.py), lease 6 s and heartbeat 2 s: runs/s, worker CPU per run, connections
    the endpoint accepted, the heartbeat's lag, runs past their lease, leases lost.
+7b. Model budgets (bench/model_budgets.py): a burst of 2,000 `openai` runs (half interactive,
+   half async, two tenants) against an endpoint enforcing its own requests and tokens a
+   minute (bench/limited_model.py), with budgets set to its limits and without: 429s, early
+   releases, finishing time, throughput as a share of the limit, waits for capacity by class
+   and tenant.
 8. Streaming (bench/streaming.py): no-op throughput and interactive latency with 50 runs
    writing text live beside them, against the same without; the delta notifications and the
    notification queue usage.
@@ -66,7 +74,9 @@ import asyncpg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ceiling
+import claim_idle_tenants
 import inflight
+import model_budgets
 import peers
 import streaming
 from common import (
@@ -120,6 +130,9 @@ class Profile:
     api_processes: tuple[int, ...]
     api_clients: int
     inflight_sizes: tuple[int, ...]
+    # The model-budgets burst (bench/model_budgets.py): runs, and the endpoint's tokens and
+    # requests a minute.
+    budget_runs: tuple[int, int, int]
     peer_jobs: int
     peer_processes: tuple[int, ...]
     peer_singles: int
@@ -145,6 +158,7 @@ FULL = Profile(
     api_processes=(1, 2),
     api_clients=2,
     inflight_sizes=(100, 500, 2_000, 5_000),
+    budget_runs=(2_000, 120_000, 1_200),
     peer_jobs=20_000,
     peer_processes=(1, 2),
     peer_singles=5_000,
@@ -169,6 +183,7 @@ QUICK = Profile(
     api_processes=(1, 2),
     api_clients=2,
     inflight_sizes=(100, 500),
+    budget_runs=(400, 40_000, 400),
     peer_jobs=2_000,
     peer_processes=(1, 2),
     peer_singles=500,
@@ -193,6 +208,7 @@ TINY = Profile(  # the smoke test's: every phase runs, the figures mean nothing
     api_processes=(1, 2),
     api_clients=2,
     inflight_sizes=(20,),
+    budget_runs=(20, 3_000, 100),
     peer_jobs=100,
     peer_processes=(1,),
     peer_singles=20,
@@ -200,7 +216,18 @@ TINY = Profile(  # the smoke test's: every phase runs, the figures mean nothing
     peer_probes=4,
 )
 PROFILES = {p.name: p for p in (FULL, QUICK, TINY)}
-PHASES = ("ceiling", "throughput", "latency", "depth", "api", "inflight", "streaming", "peers")
+PHASES = (
+    "ceiling",
+    "throughput",
+    "latency",
+    "depth",
+    "idle_tenants",
+    "api",
+    "inflight",
+    "budgets",
+    "streaming",
+    "peers",
+)
 
 
 # --- 2. throughput ----------------------------------------------------------------------------
@@ -525,6 +552,8 @@ def start_server(env: dict[str, str], log_file: IO[bytes]) -> subprocess.Popen[b
 
 
 WAL_SQL = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
+# This database's committed transactions, as far as its backends have reported them.
+COMMITS_SQL = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
 # Backends of this database waiting for the lock PostgreSQL takes to commit a transaction that
 # notified (PreCommit_Notify: AccessExclusiveLock on object 0 of pg_database, one for the whole
 # server, held until the commit's WAL flush is done), and those active at all.
@@ -555,6 +584,19 @@ async def wait_listening(server: subprocess.Popen[bytes], port: int, log_path: P
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.1)
+
+
+async def backends_gone(conn: asyncpg.Connection) -> None:
+    """Until no other client backend is connected to this database (they have exited, and
+    flushed their statistics), for at most ten seconds."""
+    for _ in range(200):
+        others = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        )
+        if not others:
+            return
+        await asyncio.sleep(0.05)
 
 
 def stop_server(server: subprocess.Popen[bytes]) -> None:
@@ -619,14 +661,26 @@ async def api(dbs: Databases, profile: Profile, logs: Path, processes: int = 1) 
             for i, port in enumerate(ports):
                 log_path = logs / f"api-{processes}x-{i}.log"
                 log_files.append(log_path.open("wb"))
-                servers.append(
-                    start_server(service_env(url, port=str(port), host="127.0.0.1"), log_files[-1])
+                # BENCH_SUBMIT_GROUP_COMMIT=false: the API without group-committed submissions,
+                # for a before/after in one session (docs/adr/0012).
+                group_commit = os.environ.get("BENCH_SUBMIT_GROUP_COMMIT", "true")
+                server_env = service_env(
+                    url, port=str(port), host="127.0.0.1", submit_group_commit=group_commit
                 )
+                servers.append(start_server(server_env, log_files[-1]))
             for i, (server, port) in enumerate(zip(servers, ports, strict=True)):
                 await wait_listening(server, port, logs / f"api-{processes}x-{i}.log")
             pg_cpu = inflight.BackendCpu()
             await pg_cpu.sample(conn)
             wal_before = await conn.fetchval(WAL_SQL)
+            commits_before = await conn.fetchval(COMMITS_SQL)
+            # Notifications sent on the queue's channel while the load runs, as a listener
+            # receives them (each turn's, or each batch's: docs/adr/0012).
+            notified = [0]
+            listener = await asyncpg.connect(url)
+            await listener.add_listener(
+                "turnstile", lambda *_: notified.__setitem__(0, notified[0] + 1)
+            )
             cpu_before = [cpu_seconds(server.pid) or 0.0 for server in servers]
             # BENCH_PROFILE_API=FILE.svg samples the API process with py-spy while it serves
             # the load (where the time goes, for docs/performance.md); its CPU figure then
@@ -719,6 +773,18 @@ async def api(dbs: Databases, profile: Profile, logs: Path, processes: int = 1) 
                 (peak_rss_mb(server.pid) or 0.0) for server in servers
             )
             result["runs_created"] = await conn.fetchval("SELECT count(*) FROM runs")
+            # Commits per request (a group commit carries several): the API processes are
+            # stopped first, because a backend's statistics reach pg_stat_database only when it
+            # flushes them (at the latest when it exits).
+            await listener.close()
+            for server in servers:
+                stop_server(server)
+            await backends_gone(conn)
+            commits = await conn.fetchval(COMMITS_SQL) - commits_before
+            result["commits_per_request"] = round(commits / requests, 3) if requests else None
+            result["notifications_per_request"] = (
+                round(notified[0] / requests, 3) if requests else None
+            )
             result["load_average"] = [round(x, 2) for x in os.getloadavg()]
         finally:
             for server in servers:
@@ -865,12 +931,27 @@ def scale_curve(results: dict[str, Any], pgbench: float) -> list[str]:
                 row.get("load_average"),
             )
         )
+    counted = [row for row in apis if row.get("commits_per_request") is not None]
+    if counted:
+        lines += [
+            "",
+            "Commits and notifications per turn (group-committed submissions, "
+            "docs/adr/0012-group-committed-submissions.md): "
+            + "; ".join(
+                f"with {row['processes']} API process{'es' if row['processes'] > 1 else ''}, "
+                f"{row['commits_per_request']} commits and "
+                f"{row['notifications_per_request']} notifications"
+                for row in counted
+            )
+            + ".",
+        ]
     waited = [row for row in apis if row.get("notify_lock_waiters_mean") is not None]
     if waited:
         lines += [
             "",
             "PostgreSQL's notifying-commit lock under the API's load (one lock for the whole "
-            "server, held through each notifying commit's WAL flush; every turn notifies): "
+            "server, held through each notifying commit's WAL flush; each commit of turns "
+            "notifies once): "
             + "; ".join(
                 f"with {row['processes']} API process{'es' if row['processes'] > 1 else ''}, "
                 f"{row['notify_lock_waiters_mean']} of {row['active_backends_mean']} active "
@@ -959,6 +1040,15 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{many['p99_ms']}) | {pgbench:,.0f} tps | p50 <= 1.5x of 1k, 1 tenant | "
                 f"{ratio:.2f}x{' yes' if ratio <= 1.5 else ' no'} |"
             )
+    for limit, idle in (results.get("idle_tenants") or {}).items():
+        one, many = idle["one tenant"], idle["10,000 tenants"]
+        ratio = idle["ratio_p50"]
+        lines.append(
+            f"| Claim ({limit}) beside 10,000 tenants whose only work is due tomorrow, p50 / p99 "
+            f"ms (the same beside 1 such tenant) | {many['p50_ms']} / {many['p99_ms']} "
+            f"({one['p50_ms']} / {one['p99_ms']}) | {pgbench:,.0f} tps | p50 <= 1.5x of 1 "
+            f"tenant | {ratio:.2f}x{' yes' if ratio <= 1.5 else ' no'} |"
+        )
     for api_row in api_rows(results):
         processes = api_row.get("processes", 1)
         rps = api_row.get("requests_per_second") or 0.0
@@ -994,6 +1084,17 @@ def markdown(results: dict[str, Any]) -> str:
             "peak RSS <= 300 MB, no lease lost, every run succeeded):",
             "",
             inflight.markdown(results["inflight"]).rstrip("\n"),
+        ]
+    if results.get("budgets"):
+        first = results["budgets"][0]
+        lines += [
+            "",
+            f"Model budgets (bench/model_budgets.py): a burst of {first['runs']:,} `openai` runs "
+            "(half interactive, half async, two tenants) against an endpoint enforcing "
+            f"{first['endpoint_rpm']:,} requests and {first['endpoint_tpm']:,} tokens a minute, "
+            "with budgets set to its limits and without (TURNSTILE_MODEL_BUDGETS=false):",
+            "",
+            model_budgets.markdown(results["budgets"]).rstrip("\n"),
         ]
     if results.get("streaming"):
         lines += [
@@ -1142,6 +1243,15 @@ async def main() -> None:
             log(f"  {results['latency']['classes']}")
         if "depth" in phases:
             results["depth"] = await retrying("depth", lambda: depth(dbs, settings, profile))
+        if "idle_tenants" in phases:
+            log("claims beside 10,000 tenants with work due tomorrow")
+            results["idle_tenants"] = await retrying(
+                "idle_tenants",
+                lambda: claim_idle_tenants.measure(
+                    profile.claims_per_depth, lambda _name: dbs.fresh()
+                ),
+            )
+            log(f"  {results['idle_tenants']}")
         if "api" in phases:
             for processes in profile.api_processes:
                 log(f"POST /sessions/{{id}}/turns, {processes} API process(es)")
@@ -1159,6 +1269,17 @@ async def main() -> None:
             results["inflight"] = await retrying(
                 "inflight",
                 lambda: inflight.measure(dbs, settings, profile.inflight_sizes, 1.0, logs),
+            )
+        if "budgets" in phases:
+            runs, tpm, rpm = profile.budget_runs
+            results["budgets"] = await model_budgets.measure(
+                dbs,
+                model_budgets.resolve(
+                    model_budgets.parser().parse_args(
+                        ["--runs", str(runs), "--tpm", str(tpm), "--rpm", str(rpm)]
+                    )
+                ),
+                logs,
             )
         if "streaming" in phases:
             results["streaming"] = await retrying(

@@ -56,7 +56,7 @@ from app.api.problem_rewrite import ProblemRewrite
 from app.api.problems import ApiProblem
 from app.api.responses_routes import SYNC_WAIT_SECONDS, until_stopped
 from app.api.runs import load_run
-from app.api.schemas import storable_json
+from app.api.schemas import ApprovalDecisionBody, storable_json
 from app.api.services import state_of
 from app.api.streams import KEEPALIVE_SECONDS, STREAM_PAGE, DeltaFilter, HeldStream, wait
 from app.api.watch import (
@@ -68,12 +68,17 @@ from app.api.watch import (
 from app.observability import tracing
 from app.protocols import a2a
 from app.protocols.a2a import A2AError
+from app.queue.approvals import ApprovalAnswer
 from app.queue.errors import (
     AnswerConflictError,
+    ApprovalCallMismatchError,
+    ApprovalPendingError,
     HoldingLimitError,
     IdempotencyKeyInFlightError,
     IdempotencyKeyReusedError,
+    InvalidApprovalError,
     InvalidCursorError,
+    NoApprovalPendingError,
     PendingTurnsFullError,
     PendingTurnStartedError,
     QueueQuotaError,
@@ -85,7 +90,7 @@ from app.queue.errors import (
     SessionNotFoundError,
     TurnstileError,
 )
-from app.queue.submit import IdempotencyKey, RunSpec, Submitted, request_hash
+from app.queue.submit import IdempotencyKey, RunSpec, Submitted, Submitter, request_hash
 from app.queue.turns import PendingTurn
 from app.queue.webhook_endpoints import TaskPushConfig, TaskPushNotFoundError
 from app.runtime.webhook_delivery import (
@@ -168,6 +173,42 @@ def core_error(exc: TurnstileError) -> A2AError:
             "it cannot take a message until it finishes or asks for input",
             "CONTEXT_BUSY",
             {"activeTaskId": str(exc.active_run_id), "contextId": str(exc.session_id)},
+        )
+    if isinstance(exc, ApprovalPendingError):
+        return A2AError(
+            a2a.UNSUPPORTED_OPERATION,
+            f"task {exc.run_id} waits for the approval of its {exc.tool} call {exc.call_id}: "
+            f'reply with a data part {{"approval": {{"call_id": "{exc.call_id}", '
+            '"decision": "approve"|"reject"|"edit"}}',
+            "APPROVAL_PENDING",
+            {"taskId": str(exc.run_id), "callId": exc.call_id, "tool": exc.tool},
+        )
+    if isinstance(exc, NoApprovalPendingError):
+        return A2AError(
+            a2a.UNSUPPORTED_OPERATION,
+            f"no call waits for approval there: {exc}",
+            "NO_APPROVAL_PENDING",
+            {"callId": exc.call_id},
+        )
+    if isinstance(exc, ApprovalCallMismatchError):
+        return A2AError(
+            a2a.INVALID_PARAMS,
+            str(exc),
+            "APPROVAL_CALL_MISMATCH",
+            {"taskId": str(exc.run_id), "pendingCallId": exc.pending},
+            violations=[
+                ("message.parts.data.approval.call_id", f"the pending call is {exc.pending}")
+            ],
+        )
+    if isinstance(exc, InvalidApprovalError):
+        return A2AError(
+            a2a.INVALID_PARAMS,
+            str(exc),
+            "INVALID_APPROVAL",
+            violations=[
+                ("message.parts.data.approval.args", str(e.get("msg", "invalid")))
+                for e in exc.errors[:20]
+            ],
         )
     if isinstance(exc, RunNotWaitingError):
         return A2AError(
@@ -645,6 +686,13 @@ async def submit_message(
         session_id = a2a.uuid_of(message.context_id)
         if session_id is None:
             raise a2a.invalid_params("message.contextId", "not a context this agent gave out")
+    approval = a2a.approval_of(message)
+    if approval is not None:
+        if session_id is None:
+            raise a2a.invalid_params(
+                "message.taskId", "an approval decides the call a task waits for: name the task"
+            )
+        return await answer_approval(request, who, session_id, *approval, key)
     made = None
     if session_id is None:
         made = await state.reads.create_session(
@@ -669,6 +717,50 @@ async def submit_message(
     if made is not None and outcome.replayed:
         # A twin of this message won meanwhile: its task, in its context; ours goes.
         await state.reads.discard_empty_session(made.id, tenant_id=caller.tenant_id)
+    state.live.session_changed(session_id)
+    return outcome
+
+
+async def answer_approval(
+    request: Request,
+    who: Submitter,
+    session_id: UUID,
+    decision: dict[str, JSON],
+    text: str,
+    key: IdempotencyKey,
+) -> Submitted:
+    """A message's decision on the call its context's run waits for, through the core's
+    approval path as the native turn's (docs/approvals.md): validated as the native body is
+    (an edit's arguments against the tool's schema there), the message's text the reason of a
+    decision that gives none. The message id stays its idempotency key."""
+    if decision.get("reason") is None and text.strip():
+        decision = {**decision, "reason": text[:2000]}
+    try:
+        body = ApprovalDecisionBody.model_validate(decision)
+    except ValidationError as exc:
+        violations = [
+            (f"message.parts.data.approval.{field}", text)
+            for field, text in a2a.pydantic_violations(
+                [dict(e) for e in exc.errors(include_url=False, include_input=False)]
+            )
+        ]
+        raise A2AError(
+            a2a.INVALID_PARAMS,
+            "an approval: " + "; ".join(f"{f}: {t}" for f, t in violations[:3]),
+            "INVALID_APPROVAL",
+            violations=violations,
+        ) from None
+    state = state_of(request)
+    with tracing.submission("turn", request.headers.get("traceparent")) as span:
+        outcome = await state.submissions.approvals.answer(
+            who,
+            session_id,
+            ApprovalAnswer(
+                call_id=body.call_id, decision=body.decision, args=body.args, reason=body.reason
+            ),
+            key,
+            traceparent=span.traceparent,
+        )
     state.live.session_changed(session_id)
     return outcome
 

@@ -61,6 +61,8 @@ from app.protocols.openai_responses import (
     CHAIN,
     NOT_STORED,
     CreateResponse,
+    approval_request_id,
+    approval_responses,
     call_id,
     call_outputs,
     conversation_of,
@@ -73,6 +75,7 @@ from app.protocols.openai_responses import (
     run_input,
     unsupported_field,
 )
+from app.queue.approvals import ApprovalAnswer
 from app.queue.errors import RunNotFoundError, SessionNotFoundError, TurnstileError
 from app.queue.submit import IdempotencyKey, RunSpec, Submitted
 from app.security.api_keys import Caller
@@ -248,21 +251,60 @@ async def placement_of(request: Request, body: CreateResponse, caller: Caller) -
 
 async def check_answer(
     request: Request, body: CreateResponse, session_id: UUID | None, caller: Caller
-) -> None:
-    """A `function_call_output` answers the question the conversation's run is waiting on: its
-    `call_id` must be that question's (checked here; the core delivers it)."""
+) -> ApprovalAnswer | None:
+    """A `function_call_output` answers the question the conversation's run is waiting on, an
+    `mcp_approval_response` the tool call it waits to have approved: the id it names must be
+    that wait's (checked here; the core delivers it, and takes its locks before it decides, so
+    a wait answered meanwhile is still refused there). An approval's decision is returned, for
+    the core's approval path (docs/approvals.md)."""
     outputs = call_outputs(body)
-    if not outputs:
-        return
+    decisions = approval_responses(body)
+    if not outputs and not decisions:
+        return None
+    kind = "mcp_approval_response" if decisions else "function_call_output"
     if session_id is None:
+        raise invalid("input", f"a {kind} answers a response of a conversation: pass it")
+    if decisions and (
+        len(decisions) > 1 or not isinstance(body.input, list) or len(body.input) > 1
+    ):
+        # A run waits for one call at a time, and a decision carries no message: a user's text
+        # beside it would be dropped unseen (a rejection's words go in its `reason`).
         raise invalid(
-            "input", "a function_call_output answers a response of a conversation: pass it"
+            "input",
+            "an mcp_approval_response comes alone: one decision on the one call waiting "
+            "(say why in its reason)",
         )
     session = await visible_session(request, session_id, caller)
-    waiting = None
+    run = None
     if session.active_status == "waiting_for_user" and session.active_run_id is not None:
         run = await load_run(request, session.active_run_id, caller)
-        waiting = call_id(run.id, run.inputs_count)
+    pending = run.approval_request if run is not None else None
+    if decisions:
+        [decision] = decisions
+        expected = (
+            approval_request_id(run.id, run.inputs_count)
+            if run is not None and isinstance(pending, dict)
+            else None
+        )
+        if decision.approval_request_id != expected or not isinstance(pending, dict):
+            raise invalid(
+                "input",
+                f"no approval request {decision.approval_request_id!r} is waiting in this "
+                "conversation" + (f" (the waiting one is {expected!r})" if expected else ""),
+            )
+        return ApprovalAnswer(
+            call_id=str(pending.get("call_id")),
+            decision="approve" if decision.approve else "reject",
+            reason=decision.reason,
+        )
+    if run is not None and isinstance(pending, dict):
+        raise invalid(
+            "input",
+            f"the waiting response asks for the approval of a {pending.get('tool')} call, not "
+            "an answer: send an mcp_approval_response naming "
+            f"{approval_request_id(run.id, run.inputs_count)!r}",
+        )
+    waiting = call_id(run.id, run.inputs_count) if run is not None else None
     given = outputs[-1].call_id
     if given != waiting:
         raise invalid(
@@ -270,6 +312,7 @@ async def check_answer(
             f"no question with call_id {given!r} is waiting in this conversation"
             + (f" (the waiting one is {waiting!r})" if waiting else ""),
         )
+    return None
 
 
 def priority_of(place: Placement, background: bool) -> PriorityClass | None:
@@ -350,9 +393,10 @@ async def create_response(
     if idempotency is not None:
         replay = await state.submissions.stored_outcome(submitter_of(caller), idempotency)
     place = Placement(None, chain=False)
+    approval = None
     if replay is None:
         place = await placement_of(request, body, caller)
-        await check_answer(request, body, place.session_id, caller)
+        approval = await check_answer(request, body, place.session_id, caller)
         if place.chain:
             values[CHAIN] = True
         if body.store is False:
@@ -362,6 +406,19 @@ async def create_response(
     try:
         if replay is not None:
             outcome = replay
+        elif approval is not None and place.session_id is not None:
+            # The decision on the call the run waits for: the same run resumes (or is told the
+            # call was refused), the same response answers, as a question's answer does.
+            with tracing.submission("turn", traceparent) as span:
+                outcome = await state.submissions.approvals.answer(
+                    submitter_of(caller),
+                    place.session_id,
+                    approval,
+                    idempotency,
+                    traceparent=span.traceparent,
+                )
+                span.set(submitted_attributes(outcome))
+            state.live.session_changed(place.session_id)
         else:
             kind = "run" if place.session_id is None and not place.new_chain else "turn"
             with tracing.submission(kind, traceparent) as span:

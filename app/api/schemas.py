@@ -279,6 +279,12 @@ class PendingTurnDocument(BaseModel):
     interrupt_by: datetime | None = Field(
         description="An interrupt's bound: the run is cancelled by then if it has not stopped."
     )
+    start_before: datetime | None = Field(
+        default=None,
+        description="Its deadline to start, which the run it becomes takes: started later, "
+        "that run ends `cancelled` with reason `expired`, never claimed "
+        "(docs/start-deadlines.md).",
+    )
 
 
 class PendingTurnList(BaseModel):
@@ -328,6 +334,11 @@ class RunDocument(BaseModel):
         default=None,
         description="Its deadline to start: still queued and never claimed then, it ends "
         "`cancelled` with reason `expired` (docs/start-deadlines.md).",
+    )
+    pending_turn: PendingTurnDocument | None = Field(
+        default=None,
+        description="Only in the answer to a turn with the steer policy: the steered input, "
+        "which the run takes at its next decision (docs/turn-control.md).",
     )
     model_config = ConfigDict(populate_by_name=True)
 
@@ -640,10 +651,38 @@ class ModelBudgetValues(BaseModel):
     tokens_per_minute: int | None
 
 
+class ModelBudgetTenant(BaseModel):
+    """One tenant on one endpoint: its holds now, its use, its waits and its limits."""
+
+    tenant_id: str
+    reservations: int = Field(description="Its calls in flight now, holding a reservation.")
+    reserved_tokens: int = Field(description="The tokens those reservations hold.")
+    booked: int = Field(description="Its calls booked on the endpoint, waiting for their turn.")
+    booked_tokens: int = Field(description="The tokens those bookings have taken.")
+    tenant_booked: int = Field(
+        description="Its calls booked on its own limit, waiting for their turn within it."
+    )
+    tenant_booked_tokens: int = Field(description="The tokens those bookings have taken of it.")
+    requests_used: int = Field(description="Its calls settled since its first call there.")
+    tokens_used: int = Field(description="The tokens the provider reported for them.")
+    waits: int = Field(description="Its calls its own limit made wait (runs given back).")
+    limits: ModelBudgetValues = Field(
+        description="Its own limits on the endpoint, else its own on every endpoint; null: "
+        "none of its own (the endpoint's budget alone)."
+    )
+
+
 class ModelBudgetDocument(BaseModel):
     endpoint: str
     overrides: ModelBudgetValues = Field(description="The endpoint's own; null: the default.")
-    effective: ModelBudgetValues = Field(description="What applies; null: unlimited.")
+    effective: ModelBudgetValues = Field(
+        description="What applies: the override or default, never above the provider's "
+        "stated limits; null: unlimited."
+    )
+    provider: ModelBudgetValues = Field(
+        description="The limits the provider's rate-limit headers last stated (or implied); "
+        "null: not stated."
+    )
     paused_until: datetime | None = Field(
         description="A provider's 429 paused the endpoint for every process until then."
     )
@@ -653,7 +692,56 @@ class ModelBudgetDocument(BaseModel):
     pauses: int = Field(description="429s that paused the endpoint.")
     reservations: int = Field(description="Calls in flight now, holding a reservation.")
     reserved_tokens: int = Field(description="The tokens those reservations hold.")
+    booked: int = Field(description="Calls booked now, each waiting for its turn.")
+    booked_tokens: int = Field(description="The tokens those bookings have taken.")
+    tenants: list[ModelBudgetTenant] = Field(
+        description="Per tenant that used, holds, waits on or has a limit on the endpoint "
+        "(at most 1,000 pairs over every endpoint, the largest first)."
+    )
     updated_at: datetime | None
+
+
+class TenantModelBudgetRequest(Strict):
+    """A tenant's own limits on a model endpoint (or on every endpoint), replacing the ones it
+    had there: a field left out or null is no limit of its own there (on an endpoint: its
+    limits on every endpoint then apply)."""
+
+    endpoint: str | None = Field(
+        min_length=1,
+        max_length=300,
+        description="The endpoint's key (as in PUT /model-budgets), or null: the tenant's "
+        "limits on every endpoint where it has none of its own. Required: null is a choice.",
+    )
+    requests_per_minute: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        description="Requests a minute the tenant may send to the endpoint (null: none).",
+    )
+    tokens_per_minute: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        description="Tokens a minute the tenant's calls may use of the endpoint (null: none).",
+    )
+
+
+class TenantModelBudget(BaseModel):
+    endpoint: str | None = Field(description="The endpoint's key; null: every endpoint.")
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    requests_used: int = Field(description="The tenant's calls settled there (0 for null).")
+    tokens_used: int = Field(description="The tokens the provider reported for them.")
+    waits: int = Field(description="Its calls its limit there made wait.")
+    updated_at: datetime | None
+
+
+class TenantModelBudgetsDocument(BaseModel):
+    tenant: str
+    budgets: list[TenantModelBudget] = Field(
+        description="Its limits on every endpoint (endpoint null) first, then each endpoint it "
+        "used or has a limit on, by key."
+    )
 
 
 class ModelBudgetsDocument(BaseModel):

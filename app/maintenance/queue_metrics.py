@@ -80,7 +80,8 @@ class QueueMetrics(MaintenanceService):
 
     async def _model_budgets(self) -> None:
         """Each endpoint's figures (at most 200 endpoints: budgets are per model, not per
-        tenant)."""
+        tenant), and each tenant's on it: what its calls used and hold now, its waits and its
+        limits (at most 1000 pairs, the largest users and holders first)."""
         budgets = await ModelBudgets(self.queue).budgets()
         now = self.queue.clock() or datetime.now(UTC)
         for gauge in (
@@ -89,6 +90,10 @@ class QueueMetrics(MaintenanceService):
             self.metrics.model_capacity_waits,
             self.metrics.model_pauses,
             self.metrics.model_paused,
+            self.metrics.model_tenant_requests,
+            self.metrics.model_tenant_tokens,
+            self.metrics.model_tenant_waits,
+            self.metrics.model_tenant_limit,
         ):
             gauge.clear()
         for budget in budgets:
@@ -97,6 +102,27 @@ class QueueMetrics(MaintenanceService):
             self.metrics.model_requests.labels(key, "reserved").set(budget.reservations)
             self.metrics.model_tokens.labels(key, "used").set(budget.tokens_used)
             self.metrics.model_tokens.labels(key, "reserved").set(budget.reserved_tokens)
+            self.metrics.model_requests.labels(key, "booked").set(budget.booked)
+            self.metrics.model_tokens.labels(key, "booked").set(budget.booked_tokens)
+            for hold in budget.tenants:
+                requests = self.metrics.model_tenant_requests
+                tokens = self.metrics.model_tenant_tokens
+                tenant = hold.tenant_id
+                requests.labels(key, tenant, "used").set(hold.requests_used)
+                requests.labels(key, tenant, "reserved").set(hold.reservations)
+                requests.labels(key, tenant, "booked").set(hold.booked)
+                requests.labels(key, tenant, "tenant_booked").set(hold.tenant_booked)
+                tokens.labels(key, tenant, "used").set(hold.tokens_used)
+                tokens.labels(key, tenant, "reserved").set(hold.reserved_tokens)
+                tokens.labels(key, tenant, "booked").set(hold.booked_tokens)
+                tokens.labels(key, tenant, "tenant_booked").set(hold.tenant_booked_tokens)
+                self.metrics.model_tenant_waits.labels(key, tenant).set(hold.waits)
+                for unit, limit in (
+                    ("requests", hold.requests_per_minute),
+                    ("tokens", hold.tokens_per_minute),
+                ):
+                    if limit is not None:
+                        self.metrics.model_tenant_limit.labels(key, tenant, unit).set(limit)
             self.metrics.model_capacity_waits.labels(key).set(budget.waits)
             self.metrics.model_pauses.labels(key).set(budget.pauses)
             paused = budget.paused_until is not None and budget.paused_until > now

@@ -120,16 +120,49 @@ class Metrics:
         # calls keep, by the process holding the queue-metrics lease.
         self.model_requests = Gauge(
             "turnstile_model_requests",
-            "Model calls per endpoint: used (settled since the endpoint's first use) and "
-            "reserved (in flight now, holding a reservation).",
+            "Model calls per endpoint: used (settled since the endpoint's first use), "
+            "reserved (in flight now, holding a reservation) and booked (waiting for their "
+            "turn now).",
             ["endpoint", "state"],
             registry=self.registry,
         )
         self.model_tokens = Gauge(
             "turnstile_model_tokens",
             "Model tokens per endpoint: used (as the provider reported them, since the "
-            "endpoint's first use) and reserved (estimates held by the calls in flight now).",
+            "endpoint's first use), reserved (estimates held by the calls in flight now) and "
+            "booked (estimates the calls waiting for their turn have taken).",
             ["endpoint", "state"],
+            registry=self.registry,
+        )
+        self.model_tenant_requests = Gauge(
+            "turnstile_model_tenant_requests",
+            "Model calls per endpoint and tenant: used (settled, since the tenant's first call "
+            "there), and now reserved (in flight), booked (waiting for their turn on the "
+            "endpoint) and tenant_booked (waiting for their turn within the tenant's own "
+            "limit).",
+            ["endpoint", "tenant", "state"],
+            registry=self.registry,
+        )
+        self.model_tenant_tokens = Gauge(
+            "turnstile_model_tenant_tokens",
+            "Model tokens per endpoint and tenant: used (as the provider reported them, since "
+            "the tenant's first call there), and now reserved (held by its calls in flight), "
+            "booked and tenant_booked (taken by its calls waiting for their turn).",
+            ["endpoint", "tenant", "state"],
+            registry=self.registry,
+        )
+        self.model_tenant_waits = Gauge(
+            "turnstile_model_tenant_waits",
+            "Reservations a tenant's own limit on an endpoint refused (each gave its run's slot "
+            "back until its turn within the limit), since the tenant's first call there.",
+            ["endpoint", "tenant"],
+            registry=self.registry,
+        )
+        self.model_tenant_limit = Gauge(
+            "turnstile_model_tenant_limit",
+            "A tenant's own limit on an endpoint, a minute (unit: requests or tokens; its "
+            "limit on every endpoint where it has none of its own there); absent: none.",
+            ["endpoint", "tenant", "unit"],
             registry=self.registry,
         )
         self.model_capacity_waits = Gauge(

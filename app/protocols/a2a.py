@@ -17,7 +17,10 @@ more than text), and `message_id`. The agent is the skill named by the request's
 `metadata.skill` (a skill is a Turnstile agent; the service's default agent otherwise).
 
 Statuses map as in `STATE`; a run waiting for the user has its question as the status's
-message; a succeeded run has its final text as the `result` artifact. Streams map our run
+message (a wait for a tool call's approval: a text part saying how to answer, and the request
+as a data part `{"approval_request": {...}}`; the answer is a message to the task whose data
+part `{"approval": {"call_id", "decision", "args", "reason"}}` decides the call, docs/a2a.md);
+a succeeded run has its final text as the `result` artifact. Streams map our run
 events (`stream_items`), so a stream resumes from our event sequence without loss.
 
 The JSON shapes are ProtoJSON (camelCase fields, enum names such as `TASK_STATE_WORKING`),
@@ -379,13 +382,12 @@ def push_payload(body: JSON) -> dict[str, Any]:
     elif event == "run.succeeded":
         content, key = final_text(data.get("result")), "result"
     if content is not None:
-        part: dict[str, Any] = {"text": content} if isinstance(content, str) else {"data": content}
         status["message"] = {
             "messageId": f"{task_id}-push-{key}",
             "contextId": context_id,
             "taskId": task_id,
             "role": "ROLE_AGENT",
-            "parts": [part],
+            "parts": content_parts(content),
         }
     return {
         "statusUpdate": {
@@ -514,15 +516,53 @@ def context_of(run: Run) -> str:
     return str(run.session_id) if run.session_id else ""
 
 
+# The key of a message's data part that carries a decision on a tool call waiting for
+# approval (docs/approvals.md): reserved, never part of a run's input.
+APPROVAL_KEY = "approval"
+
+
+def content_parts(content: JSON) -> list[dict[str, Any]]:
+    """The parts of an agent's message: text when it is text, else a data part; a question
+    that is an approval request gets a text part first saying how to answer it."""
+    if isinstance(content, str):
+        return [{"text": content}]
+    request = content.get("approval_request") if isinstance(content, dict) else None
+    if isinstance(request, dict):
+        call = json.dumps(str(request.get("call_id")))
+        how = (
+            f"Approve the {request.get('tool')} call? Reply to this task with a data part "
+            f'{{"{APPROVAL_KEY}": {{"call_id": {call}, "decision": "approve"}}}} '
+            '(or "reject", with a "reason"; or "edit", with the "args" to run it with).'
+        )
+        return [{"text": how}, {"data": content}]
+    return [{"data": content}]
+
+
+def approval_of(message: Message) -> tuple[dict[str, JSON], str] | None:
+    """A message's decision on a call waiting for approval (its data part's `approval`
+    object), with the message's text (a rejection's reason when the decision gives none);
+    None when the message carries no decision."""
+    for part in message.parts:
+        if isinstance(part.data, dict) and APPROVAL_KEY in part.data:
+            decision = part.data[APPROVAL_KEY]
+            if not isinstance(decision, dict):
+                raise invalid_params(
+                    "message.parts.data.approval",
+                    'an object: {"call_id", "decision": approve|reject|edit, "args", "reason"}',
+                )
+            text = "\n".join(p.text for p in message.parts if p.text is not None)
+            return decision, text
+    return None
+
+
 def agent_message(run: Run, key: str, content: JSON) -> dict[str, Any]:
-    """A message of the agent's within the task: text when it is text, else a data part."""
-    part: dict[str, Any] = {"text": content} if isinstance(content, str) else {"data": content}
+    """A message of the agent's within the task (`content_parts`)."""
     return {
         "messageId": f"{run.id}-{key}",
         "contextId": context_of(run),
         "taskId": str(run.id),
         "role": "ROLE_AGENT",
-        "parts": [part],
+        "parts": content_parts(content),
     }
 
 

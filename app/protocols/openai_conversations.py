@@ -6,8 +6,10 @@ that session, so its run sees the session's history as every turn does. Its item
 session's transcript (`GET /sessions/{id}/messages`), read back in the Conversations item
 shapes: a run's first input and every answer delivered to it are `user` messages (an answer
 given as a `function_call_output` is that item again); a question is an `ask_user`
-`function_call`; a run's final text is an `assistant` message; each tool call is a
-`function_call` with its `function_call_output`. A failed or cancelled run's end has no item.
+`function_call`; a wait for a tool call's approval is an `mcp_approval_request` and its
+decision an `mcp_approval_response` (approve: false for a rejection; an edit approves); a run's
+final text is an `assistant` message; each tool call is a `function_call` with its
+`function_call_output`. A failed or cancelled run's end has no item.
 A conversation's `metadata` is its session's (at most 16 string pairs, keys of at most 64
 characters, values of at most 512, as OpenAI allows: `Metadata`); an update sets the keys it
 gives and keeps the others. Items are derived from what runs recorded under their fence, so they
@@ -27,7 +29,13 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.protocols.openai_responses import Metadata, call_id, final_text
+from app.protocols.openai_responses import (
+    Metadata,
+    approval_item,
+    approval_request_id,
+    call_id,
+    final_text,
+)
 from app.vocabulary.records import JSON, TranscriptEntry
 
 PREFIX = "conv_"
@@ -98,7 +106,22 @@ def conversation_items(entries: list[TranscriptEntry]) -> list[dict[str, Any]]:
         if entry.role == "user":
             inputs[entry.run_id] = inputs.get(entry.run_id, 0) + 1
             answered = content.get("call_id") if isinstance(content, dict) else None
-            if isinstance(answered, str):
+            decision = content.get("approval") if isinstance(content, dict) else None
+            if isinstance(decision, dict):
+                # The decision answers the request its run showed after the input before.
+                reason = decision.get("reason")
+                items.append(
+                    {
+                        "type": "mcp_approval_response",
+                        "id": f"mcpa_{where}",
+                        "approval_request_id": approval_request_id(
+                            entry.run_id, inputs[entry.run_id] - 1
+                        ),
+                        "approve": decision.get("decision") != "reject",
+                        "reason": reason if isinstance(reason, str) else None,
+                    }
+                )
+            elif isinstance(answered, str):
                 items.append(
                     {
                         "type": "function_call_output",
@@ -110,6 +133,17 @@ def conversation_items(entries: list[TranscriptEntry]) -> list[dict[str, Any]]:
                 )
             else:
                 items.append(_message(f"msg_{where}", "user", _text(content)))
+        elif (
+            entry.kind == "approval_request"
+            and isinstance(content, dict)
+            and (isinstance(request := content.get("approval_request"), dict))
+        ):
+            # Its id is the request's own, which the decision names (OpenAI's item ids).
+            items.append(
+                approval_item(
+                    approval_request_id(entry.run_id, inputs.get(entry.run_id, 0)), request
+                )
+            )
         elif entry.kind == "question":
             items.append(
                 {

@@ -1,18 +1,22 @@
 """The OpenAI Responses API's objects mapped onto Turnstile's runs: pure functions, no HTTP.
 
-A response is a run: a turn of a conversation's session (app/protocols/openai_conversations.py);
-or, created with neither `conversation` nor `previous_response_id`, the first turn of a session
-of its own (a chain, marked `CHAIN` in its input, which `previous_response_id` continues); or,
-with `store: false`, a sessionless run that nothing continues (`NOT_STORED`). `model` names the
-Turnstile agent (`openai:<model>`: the `openai` agent asking that upstream model, carried in the
-run's input as `upstream_model`); the run's input is `{"text", "messages", "instructions",
-"metadata"}` (plus the keys of the `agent_input` extension, which is how a caller drives an
-agent such as `scripted` that reads more than text; an answer's `call_id`), so a read of the run
-gives back everything its response document shows. Statuses map as in `STATUS`; a run waiting
-for the user ends its response (status `incomplete`) with a `function_call` item named
-`ask_user` whose arguments carry the question (a `function_call_output` naming its `call_id`
-answers it). The output is the run's final text as one `output_text` message. Usage figures are
-the run's token counts where its agent recorded them (the `openai` agent does), zeros otherwise.
+A response is a run: a turn of a conversation's session
+(app/protocols/openai_conversations.py); or, created with neither `conversation` nor
+`previous_response_id`, the first turn of a session of its own (a chain, marked `CHAIN` in its
+input, which `previous_response_id` continues); or, with `store: false`, a sessionless run that
+nothing continues (`NOT_STORED`). `model` names the Turnstile agent (`openai:<model>`: the
+`openai` agent asking that upstream model, carried in the run's input as `upstream_model`); the
+run's input is `{"text", "messages", "instructions", "metadata"}` (plus the keys of the
+`agent_input` extension, which is how a caller drives an agent such as `scripted` that reads
+more than text; an answer's `call_id`), so a read of the run gives back everything its response
+document shows. Statuses map as in `STATUS`; a run waiting for the user ends its response
+(status `incomplete`) with a `function_call` item named `ask_user` whose arguments carry the
+question (a `function_call_output` naming its `call_id` answers it); one waiting for the
+approval of a tool call (docs/approvals.md) ends it with an `mcp_approval_request` item naming
+the tool and its arguments, which an `mcp_approval_response` naming its id approves or rejects
+(OpenAI's own approval items). The output is the run's final text as one `output_text` message.
+Usage figures are the run's token counts where its agent recorded them (the `openai` agent
+does), zeros otherwise.
 
 The router is app/api/responses_routes.py; errors in OpenAI's shape are rendered there too
 (`error_body` below).
@@ -70,16 +74,21 @@ class InputText(BaseModel):
 
 
 class InputMessage(BaseModel):
-    """One item of `input`: a message, or a `function_call_output` (the answer to an
-    `ask_user` call, naming its `call_id`); other item types (files, images, reasoning) are not
-    spoken yet."""
+    """One item of `input`: a message, a `function_call_output` (the answer to an `ask_user`
+    call, naming its `call_id`), or an `mcp_approval_response` (the decision on a tool call
+    waiting for approval, naming the request's id); other item types (files, images,
+    reasoning) are not spoken yet."""
 
     model_config = ConfigDict(extra="ignore")
-    type: Literal["message", "function_call_output"] = "message"
+    type: Literal["message", "function_call_output", "mcp_approval_response"] = "message"
     role: Literal["user", "assistant", "system", "developer"] | None = None
     content: str | list[InputText] | None = None
     call_id: str | None = Field(default=None, min_length=1, max_length=200)
     output: str | list[InputText] | None = None
+    approval_request_id: str | None = Field(default=None, min_length=1, max_length=200)
+    approve: bool | None = None
+    # The native approval's bound (docs/approvals.md): a rejection's reason reaches the model.
+    reason: str | None = Field(default=None, max_length=2000)
 
     @model_validator(mode="after")
     def complete(self) -> InputMessage:
@@ -87,6 +96,12 @@ class InputMessage(BaseModel):
             raise ValueError("a message item needs its role and content")
         if self.type == "function_call_output" and (self.call_id is None or self.output is None):
             raise ValueError("a function_call_output item needs its call_id and output")
+        if self.type == "mcp_approval_response" and (
+            self.approval_request_id is None or self.approve is None
+        ):
+            raise ValueError(
+                "an mcp_approval_response item needs its approval_request_id and approve"
+            )
         return self
 
 
@@ -142,11 +157,42 @@ def call_id(run_id: UUID, inputs: int) -> str:
     return f"call_{run_id.hex}_{inputs}"
 
 
+def approval_request_id(run_id: UUID, inputs: int) -> str:
+    """The id of the `mcp_approval_request` item a run waiting for an approval after its
+    `inputs`-th input shows: the `mcp_approval_response` that decides the call names it. Each
+    wait has its own (the run's inputs count on), so a decision cannot answer a later one."""
+    return f"mcpr_{run_id.hex}_{inputs}"
+
+
+# The `server_label` of our approval requests: the tools are the Turnstile agent's own, not an
+# MCP server's, and OpenAI's item needs a label.
+APPROVAL_SERVER_LABEL = "turnstile"
+
+
+def approval_item(item_id: str, request: dict[str, Any]) -> dict[str, Any]:
+    """A run's approval request (docs/approvals.md) as OpenAI's `mcp_approval_request` item."""
+    tool = request.get("tool")
+    return {
+        "type": "mcp_approval_request",
+        "id": item_id,
+        "server_label": APPROVAL_SERVER_LABEL,
+        "name": tool if isinstance(tool, str) else "tool",
+        "arguments": json.dumps(request.get("arguments"), ensure_ascii=False),
+    }
+
+
 def call_outputs(body: CreateResponse) -> list[InputMessage]:
     """The input's `function_call_output` items."""
     if isinstance(body.input, str):
         return []
     return [item for item in body.input if item.type == "function_call_output"]
+
+
+def approval_responses(body: CreateResponse) -> list[InputMessage]:
+    """The input's `mcp_approval_response` items."""
+    if isinstance(body.input, str):
+        return []
+    return [item for item in body.input if item.type == "mcp_approval_response"]
 
 
 def conversation_of(body: CreateResponse) -> str | None:
@@ -238,6 +284,9 @@ def message_id(run_id: UUID, epoch: int) -> str:
 
 def output_of(run: Run) -> list[dict[str, Any]]:
     hex_id = run.id.hex
+    request = run.approval_request
+    if isinstance(request, dict):
+        return [approval_item(approval_request_id(run.id, run.inputs_count), request)]
     if run.status == "waiting_for_user":
         return [
             {

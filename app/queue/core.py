@@ -242,6 +242,7 @@ class Queue:
                 "traceparent": new.traceparent,
                 "max_queued": self.config.tenant_max_queued,
                 "start_before": new.start_before,
+                "start_within": new.start_within,
             },
             conn,
         )

@@ -20,6 +20,7 @@ from uuid import UUID
 from app.queue.core import Queue, dump_json
 from app.queue.pages import RunsPage, TranscriptPage, runs_page, transcript_page
 from app.queue.tenant_limits import MAX_COUNTED, TenantDepth, Tenants
+from app.queue.turns import PendingTurn
 from app.store import conversation_rows, read_rows
 from app.vocabulary.classes import PriorityClass
 from app.vocabulary.records import JSON, Run
@@ -131,6 +132,15 @@ class SessionView:
         if self.active_status is None:
             return "idle"
         return "waiting_for_user" if self.active_status == "waiting_for_user" else "busy"
+
+
+@dataclass(frozen=True)
+class CancelReason:
+    """Why a run was cancelled: `interrupted` (a turn under the interrupt policy), `expired`
+    (its deadline to start), or the words of whoever cancelled it; `by` who or what did."""
+
+    reason: str
+    by: str
 
 
 @dataclass(frozen=True)
@@ -387,6 +397,28 @@ class Reads:
         """A run's delivered inputs by the sequence number of the event that delivered each."""
         rows = await read_rows.input_rows(self.queue.engine, run_id)
         return {int(row["event_seq"]): dict(row) for row in rows}
+
+    async def session_pending_turns(
+        self, session_id: UUID, *, tenant_id: str | None, limit: int
+    ) -> list[PendingTurn]:
+        """A session's turns waiting for its active run, in the order they will start (the
+        caller checked the session is visible)."""
+        rows = await read_rows.session_pending_turn_rows(
+            self.queue.engine, session_id, tenant_id=tenant_id, limit=limit
+        )
+        return [PendingTurn.from_row(row) for row in rows]
+
+    async def cancel_reasons(self, runs: list[Run]) -> dict[UUID, CancelReason]:
+        """Why each cancelled run of `runs` ended (its run.cancelled event's reason and who
+        cancelled it); runs not cancelled are left out, and cost no read."""
+        cancelled = [run.id for run in runs if run.status == "cancelled"]
+        if not cancelled:
+            return {}
+        rows = await read_rows.cancel_reason_rows(self.queue.engine, cancelled)
+        return {
+            row["run_id"]: CancelReason(reason=row["reason"] or "", by=row["by"] or "")
+            for row in rows
+        }
 
     async def worker_hosts(self, worker_ids: set[str]) -> dict[str, str]:
         """Where the named workers run ("host, pid N"): for operator and admin views only."""

@@ -50,6 +50,7 @@ from app.queue.errors import (
     SessionNotFoundError,
     TurnstileError,
 )
+from app.queue.submit_batches import Submission, SubmissionBatcher
 from app.queue.turns import TurnControl
 from app.queue.webhook_endpoints import WEBHOOK_AGENT
 from app.store import submission_rows
@@ -132,6 +133,7 @@ class Submissions:
         start_within: dict[PriorityClass, float] | None = None,
         max_pending_turns: int = 20,
         interrupt_grace_seconds: float = 10.0,
+        group_commit: bool = True,
     ) -> None:
         self.queue = queue
         self.default_agent = default_agent
@@ -153,6 +155,9 @@ class Submissions:
             max_pending=max_pending_turns,
             interrupt_grace_seconds=interrupt_grace_seconds,
         )
+        # Submissions that arrive together share a statement and a commit
+        # (app/queue/submit_batches.py); None: each is sent alone.
+        self.batcher = SubmissionBatcher(queue.db, _refusal) if group_commit else None
 
     # --- public -------------------------------------------------------------------------------
     async def submit_turn(
@@ -276,10 +281,13 @@ class Submissions:
         default_class: PriorityClass,
         idempotency: IdempotencyKey | None,
     ) -> Submitted:
-        """One round trip to `turnstile_submit` (migrations 0007, 0011 and 0012 say what it
-        does, step by step). A refusal comes back as SQLSTATE TS404/TS409/TS429 and rolls the
-        whole call back; a refusal other than the rate limit's then reads the tenant's allowance
-        (one more round trip, on refusals only) so that its answer shows it too."""
+        """One round trip to `turnstile_submit` (app/store/functions/turnstile_submit.sql says
+        what it does, step by step), alone or with the submissions that arrived with it
+        (app/queue/submit_batches.py). A refusal comes back as SQLSTATE TS404/TS409/TS429 and
+        rolls the whole call back; a refusal other than the rate limit's then reads the
+        tenant's allowance (one more round trip, on refusals only) so that its answer shows it
+        too. Within a batch, a refusal rolls back only its own block and comes back as its
+        row, the allowance read by the batch."""
         start_within, start_before = self._start_deadline(spec, default_class)
         args = (
             self.queue.clock(),
@@ -312,17 +320,29 @@ class Submissions:
         )
         # A keyed submission may be sent again after its connection died mid-call: the key
         # makes a second call a replay of whatever the first committed.
+        keyed = idempotency is not None
         try:
-            row = await self.queue.db.call(
-                "submit", args, retry_on_disconnect=idempotency is not None, refusals=_refusal
-            )
+            if self.batcher is None:
+                row = await self.queue.db.call(
+                    "submit", args, retry_on_disconnect=keyed, refusals=_refusal
+                )
+            else:
+                row = await self.batcher.submit(Submission(args, keyed))
         except RateLimitedError:
             raise
         except TurnstileError as refused:
             refused.allowance = await self.allowance(who.tenant_id)
             raise
-        outcome = row["outcome"]
         allowance = SubmitAllowance.of(row["rate_limit"], row["rate_burst"], row["rate_tokens"])
+        if row.get("refusal") is not None:
+            # Refused within a batch: its own refusal, with the allowance the batch read.
+            batch_refusal = _refusal(str(row["refusal"]), dict(row["refusal_detail"] or {}))
+            if isinstance(batch_refusal, TurnstileError) and not isinstance(
+                batch_refusal, RateLimitedError
+            ):
+                batch_refusal.allowance = allowance
+            raise batch_refusal
+        outcome = row["outcome"]
         if outcome == "replayed":
             return _replayed(
                 row["stored_status"], row["stored_body"], row["stored_run_id"], allowance

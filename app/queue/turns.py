@@ -24,8 +24,8 @@ here: that is what keeps the partial unique index true and loses no turn across 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -37,6 +37,7 @@ from app.queue.errors import (
     AnswerConflictError,
     ApprovalPendingError,
     InvalidApprovalError,
+    InvalidStartDeadlineError,
     PendingTurnNotFoundError,
     PendingTurnsFullError,
     PendingTurnStartedError,
@@ -45,6 +46,7 @@ from app.queue.errors import (
 from app.store import approval_rows, turn_rows
 from app.store.transactions import transaction
 from app.vocabulary.classes import PriorityClass
+from app.vocabulary.deadlines import START_BEFORE_TOLERANCE_SECONDS
 from app.vocabulary.records import JSON, NewRun, Run
 
 if TYPE_CHECKING:
@@ -66,6 +68,8 @@ class PendingTurn:
     run_id: UUID | None
     created_at: Any
     interrupt_by: Any
+    # Its deadline to start (docs/start-deadlines.md), which the run it becomes takes.
+    start_before: Any = None
     # Not in its document (GET /sessions/{id}/pending-turns/{id} shows none of them): what an
     # A2A task made of it shows (docs/a2a.md).
     tenant_id: str = ""
@@ -87,6 +91,7 @@ class PendingTurn:
             run_id=row["run_id"],
             created_at=row["created_at"],
             interrupt_by=row["interrupt_by"],
+            start_before=row.get("start_before"),
             tenant_id=row["tenant_id"],
             principal=row["principal"],
             agent=row["agent"],
@@ -106,6 +111,7 @@ class PendingTurn:
             "run_id": None if self.run_id is None else str(self.run_id),
             "created_at": self.created_at.isoformat(),
             "interrupt_by": None if self.interrupt_by is None else self.interrupt_by.isoformat(),
+            "start_before": None if self.start_before is None else self.start_before.isoformat(),
         }
 
     @property
@@ -176,6 +182,9 @@ class TurnControl:
         from app.queue.submit import ACCEPTED, Submitted
 
         subs = self.submissions
+        # Checked before anything is written, as on the one-round-trip path; the deadline goes
+        # to a run this makes, or to the pending turn, whose run takes it when it starts.
+        start_within, start_before = subs._start_deadline(spec, PriorityClass.INTERACTIVE)
         async with transaction(self.queue.engine) as conn:
             if idempotency and (replay := await subs.take_key(conn, who, idempotency)):
                 return replay
@@ -189,9 +198,10 @@ class TurnControl:
                 if active is not None or await turn_rows.active_run(conn, session_id) is None:
                     break
             if active is None:
-                run = await self.queue.enqueue(
-                    self._new_run(who, owner, session_id, spec), conn=conn
-                )
+                _check_not_past(start_before, self.queue.clock())
+                new = self._new_run(who, owner, session_id, spec)
+                new = replace(new, start_within=start_within, start_before=start_before)
+                run = await self.queue.enqueue(new, conn=conn)
                 run = await _with_approval(conn, run, spec)
                 return await subs._finish(conn, who, idempotency, run, "created")
             current = Run.from_row(active)
@@ -221,7 +231,10 @@ class TurnControl:
                         }
                     ],
                 )
-            turn = await self._add(conn, who, owner, session_id, spec, policy, current)
+            _check_not_past(start_before, self.queue.clock())
+            turn = await self._add(
+                conn, who, owner, session_id, spec, policy, current, start_within, start_before
+            )
             if policy == "interrupt" and current.status == "queued":
                 # A queued run has no boundary to wait for: it ends now, and its session's
                 # next run (this turn, first in line) starts in the cancel's own statement.
@@ -260,6 +273,8 @@ class TurnControl:
         spec: RunSpec,
         policy: str,
         active: Run,
+        start_within: float | None,
+        start_before: datetime | None,
     ) -> PendingTurn:
         row = await turn_rows.add_pending_turn(
             conn,
@@ -279,6 +294,9 @@ class TurnControl:
                 "active_run_id": active.id,
                 "interrupt_grace_seconds": self.interrupt_grace_seconds,
                 "max_pending": self.max_pending,
+                "scheduled_for": spec.scheduled_for,
+                "start_within": start_within,
+                "start_before": start_before,
                 "now": self.queue.clock(),
             },
         )
@@ -398,6 +416,18 @@ async def _with_approval(conn: Any, run: Run, spec: RunSpec) -> Run:
         conn, run_id=run.id, approval=dump_json(spec.approval)
     )
     return Run.from_row(row)
+
+
+def _check_not_past(start_before: datetime | None, now: datetime | None) -> None:
+    """A deadline to start long past is the client's mistake, as `turnstile_submit` judges it;
+    checked after the idempotency key, so a late retry of an accepted turn replays it. Judged
+    on this process's clock (the queue's, in tests): this path makes the run with the core's
+    enqueue, which refuses nothing of the kind."""
+    if start_before is None:
+        return
+    at = now or datetime.now(UTC)
+    if start_before < at - timedelta(seconds=START_BEFORE_TOLERANCE_SECONDS):
+        raise InvalidStartDeadlineError("start_before", f"is in the past (it is {at} now)")
 
 
 def _check_answer(run: Run, spec: RunSpec) -> None:

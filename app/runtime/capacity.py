@@ -5,7 +5,8 @@ model call and tells after it, through the run's `ExecutionContext` (fenced on i
 budget, or raises `CapacityWait` when the budget has no room: the executor then gives the run
 back until the budget will have it (its slot freed at once, its attempt given back). `settle`
 replaces the estimate with the usage the provider reported; `pause` (a 429) stops every
-process's calls to the endpoint for as long as the provider asked.
+process's calls to the endpoint for as long as the provider asked; `observe` passes on the
+provider's rate-limit headers, which the budget's rate follows.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from app.queue.model_budgets import CapacityShort, ModelBudgets, Reservation
+from app.queue.model_budgets import CapacityShort, ModelBudgets, ProviderLimits, Reservation
 
 if TYPE_CHECKING:
     from app.worker.execution import ExecutionContext
@@ -45,3 +46,8 @@ class ModelCapacity:
 
     async def pause(self, endpoint: str, seconds: float) -> None:
         await self.ctx.pause_model(self.budgets, endpoint, seconds)
+
+    async def observe(self, endpoint: str, limits: ProviderLimits) -> None:
+        """The provider's rate-limit headers: the budget follows what it allows (no fence: it
+        records what the provider said, whoever holds the run now)."""
+        await self.budgets.observe(endpoint, limits)

@@ -25,7 +25,9 @@ reserves one request and its estimated tokens (the request's bytes over 4, plus
 `max_output_tokens` or OUTPUT_ESTIMATE_TOKENS) on the endpoint's budget, and settles them with
 the usage the provider reports; no room gives the run's slot back (`CapacityWait`). A 429
 pauses the endpoint for every process for its Retry-After (at least the backoff) instead of
-this run sleeping in its slot.
+this run sleeping in its slot. The rate-limit headers of every answer (x-ratelimit-limit-,
+-remaining-, -reset- of requests and tokens) go to the budget (`provider_limits`): its rate
+is never above the provider's limits, its buckets never above what the provider says remains.
 
 Streaming (the default; `stream=False` turns it off for endpoints that cannot): the request
 asks for `stream: true`, the text of the answer goes out live as it arrives (`RunState.output`,
@@ -46,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -54,7 +57,7 @@ import aiohttp
 import orjson
 
 from app.observability import tracing
-from app.queue.model_budgets import Reservation, endpoint_key, estimate_tokens
+from app.queue.model_budgets import ProviderLimits, Reservation, endpoint_key, estimate_tokens
 from app.runtime.agents import AgentError, Ask, CallTool, Decision, Finish
 from app.runtime.history import UNKNOWN_RESULT, chat_messages, trim_history
 from app.runtime.live import LiveOutput
@@ -457,7 +460,10 @@ class OpenAIAgent:
                 except TooLarge as exc:
                     raise AgentError(str(exc), permanent=True) from None
                 else:
-                    status, retry_after, text, reply = answer
+                    status, retry_after, text, reply, limits = answer
+                    if capacity is not None and limits.said():
+                        # What the provider allows, for every process's next reservation.
+                        await capacity.observe(self.budget_endpoint, limits)
                     if status == 429:
                         spent, refused = 0, True
                     elif reply is not None:
@@ -502,11 +508,11 @@ class OpenAIAgent:
         payload: bytes,
         headers: dict[str, str],
         output: LiveOutput | None,
-    ) -> tuple[int, str | None, str, dict[str, JSON] | None]:
-        """One request: its status, Retry-After, the text of a failed answer (for its excerpt)
-        and the reply (None when the status says it failed). Every read is bounded
-        (app/runtime/outbound.py); a connection whose answer was not read to its end is closed,
-        never reused."""
+    ) -> tuple[int, str | None, str, dict[str, JSON] | None, ProviderLimits]:
+        """One request: its status, Retry-After, the text of a failed answer (for its excerpt),
+        the reply (None when the status says it failed) and what its rate-limit headers said.
+        Every read is bounded (app/runtime/outbound.py); a connection whose answer was not read
+        to its end is closed, never reused."""
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=self.timeout, sock_read=self.timeout
         )
@@ -516,9 +522,10 @@ class OpenAIAgent:
         complete = False
         try:
             status = response.status
+            limits = provider_limits(response.headers)
             if status >= 400:
                 text = (await read_excerpt(response, ERROR_READ_BYTES)).decode(errors="replace")
-                return status, response.headers.get("Retry-After"), text, None
+                return status, response.headers.get("Retry-After"), text, None, limits
             if self.stream and "text/event-stream" in response.headers.get("Content-Type", ""):
                 reply = await self._read_stream(response, output)
             else:
@@ -526,7 +533,7 @@ class OpenAIAgent:
                 raw = await read_body(response, self.max_response_bytes)
                 reply = self._plain_reply(raw)
             complete = True
-            return status, None, "", reply
+            return status, None, "", reply, limits
         finally:
             if complete:
                 response.release()  # read to its end: the connection goes back to the pool
@@ -624,6 +631,57 @@ def _used_tokens(reply: dict[str, JSON], estimate: int) -> int:
         if all(isinstance(p, int) and p >= 0 for p in parts):
             return sum(p for p in parts if isinstance(p, int))
     return estimate
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+
+
+def reset_seconds(value: str | None) -> float | None:
+    """A rate-limit reset time as OpenAI writes it (`1m2.5s`, `6ms`, `20s`; a bare number is
+    seconds), in seconds; None when it is not one."""
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        return max(float(text), 0.0)
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+def provider_limits(headers: Mapping[str, str]) -> ProviderLimits:
+    """What an answer's rate-limit headers say (x-ratelimit-limit-, -remaining- and -reset-,
+    of requests and tokens, as OpenAI sends them). A limit not sent is inferred from what
+    remains and when the bucket is full again, when that is under a minute (a bucket refills
+    at its limit a minute: limit = remaining / (1 - reset / 60))."""
+
+    def number(name: str) -> float | None:
+        raw = headers.get(name)
+        try:
+            value = float(raw) if raw is not None else None
+        except ValueError:
+            return None
+        return value if value is not None and value >= 0 else None
+
+    found: dict[str, float | None] = {}
+    for kind in ("requests", "tokens"):
+        limit = number(f"x-ratelimit-limit-{kind}")
+        remaining = number(f"x-ratelimit-remaining-{kind}")
+        reset = reset_seconds(headers.get(f"x-ratelimit-reset-{kind}"))
+        if limit is None and remaining is not None and reset is not None and 0 < reset < 60:
+            limit = remaining / (1 - reset / 60)
+        found[f"limit_{kind}"] = limit
+        found[f"remaining_{kind}"] = remaining
+    return ProviderLimits(
+        limit_requests=None if found["limit_requests"] is None else round(found["limit_requests"]),
+        limit_tokens=None if found["limit_tokens"] is None else round(found["limit_tokens"]),
+        remaining_requests=found["remaining_requests"],
+        remaining_tokens=found["remaining_tokens"],
+    )
 
 
 def _retry_after(value: str | None, ceiling: float) -> float:

@@ -12,10 +12,12 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from app.runtime.executor import Registry
+if TYPE_CHECKING:  # the CLI catches PluginError without loading the runtime
+    from app.runtime.executor import Registry
 
-Plugin = Callable[[Registry], None]
+Plugin = Callable[["Registry"], None]
 
 
 class PluginError(RuntimeError):

@@ -198,6 +198,20 @@ async def worker_host_rows(engine: AsyncEngine, worker_ids: list[str]) -> list[R
     return await _all(engine, "ui_worker_hosts", {"ids": worker_ids})
 
 
+async def session_pending_turn_rows(
+    engine: AsyncEngine, session_id: UUID, *, tenant_id: str | None, limit: int
+) -> list[RowMapping]:
+    return await _all(
+        engine,
+        "ui_session_pending_turns",
+        {"session_id": session_id, "tenant_id": tenant_id, "limit": limit},
+    )
+
+
+async def cancel_reason_rows(engine: AsyncEngine, run_ids: list[UUID]) -> list[RowMapping]:
+    return await _all(engine, "ui_cancel_reasons", {"ids": run_ids})
+
+
 async def webhook_delivery_rows(
     engine: AsyncEngine, endpoint_ids: list[UUID], *, per_endpoint: int
 ) -> list[RowMapping]:

@@ -334,6 +334,8 @@ pending_turns = Table(
     # was at when it took it (where the agent's conversation places it).
     Column("input_idx", Integer, nullable=True),
     Column("at_step", Integer, nullable=True),
+    # Its deadline to start (migration 0027), which the run it becomes takes.
+    _ts("start_before"),
     # An interrupt's bound: past it, a run that has not stopped at a boundary is cancelled.
     _ts("interrupt_by"),
     _ts("created_at", nullable=False, default_now=True),
@@ -660,6 +662,15 @@ model_budgets = Table(
     Column("waits", BigInteger, nullable=False, server_default=text("0")),
     Column("pauses", BigInteger, nullable=False, server_default=text("0")),
     _ts("updated_at", nullable=False, default_now=True),
+    # The bookings' clock (migration 0028): seconds of tokens settlements gave back, which
+    # bring every booking forward; and the share of their reservations calls used.
+    Column("token_advance", Float, nullable=False, server_default=text("0")),
+    Column("used_share", Float, nullable=False, server_default=text("1")),
+    # What the provider's rate-limit headers last said its limits are (migration 0028): the
+    # effective budget is never above them.
+    Column("provider_rpm", Integer),
+    Column("provider_tpm", Integer),
+    _ts("observed_at"),
     CheckConstraint(
         "requests_per_minute IS NULL OR requests_per_minute >= 1", name="requests_per_minute"
     ),
@@ -681,5 +692,59 @@ model_reservations = Table(
     Column("tokens", Integer, nullable=False),
     _ts("created_at", nullable=False),
     _ts("expires_at", nullable=False),
+    # A booking (migration 0028; NULL for a call in flight): when the request bucket covers
+    # it, when the token bucket does (on the budget's token_advance clock), when its run was
+    # told to come back, and its run's class; every reservation's tenant (the fair share).
+    _ts("ready_requests_at"),
+    _ts("ready_tokens_at"),
+    _ts("wake_at"),
+    Column("band", SmallInteger),
+    Column("tenant_id", Text),
+    # What it took of its tenant's token bucket on the endpoint, with one request (migration
+    # 0030); NULL: nothing (no limit of the tenant's, or the release before 0030 took it).
+    Column("tenant_tokens", Integer),
     Index("ix_model_reservations_endpoint", "endpoint", "expires_at"),
+)
+
+model_tenant_budgets = Table(
+    "model_tenant_budgets",
+    metadata,
+    # What one tenant may use of one model endpoint (migration 0030; fillfactor 50 there):
+    # an admin's limits (NULL: the tenant's row of endpoint '', its limits on every endpoint;
+    # NULL there too: none), the tenant's buckets on the endpoint (NULL until used under a
+    # limit), and its running totals. docs/model-budgets.md.
+    Column("endpoint", Text, primary_key=True),
+    Column("tenant_id", Text, primary_key=True),
+    Column("requests_per_minute", Integer),
+    Column("tokens_per_minute", Integer),
+    Column("request_level", Float),
+    Column("token_level", Float),
+    _ts("refilled_at"),
+    Column("requests_used", BigInteger, nullable=False, server_default=text("0")),
+    Column("tokens_used", BigInteger, nullable=False, server_default=text("0")),
+    Column("waits", BigInteger, nullable=False, server_default=text("0")),
+    _ts("updated_at", nullable=False, default_now=True),
+    CheckConstraint(
+        "requests_per_minute IS NULL OR requests_per_minute >= 1", name="requests_per_minute"
+    ),
+    CheckConstraint(
+        "tokens_per_minute IS NULL OR tokens_per_minute >= 1", name="tokens_per_minute"
+    ),
+)
+
+model_tenant_bookings = Table(
+    "model_tenant_bookings",
+    metadata,
+    # A call its tenant's limit could not take, booked on the tenant's buckets (migration
+    # 0030): its run comes back at ready_at; past expires_at it gives its request and tokens
+    # back to the tenant's buckets.
+    Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")),
+    Column("endpoint", Text, nullable=False),
+    Column("tenant_id", Text, nullable=False),
+    Column("run_id", UUID(as_uuid=True), nullable=False),
+    Column("tokens", Integer, nullable=False),
+    _ts("created_at", nullable=False),
+    _ts("ready_at", nullable=False),
+    _ts("expires_at", nullable=False),
+    Index("ix_model_tenant_bookings_endpoint", "endpoint", "run_id"),
 )

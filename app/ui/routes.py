@@ -1,7 +1,8 @@
 """The operator dashboard's routes under `/ui`: sign-in, the overview (the fragment its script
 refreshes, and charts of the last hour), the runs list, a run's page, a session's page (its
-conversation and its runs), schedules, webhook endpoints, API keys, the search by run or
-session id, and the dead letter with its actions.
+conversation and its runs), schedules, webhook endpoints, API keys, the model budgets (admin
+keys: each endpoint's budget, pause, calls in flight and booked, and per tenant its holds,
+use and limits), the search by run or session id, and the dead letter with its actions.
 
 Thin like the API's handlers: reads are the queue's read models (`Reads`, app/queue/reads.py;
 the dashboard's own statements are app/store/sql/dashboard.sql), actions are the queue core's
@@ -29,6 +30,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader
 
 from app.api.auth import submitter_of, visible_principal, visible_tenant
+from app.api.budgets import budgets_of
 from app.api.services import state_of
 from app.queue.errors import (
     InvalidCursorError,
@@ -329,6 +331,7 @@ async def run_page(run_id: str, request: Request, caller: UiCaller) -> HTMLRespo
         caller,
         "run.html",
         run=run,
+        cancel_reason=(await reads.cancel_reasons([run])).get(run.id),
         lease_holder=views.worker_label(run.lease_owner, hosts),
         timeline=views.timeline(events, inputs, hosts),
         more_after=more,
@@ -341,9 +344,10 @@ async def run_page(run_id: str, request: Request, caller: UiCaller) -> HTMLRespo
 @router.get("/sessions/{session_id}")
 async def session_page(session_id: str, request: Request, caller: UiCaller) -> HTMLResponse:
     """A session as a conversation: its transcript (oldest first, a page at a time) beside its
-    runs (newest first), under the API's visibility rules for sessions: the key's own tenant,
-    admin keys included (they read any run, not any conversation), and its own principal's
-    sessions unless the key has a scope."""
+    multitask policy, the turns waiting for its active run (in start order) and its runs
+    (newest first, a cancelled one with why), under the API's visibility rules for sessions:
+    the key's own tenant, admin keys included (they read any run, not any conversation), and
+    its own principal's sessions unless the key has a scope."""
     parsed = parse_run_id(session_id)
     reads: Reads = state_of(request).reads
     found = (
@@ -363,11 +367,17 @@ async def session_page(session_id: str, request: Request, caller: UiCaller) -> H
         )
     except InvalidCursorError:
         return error_page(request, caller, 400, "cursor: not a link this dashboard made.")
+    # The turns waiting for its active run (at most the bound of pending turns, so one page).
+    pending = await reads.session_pending_turns(
+        found.id, tenant_id=caller.tenant_id, limit=PAGE_SIZE
+    )
     return render(
         request,
         caller,
         "session.html",
         session=found,
+        pending_turns=pending,
+        cancel_reasons=await reads.cancel_reasons(runs.runs),
         messages=[views.message(entry) for entry in transcript.entries],
         next_messages=(
             f"/ui/sessions/{found.id}?{urlencode({'cursor': transcript.next_cursor})}"
@@ -681,6 +691,32 @@ async def enable_webhook(webhook_id: str, request: Request, caller: UiCaller) ->
 @router.post("/webhooks/{webhook_id}/disable")
 async def disable_webhook(webhook_id: str, request: Request, caller: UiCaller) -> Response:
     return await webhook_action(request, caller, webhook_id, enable=False)
+
+
+@router.get("/model-budgets")
+async def model_budgets_page(request: Request, caller: UiCaller) -> HTMLResponse:
+    """Every model endpoint's budget, read-only (an admin changes them with PUT /model-budgets
+    and PUT /tenants/{t}/model-budgets, or the CLI): admin keys only, as the API's, since one
+    budget is every tenant's."""
+    if not caller.is_admin:
+        return error_page(request, caller, 403, "Model budgets need the admin scope.")
+    budgets = budgets_of(request)
+    defaults = budgets.defaults
+    now = state_of(request).queue.clock() or datetime.now(UTC)
+    return render(
+        request,
+        caller,
+        "model_budgets.html",
+        budgets=[
+            {
+                "doc": budget.to_document(defaults),
+                "paused_until": budget.paused_until,
+                "paused": budget.paused_until is not None and budget.paused_until > now,
+            }
+            for budget in await budgets.budgets()
+        ],
+        defaults=defaults,
+    )
 
 
 @router.get("/keys")

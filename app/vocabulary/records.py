@@ -285,6 +285,9 @@ class NewRun:
     actor: str | None = None  # the key that submitted it, recorded in run.created
     traceparent: str | None = None  # the trace its work joins (a valid W3C traceparent)
     start_before: datetime | None = None  # its deadline to start (None: none)
+    # Or its deadline as seconds after it becomes eligible, counted on the database's clock
+    # as `turnstile_submit` counts a submission's (ignored when start_before is given).
+    start_within: float | None = None
 
 
 @dataclass(frozen=True)

@@ -200,6 +200,14 @@ class ExecutionContext:
             self.queue.wait_for_capacity(
                 self.lease, short.reason(), until=short.ready_at, endpoint=short.endpoint
             ),
+            # The span of the give-back carries the wait it begins (one process cannot hold
+            # a span open across it: the run comes back in any process).
+            attributes={
+                "turnstile.capacity.endpoint": short.endpoint,
+                "turnstile.capacity.short_of": short.short_of,
+                "turnstile.capacity.wait_seconds": round(short.wait_seconds, 3),
+                "turnstile.capacity.ready_at": short.ready_at.isoformat(),
+            },
         )
 
     # --- model budgets (app/queue/model_budgets.py) --------------------------------------------
@@ -208,7 +216,9 @@ class ExecutionContext:
     ) -> Reservation | CapacityShort:
         """Reserve one request and `tokens` on the endpoint's budget, fenced on this lease: a
         lost lease takes the one stop path, having taken nothing."""
-        outcome = await budgets.reserve(self.lease, endpoint, tokens)
+        outcome = await budgets.reserve(
+            self.lease, endpoint, tokens, tenant_id=self.claimed.run.tenant_id
+        )
         if isinstance(outcome, Fenced):
             await self.stop_fenced("reserve_model")
             raise StopExecution("fenced during reserve_model")
@@ -225,12 +235,17 @@ class ExecutionContext:
         """The provider answered 429: pause the endpoint for every process."""
         await budgets.pause(endpoint, seconds)
 
-    async def finish(self, during: str, write: Awaitable[WriteOutcome]) -> WriteOutcome:
+    async def finish(
+        self,
+        during: str,
+        write: Awaitable[WriteOutcome],
+        attributes: tracing.Attributes | None = None,
+    ) -> WriteOutcome:
         """Make the write that ends this hold (complete, fail, wait for the user, release):
         marked finishing before it is sent, `ended` once it committed, and on `Fenced` the one
         stop path (`checked`)."""
         self.finishing = True
-        with tracing.transition(during) as span:
+        with tracing.transition(during, attributes) as span:
             outcome = await write
             if isinstance(outcome, Written):
                 self.ended = True

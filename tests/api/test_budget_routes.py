@@ -85,3 +85,120 @@ async def test_the_cli_sets_and_lists_budgets(database_url: str) -> None:
         "requests_per_minute": None,
         "tokens_per_minute": None,
     }
+
+
+async def test_an_admin_sets_and_reads_a_tenants_limits_on_model_endpoints(
+    database_url: str, engine: AsyncEngine
+) -> None:
+    """`PUT /tenants/{t}/model-budgets` (an endpoint, or null: every endpoint), validated with
+    problem+json and no partial write; `GET` lists them; `GET /model-budgets` shows them per
+    tenant beside what each tenant holds and used."""
+    async with running_api(database_url, engine) as api:
+        admin = await api.client("platform", "sre", "admin")
+        every = await admin.put(
+            "/tenants/acme/model-budgets", json={"endpoint": None, "tokens_per_minute": 90_000}
+        )
+        assert every.status_code == 200, every.text
+        assert every.json()["endpoint"] is None
+        assert every.json()["tokens_per_minute"] == 90_000
+        own = await admin.put(
+            "/tenants/acme/model-budgets",
+            json={"endpoint": ENDPOINT, "requests_per_minute": 30},
+        )
+        assert own.status_code == 200, own.text
+        assert (own.json()["requests_per_minute"], own.json()["tokens_per_minute"]) == (30, None)
+        for bad in (
+            {"endpoint": ENDPOINT, "tokens_per_minute": 0},
+            {"endpoint": ENDPOINT, "requests_per_minute": "many"},
+            {"endpoint": ENDPOINT, "requests_per_minute": True},
+            {"endpoint": "a b", "tokens_per_minute": 5},
+            {"endpoint": "", "tokens_per_minute": 5},
+            {"tokens_per_minute": 5},  # the endpoint, or null for every one, is required
+            {"endpoint": ENDPOINT, "burst": 5},
+        ):
+            refused = await admin.put("/tenants/acme/model-budgets", json=bad)
+            assert refused.status_code == 422, (bad, refused.text)
+            assert refused.headers["content-type"] == "application/problem+json"
+            assert refused.json()["type"].endswith("/invalid-request")
+        bad_tenant = await admin.put(
+            "/tenants/%00/model-budgets", json={"endpoint": None, "tokens_per_minute": 5}
+        )
+        assert bad_tenant.status_code == 422
+        assert bad_tenant.headers["content-type"] == "application/problem+json"
+        listed = await admin.get("/tenants/acme/model-budgets")
+        assert listed.status_code == 200, listed.text
+        assert [
+            (b["endpoint"], b["requests_per_minute"], b["tokens_per_minute"])
+            for b in listed.json()["budgets"]
+        ] == [(None, None, 90_000), (ENDPOINT, 30, None)]
+        (budget,) = (await admin.get("/model-budgets")).json()["budgets"]
+        assert budget["endpoint"] == ENDPOINT
+        assert budget["provider"] == {"requests_per_minute": None, "tokens_per_minute": None}
+        assert (budget["booked"], budget["booked_tokens"]) == (0, 0)
+        (acme,) = budget["tenants"]
+        assert acme["tenant_id"] == "acme"
+        assert acme["limits"] == {"requests_per_minute": 30, "tokens_per_minute": 90_000}
+        assert (acme["requests_used"], acme["tokens_used"], acme["tenant_booked"]) == (0, 0, 0)
+        stats = (await admin.get("/queue/stats")).json()
+        assert stats["model_budgets"][0]["tenants"][0]["limits"]["requests_per_minute"] == 30
+        operator = await api.client("acme", "ops", "operator")
+        assert (await operator.get("/tenants/acme/model-budgets")).status_code == 403
+        refused = await operator.put(
+            "/tenants/acme/model-budgets", json={"endpoint": None, "tokens_per_minute": 1}
+        )
+        assert refused.status_code == 403
+        document = (await admin.get("/openapi.json")).json()
+        tenant_schema = document["components"]["schemas"]["ModelBudgetTenant"]
+        assert {"requests_used", "tokens_used", "limits", "tenant_booked"} <= set(
+            tenant_schema["properties"]
+        )
+
+
+async def test_the_cli_sets_and_shows_a_tenants_limits(database_url: str) -> None:
+    env = {"DATABASE_URL": database_url}
+    code, out, err = await run_cli(
+        "model-budgets",
+        "set-tenant",
+        "acme",
+        "--endpoint",
+        ENDPOINT,
+        "--tpm",
+        "5000",
+        "--json",
+        env=env,
+    )
+    assert code == 0, err
+    assert json.loads(out)["tokens_per_minute"] == 5000
+    code, out, err = await run_cli(
+        "model-budgets", "set-tenant", "acme", "--rpm", "20", "--json", env=env
+    )
+    assert code == 0, err
+    assert json.loads(out)["endpoint"] is None  # every endpoint
+    for args, message in (
+        (("--endpoint", ENDPOINT, "--tpm", "0"), "tokens_per_minute"),
+        (("--endpoint", ENDPOINT, "--tpm", "lots"), "--tpm takes a whole number"),
+        (("--endpoint", "a b", "--tpm", "5"), "endpoint"),
+        ((), "nothing to set"),
+    ):
+        code, out, err = await run_cli("model-budgets", "set-tenant", "acme", *args, env=env)
+        assert code == 2, (args, out, err)
+        assert message in err
+        assert "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1
+    code, out, err = await run_cli(
+        "model-budgets",
+        "set-tenant",
+        "acme",
+        "--endpoint",
+        ENDPOINT,
+        "--tpm",
+        "default",
+        env=env,
+    )
+    assert code == 0, err
+    code, out, err = await run_cli("model-budgets", "tenant", "acme", "--json", env=env)
+    assert code == 0, err
+    assert [
+        (b["endpoint"], b["requests_per_minute"], b["tokens_per_minute"])
+        for b in json.loads(out)["budgets"]
+    ] == [(None, 20, None), (ENDPOINT, None, None)]

@@ -62,6 +62,13 @@ async def test_preflights_allow_what_the_clients_send(api: Api) -> None:
         assert answer.status_code == 200
         assert answer.headers["access-control-allow-origin"] == PAGE
         assert "POST" in answer.headers["access-control-allow-methods"]
+        # The policies of a session change by PATCH (setMultitask, setApproval).
+        patched = await client.options(
+            "/sessions/00000000-0000-0000-0000-000000000000",
+            headers=preflight("PATCH", PAGE, "authorization,content-type"),
+        )
+        assert patched.status_code == 200, patched.text
+        assert "PATCH" in patched.headers["access-control-allow-methods"]
         allowed = {
             h.strip().lower() for h in answer.headers["access-control-allow-headers"].split(",")
         }

@@ -7,6 +7,7 @@ taking any turn as its answer."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -386,3 +387,37 @@ async def test_a_worker_that_finds_an_interrupt_at_its_boundary_stops_there(api:
     # The interrupted worker's next write is fenced.
     assert not await api.queue.heartbeat(lease)
     assert await check_all_runs(api.engine) == 2
+
+
+async def test_a_turn_naming_its_policy_keeps_its_deadline_in_an_idle_session(
+    api: Api, clock: ManualClock
+) -> None:
+    """A turn with its own `multitask` takes the policy path even when its session is idle:
+    the run it makes there must carry the turn's deadline to start, as the one-round-trip
+    path's does (docs/start-deadlines.md)."""
+    client = await api.client()
+    for policy in ("enqueue", "interrupt", "steer"):
+        session = await new_session(client)
+        response = await turn(
+            client, session, {"input": policy, "multitask": policy, "start_within": 30}
+        )
+        assert response.status_code == 202, response.text
+        run = (await client.get(f"/runs/{response.json()['id']}")).json()
+        assert run["start_before"] is not None, policy
+        assert datetime.fromisoformat(run["start_before"]) == clock.now + timedelta(seconds=30)
+    at = clock.now + timedelta(minutes=5)
+    session = await new_session(client)
+    response = await turn(
+        client, session, {"input": 0, "multitask": "enqueue", "start_before": at.isoformat()}
+    )
+    run = (await client.get(f"/runs/{response.json()['id']}")).json()
+    assert datetime.fromisoformat(run["start_before"]) == at
+    # A deadline long past is refused on this path as on the other, and writes nothing.
+    idle = await new_session(client)
+    gone = clock.now - timedelta(minutes=5)
+    refused = await turn(
+        client, idle, {"input": 1, "multitask": "enqueue", "start_before": gone.isoformat()}
+    )
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["errors"][0]["loc"][:2] == ["body", "start_before"]
+    assert await active_runs(api.engine, idle) == []

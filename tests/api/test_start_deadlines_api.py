@@ -86,3 +86,42 @@ async def test_bad_deadlines_are_422_and_write_nothing(
         else:
             assert "not both" in problem["detail"]
     assert await runs(api.engine) == 0
+
+
+@pytest.mark.parametrize("policy", ["enqueue", "interrupt", "steer"])
+async def test_a_turn_naming_a_multitask_policy_keeps_its_deadline_on_an_idle_session(
+    api: Api, policy: str
+) -> None:
+    # A turn's own policy takes the turn-control path even when the session is idle: the run
+    # it makes there is the same run, deadline included, as the plain turn's.
+    client = await api.client()
+    session = (await client.post("/sessions")).json()["id"]
+    own = await client.post(
+        f"/sessions/{session}/turns",
+        json={"input": "hi", "multitask": policy, "start_within": 30},
+    )
+    assert own.status_code == 202, own.text
+    doc = own.json()
+    assert datetime.fromisoformat(doc["start_before"]) == datetime.fromisoformat(
+        doc["created_at"]
+    ) + timedelta(seconds=30)
+    await client.post(f"/runs/{doc['id']}/cancel")
+    # Naming none, it takes its class's default there too.
+    default = await client.post(
+        f"/sessions/{session}/turns", json={"input": "again", "multitask": policy}
+    )
+    assert default.status_code == 202, default.text
+    doc = default.json()
+    assert datetime.fromisoformat(doc["start_before"]) == datetime.fromisoformat(
+        doc["created_at"]
+    ) + timedelta(seconds=120)
+    await client.post(f"/runs/{doc['id']}/cancel")
+    # A deadline past the tolerance is refused there too, writing nothing.
+    before = await runs(api.engine)
+    late = await client.post(
+        f"/sessions/{session}/turns",
+        json={"input": "late", "multitask": policy, "start_before": at(-60)},
+    )
+    assert late.status_code == 422, late.text
+    assert late.json()["errors"][0]["loc"][-1] == "start_before"
+    assert await runs(api.engine) == before

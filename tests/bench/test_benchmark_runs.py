@@ -1,11 +1,11 @@
 """The benchmark's entry point runs end to end in its tiny profile: every phase (ceiling, worker
-processes, backlog latency, claim at depth, the API at 1 and 2 API processes from client
-processes of its own, runs of the openai agent in flight against a fake endpoint, the peers'
-workloads) on this suite's PostgreSQL, and writes its JSON and Markdown; and the API's phase
-alone beside the ceiling (the scale curve's API rows). PGQueuer and Procrastinate come with the
-`bench` extra; without them the peers phase runs Turnstile's side alone and says they are
-missing. Its figures mean nothing at that size and nothing here looks at them: speed is
-measured by `make bench`, never asserted in tests."""
+processes, backlog latency, claim at depth, the claim beside 10,000 idle tenants, the API at 1
+and 2 API processes from client processes of its own, runs of the openai agent in flight
+against a fake endpoint, the peers' workloads) on this suite's PostgreSQL, and writes its JSON
+and Markdown; and the API's phase alone beside the ceiling (the scale curve's API rows).
+PGQueuer and Procrastinate come with the `bench` extra; without them the peers phase runs
+Turnstile's side alone and says they are missing. Its figures mean nothing at that size and
+nothing here looks at them: speed is measured by `make bench`, never asserted in tests."""
 
 from __future__ import annotations
 
@@ -53,12 +53,16 @@ def test_bench_runs_in_its_tiny_profile(server_url: str, tmp_path: Path) -> None
     assert results["throughput"][0]["runs"] == 200
     assert results["latency"]["classes"]["interactive"]["n"] > 0
     assert results["depth"][0]["queued"] == 1000
+    # The claim beside 10,000 tenants whose only work is due tomorrow (issue 32, defect 2).
+    assert set(results["idle_tenants"]) == {"claim of 1", "claim of 8"}
+    assert results["idle_tenants"]["claim of 1"]["ratio_p50"] > 0
     assert results["api"]["statuses"].get("202", 0) > 0
     assert [row["processes"] for row in results["api_scale"]] == [1, 2]
     assert results["worker_peak_rss_mb"] > 0
     # Three runs per slot (issue 41's drain), each slot's connection reused across them.
     assert results["inflight"][0]["runs"] == 3 * results["inflight"][0]["slots"]
     assert results["inflight"][0]["model_connections_opened"] <= results["inflight"][0]["slots"]
+    assert [row["mode"] for row in results["budgets"]] == ["budgets", "none"]
     assert "Turnstile" in results["peers"]["systems"]
     assert "| Figure |" in (tmp_path / "tiny.md").read_text()
 

@@ -533,9 +533,11 @@ async def test_multitask_policies_through_the_client(api: Api) -> None:
         withdrawn = await turnstile.cancel_pending_turn(pending)
         assert withdrawn.status == "cancelled"
         assert (await turnstile.get_pending_turn((session, pending.id))).status == "cancelled"
-        kept = await turnstile.submit_turn(session, {"text": "third"})
+        kept = await turnstile.submit_turn(session, {"text": "third"}, start_within=600)
         assert isinstance(kept, PendingTurn)
+        assert kept.start_before is not None  # the deadline the run it becomes takes
         assert (await turnstile.get_session(session)).pending_turns == 1
+        assert [turn.id for turn in await turnstile.list_pending_turns(session)] == [kept.id]
 
         # The turn's own policy overrides the session's: a queued run is interrupted at once.
         interrupting = await turnstile.submit_turn(session, {"text": "now"}, multitask="interrupt")
@@ -565,7 +567,9 @@ async def test_multitask_policies_through_the_client(api: Api) -> None:
             blocking.submit_turn(other, {"t": 1}, scheduled_for="2030-01-01T09:00:00+00:00")
             queued = blocking.submit_turn(other, {"t": 2})
             assert isinstance(queued, PendingTurn)
+            assert [turn.id for turn in blocking.list_pending_turns(other)] == [queued.id]
             assert blocking.cancel_pending_turn(queued).status == "cancelled"
+            assert blocking.list_pending_turns(other) == []
             assert blocking.set_multitask(other, "steer").multitask == "steer"
 
     await asyncio.to_thread(blocking_calls)

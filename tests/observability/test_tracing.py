@@ -34,6 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.observability import tracing
 from app.observability.tracing import parse_traceparent, wanted
 from app.queue.core import Queue
+from app.queue.model_budgets import ModelBudgets, endpoint_key
 from app.runtime.outbound import ModelClient
 from app.security.api_keys import create_key
 from app.store.embedded import free_port
@@ -425,6 +426,35 @@ async def test_a_model_call_has_the_genai_attributes(
     assert first.end_time is not None
     assert last.start_time is not None
     assert first.end_time <= (tool.start_time or 0) <= last.start_time
+
+
+async def test_a_wait_for_model_capacity_is_a_span_carrying_the_wait(
+    engine: AsyncEngine, spans: InMemorySpanExporter
+) -> None:
+    """The give-back of a run that waits for model capacity is its own span, with the
+    endpoint, what it lacks, how long and until when (docs/model-budgets.md)."""
+    fake = FakeModel()
+    queue = Queue(engine)
+    budgets = ModelBudgets(queue)
+    run = await queue.enqueue(NewRun("acme", "alice", "openai", "hello"))
+    http = ModelClient(2)
+    try:
+        async with running_server(fake.app()) as base:
+            endpoint = endpoint_key(f"{base}/v1", "test-model")
+            until = await budgets.pause(endpoint, 30)
+            runtime = executor(base, http)
+            runtime.budgets = budgets
+            assert await execute_once(queue, runtime)
+    finally:
+        await http.aclose()
+    assert (await queue.get_run(run.id)).status == "queued"  # type: ignore[union-attr]
+    wait = one(spans.get_finished_spans(), "turnstile.wait_for_capacity")
+    assert wait.attributes is not None
+    assert wait.attributes["turnstile.transition.written"] is True
+    assert wait.attributes["turnstile.capacity.endpoint"] == endpoint
+    assert wait.attributes["turnstile.capacity.short_of"] == "paused"
+    assert wait.attributes["turnstile.capacity.ready_at"] == until.isoformat()
+    assert float(wait.attributes["turnstile.capacity.wait_seconds"]) > 0  # type: ignore[arg-type]
 
 
 # --- end to end: real processes exporting over OTLP/HTTP -----------------------------------------

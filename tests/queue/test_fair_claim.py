@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -63,6 +64,41 @@ async def test_a_batch_takes_a_share_of_each_tenant(queue: Queue, clock: ManualC
     batch = await claim_tenants(queue, 1, limit=6)
     assert sorted(batch) == ["a"] * 2 + ["b"] * 2 + ["c"] * 2
     assert await counts(queue.engine, "a", 1) == (5, 15)
+    await check_all_runs(queue.engine)
+
+
+async def test_pairs_come_due_take_their_place_in_the_fair_order(
+    queue: Queue, clock: ManualClock
+) -> None:
+    """The walk merges two cursors, the marked pairs and the pairs whose work has come due
+    (out of the walk until then): a pair come due is walked in its fair place among the marked
+    ones, neither first nor last."""
+    await backlog(queue, "bob", 1)
+    assert await claim_tenants(queue, 1) == ["bob"]  # bob runs one, served first of all
+    later = NewRun(
+        tenant_id="bob",
+        principal="p",
+        agent="scripted",
+        input={},
+        priority=ASYNC.base,
+        scheduled_for=clock.now + timedelta(hours=1),
+    )
+    await queue.enqueue(later)
+    for tenant in ("alice", "carol"):
+        await backlog(queue, tenant, 3)
+    # The third claim walks bob first (running one, least recently served), finds nothing to
+    # claim now and takes his pair out of the walk until his run's time.
+    assert await claim_tenants(queue, 3) == ["alice", "carol", "alice"]
+    async with queue.engine.connect() as conn:
+        marks = await conn.execute(
+            text("SELECT has_work, due_at FROM tenant_class_counts WHERE tenant_id = 'bob'")
+        )
+        assert marks.one() == (False, later.scheduled_for)
+    await backlog(queue, "dave", 3)
+    clock.advance(3601)
+    # dave runs none: first. Then, running one each, bob (come due, served longest ago), carol,
+    # dave; alice runs two.
+    assert await claim_tenants(queue, 4) == ["dave", "bob", "carol", "dave"]
     await check_all_runs(queue.engine)
 
 

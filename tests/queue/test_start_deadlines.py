@@ -261,3 +261,50 @@ async def test_a_deadline_a_moment_ago_is_taken_and_a_late_retry_replays(
     clock.advance(60)
     again = await submit.submit_run(ALICE, spec, key)
     assert (again.replayed, again.run_id) == (True, first.run_id)
+
+
+async def test_a_pending_turn_keeps_its_deadline_for_the_run_it_becomes(
+    queue: Queue, clock: ManualClock
+) -> None:
+    """A turn that waits behind its session's run (enqueue) keeps its deadline, counted from
+    its acceptance: started in time, its run carries it; started late, its run ends `expired`,
+    never claimed, and the turn behind it starts next (migration 0027)."""
+    submit, reads = submissions(queue), Reads(queue)
+    session = await reads.create_session(tenant_id="t", principal="alice", multitask="enqueue")
+    first = await submit.submit_turn(ALICE, session.id, RunSpec(input="first"))
+    accepted_at = clock.now
+    waits = await submit.submit_turn(ALICE, session.id, RunSpec(input="soon", start_within=10))
+    assert waits.routed == "pending:enqueue"
+    assert waits.document["start_before"] == (accepted_at + timedelta(seconds=10)).isoformat()
+    after = await submit.submit_turn(ALICE, session.id, RunSpec(input="whenever"))
+    # A deadline already past is refused for a pending turn too, and nothing is written.
+    with pytest.raises(InvalidStartDeadlineError):
+        await submit.submit_turn(
+            ALICE,
+            session.id,
+            RunSpec(input="late", start_before=clock.now - timedelta(minutes=5)),
+        )
+
+    clock.advance(30)  # the first run holds the session past the pending turn's deadline
+    await queue.cancel(first.run_id, actor="test", reason="done")
+    promoted = await current(queue, waits.document["id"])
+    assert promoted.status == "queued"
+    assert promoted.start_before == accepted_at + timedelta(seconds=10)
+    # Never claimed: the expirer ends it, and the turn behind it starts, with no deadline.
+    assert await queue.claim("w", [PriorityClass.INTERACTIVE]) == []
+    assert [r.id for r in await queue.expire_overdue()] == [promoted.id]
+    expired = await current(queue, promoted.id)
+    assert (expired.status, expired.attempts, expired.started_at) == ("cancelled", 0, None)
+    assert (await queue.events(promoted.id))[-1].data == {"by": "expirer", "reason": "expired"}
+    last = await current(queue, after.document["id"])
+    assert (last.status, last.start_before) == ("queued", None)
+
+    # In time: the run takes the deadline and is claimed before it.
+    other = await reads.create_session(tenant_id="t", principal="alice", multitask="enqueue")
+    active = await submit.submit_turn(ALICE, other.id, RunSpec(input="a"))
+    kept = await submit.submit_turn(ALICE, other.id, RunSpec(input="b", start_within=60))
+    await queue.cancel(active.run_id, actor="test", reason="done")
+    started = await current(queue, kept.document["id"])
+    assert started.start_before == clock.now + timedelta(seconds=60)
+    claimed = await queue.claim("w", [PriorityClass.INTERACTIVE], limit=5)
+    assert started.id in {c.run.id for c in claimed}

@@ -111,8 +111,19 @@ async def _vacuum(engine: AsyncEngine) -> None:
 @dataclass(frozen=True)
 class ClaimCost:
     buffers: int  # shared buffers the claim statement touched, its function's included
-    walked: int  # tenants it probed (turnstile_claim_heads calls)
+    walked: int  # tenants it probed (the statements that look for a tenant's runs)
     claimed: int
+
+
+def _probes_a_tenant(plan: NestedPlan) -> bool:
+    """A statement of the claim that looks for a tenant's runs to claim: its walk's own (one
+    run of each tenant walked, `unnest(v_priorities)`, the function's variable) or a call of
+    turnstile_claim_heads (a tenant's share in the further rounds; its own statement, over
+    `p_priorities`, is not counted again)."""
+    query = plan.query.lstrip()
+    return "FROM turnstile_claim_heads(" in query or (
+        query.startswith("SELECT h.id") and "unnest(v_priorities)" in query
+    )
 
 
 async def _claim_cost(engine: AsyncEngine, queue: Queue, limit: int) -> ClaimCost:
@@ -142,7 +153,7 @@ async def _claim_cost(engine: AsyncEngine, queue: Queue, limit: int) -> ClaimCos
     assert outer, "auto_explain logged no plan of the claim statement"
     return ClaimCost(
         buffers=outer[-1].buffers,
-        walked=sum(1 for p in plans if "FROM turnstile_claim_heads(" in p.query),
+        walked=sum(1 for p in plans if _probes_a_tenant(p)),
         claimed=sum(1 for row in rows if row["id"] is not None),
     )
 

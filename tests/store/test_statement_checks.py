@@ -49,11 +49,18 @@ NOTIFYING = {
     "turn_event",
     # Live output, on its own channel and connection, bounded by docs/adr/0007 (deltas.sql).
     "publish_deltas",
+    # Runs whose booked turn on a model budget came early, made eligible (budgets.sql).
+    "model_budget_wake",
 }
 # Functions that notify, and how many pg_notify calls their text holds: turnstile_submit's two
 # are on its two exclusive outcomes (delivered, created), so one call sends one. The creation
 # and delivery paths never notify: their callers' one notification covers them.
-NOTIFYING_FUNCTIONS = {"turnstile_submit": 2, "turnstile_promote_turns": 1}
+NOTIFYING_FUNCTIONS = {
+    "turnstile_submit": 2,
+    "turnstile_promote_turns": 1,
+    # One for its whole batch: it calls turnstile_submit with p_notify false.
+    "turnstile_submit_many": 1,
+}
 # turnstile_promote_turns notifies once per run it starts: its callers (end_holds,
 # cancel_runs) do not know the new run's session, whose streams must look again, and a
 # promotion happens only when a session's run ends with turns waiting behind it.

@@ -14,6 +14,7 @@ import asyncio
 import random
 import signal
 import sys
+import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -26,6 +27,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.embedded import free_port
+from app.store.tables import ACTIVE_STATUS_SQL
 from tests.support.processes import Child, turnstile
 from tests.support.waiting import eventually
 
@@ -175,11 +177,28 @@ async def terminate_backends(engine: AsyncEngine, rng: random.Random, at_most: i
 
 
 # --- the load ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Turn:
+    """A turn accepted while its session's run worked, under a multitask policy, as the client
+    was answered: a run (`run`: the session was idle, or an interrupted queued run's
+    successor), a pending turn (`pending`: enqueue, or interrupt of a running run; its id is the
+    run it will become) or a steer (`steer`: `id` is the pending turn, `run_id` the active run
+    it was meant for)."""
+
+    tag: str
+    session: str
+    policy: str
+    answer: str  # run, pending, steer
+    id: UUID
+    run_id: UUID | None = None
+
+
 @dataclass
 class Ledger:
     """What the clients were told: every submission accepted with a 2xx, by its tag."""
 
     accepted: dict[str, UUID] = field(default_factory=dict)
+    turns: dict[str, Turn] = field(default_factory=dict)  # multitask turns, by tag
     retries: int = 0
     replayed: int = 0
     key_reuse_refused: int = 0
@@ -189,6 +208,11 @@ class Ledger:
         earlier = self.accepted.setdefault(tag, run_id)
         # One run per idempotency key: every 2xx for the same tag names the same run.
         assert earlier == run_id, f"{tag}: two runs {earlier} and {run_id} for one key"
+
+    def accept_turn(self, turn: Turn) -> None:
+        earlier = self.turns.setdefault(turn.tag, turn)
+        # A retry with the same key is answered as the first time: the same turn.
+        assert earlier == turn, f"{turn.tag}: answered {earlier} and then {turn}"
 
 
 class Client:
@@ -292,6 +316,26 @@ def session_script(s: int, turn: int, base: str, tag: str) -> list[dict[str, Any
     if (s + turn) % 3 == 0:
         steps.append(effect(base, tag, len(steps), keyed=(s % 2 == 0)))
     steps.append({"call": "sleep", "args": {"seconds": 0.05}})
+    steps.append({"final": f"turn {turn} of session {s}"})
+    return steps
+
+
+def multitask_script(s: int, turn: int, base: str, tag: str) -> list[dict[str, Any]]:
+    """A turn of a session with a multitask policy. The first works a while (the turns that
+    follow meet it queued or running); the others are shorter, some with an unsafe call."""
+    if turn == 0:
+        steps: list[dict[str, Any]] = [
+            {"call": "echo", "args": {"turn": 0}},
+            {"call": "sleep", "args": {"seconds": 0.3}},
+            effect(base, tag, 2, keyed=(s % 2 == 0)),
+            {"call": "sleep", "args": {"seconds": 0.3}},
+            {"call": "sleep", "args": {"seconds": 0.3}},
+        ]
+    else:
+        steps = [{"call": "sleep", "args": {"seconds": 0.2}}]
+        if (s + turn) % 2:
+            steps.append(effect(base, tag, 1, keyed=False))
+        steps.append({"call": "echo", "args": {"turn": turn}})
     steps.append({"final": f"turn {turn} of session {s}"})
     return steps
 
@@ -435,3 +479,217 @@ def report(title: str, lines: dict[str, object]) -> str:
     width = max(len(k) for k in lines)
     body = "\n".join(f"  {k.ljust(width)}  {v}" for k, v in lines.items())
     return f"{title}\n{body}"
+
+
+# --- turn control (docs/turn-control.md) ---------------------------------------------------
+ACTIVE = ("queued", "running", "waiting_for_user")
+
+
+async def sessions_with_two_active_runs(engine: AsyncEngine) -> list[str]:
+    """Sessions holding more than one non-terminal run right now (there must be none: the
+    partial unique index, and every promotion after its run's end)."""
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            text(
+                # The unique index's own predicate, so this reads only its (active) rows: it
+                # runs every chaos round, while the backlog grows.
+                "SELECT session_id FROM runs WHERE session_id IS NOT NULL "
+                f"AND {ACTIVE_STATUS_SQL} GROUP BY session_id HAVING count(*) > 1"
+            )
+        )
+        return [str(row) for row in rows.scalars()]
+
+
+async def work_left(engine: AsyncEngine) -> int:
+    """Runs not terminal, and pending turns still pending: what the test is waiting for."""
+    async with engine.connect() as conn:
+        n = (
+            await conn.execute(
+                text(
+                    "SELECT (SELECT count(*) FROM runs WHERE status <> ALL(:terminal)) "
+                    "+ (SELECT count(*) FROM pending_turns WHERE status = 'pending')"
+                ),
+                {"terminal": list(TERMINAL)},
+            )
+        ).scalar_one()
+    return int(n)
+
+
+async def describe_work_left(engine: AsyncEngine, sample: int = 15) -> str:
+    """What is still unfinished, for a timeout's message: runs by status (with a sample of
+    each: tag, attempts, lease owner, when it may run next) and pending turns (with the state
+    of the run they wait for)."""
+    async with engine.connect() as conn:
+        runs = (
+            await conn.execute(
+                text(
+                    "SELECT id, status, input->>'tag' AS tag, attempts, max_attempts, "
+                    "lease_owner, lease_expires_at, scheduled_for, session_id, "
+                    "(input->>'poison') IS NOT NULL AS poison FROM runs "
+                    "WHERE status <> ALL(:terminal) ORDER BY status, created_at"
+                ),
+                {"terminal": list(TERMINAL)},
+            )
+        ).all()
+        turns = (
+            await conn.execute(
+                text(
+                    "SELECT t.id, t.policy, t.input->>'tag' AS tag, t.interrupt_by, "
+                    "t.active_run_id, r.status AS active_status, "
+                    "(SELECT a.id FROM runs a WHERE a.session_id = t.session_id "
+                    " AND a.status = ANY(:active) LIMIT 1) AS session_active "
+                    "FROM pending_turns t LEFT JOIN runs r ON r.id = t.active_run_id "
+                    "WHERE t.status = 'pending' ORDER BY t.seq"
+                ),
+                {"active": list(ACTIVE)},
+            )
+        ).all()
+        now = (await conn.execute(text("SELECT now()"))).scalar_one()
+    lines = [f"at {now}: {len(runs)} runs not terminal, {len(turns)} pending turns pending"]
+    by_status: dict[str, list[Any]] = defaultdict(list)
+    for row in runs:
+        by_status[row.status].append(row)
+    for status, rows in by_status.items():
+        lines.append(f"  {status}: {len(rows)}")
+        lines.extend(
+            f"    run {r.id} tag={r.tag} poison={r.poison} attempts={r.attempts}/"
+            f"{r.max_attempts} owner={r.lease_owner} lease_expires={r.lease_expires_at} "
+            f"scheduled_for={r.scheduled_for} session={r.session_id}"
+            for r in rows[:sample]
+        )
+    lines.extend(
+        f"  pending turn {t.id} tag={t.tag} policy={t.policy} interrupt_by={t.interrupt_by} "
+        f"waits for run {t.active_run_id} ({t.active_status}); session's active run "
+        f"{t.session_active}"
+        for t in turns[:sample]
+    )
+    return "\n".join(lines)
+
+
+async def until_settled(engine: AsyncEngine, *, stall: float, at_most: float, what: str) -> None:
+    """Wait until every run is terminal and no pending turn is pending. Bounded by what the
+    test caused, not by a guess at the machine's speed: it fails only when nothing finished
+    for `stall` seconds (a stuck run or turn), or after `at_most` in all, and then says what
+    was still unfinished."""
+    began = time.monotonic()
+    left = await work_left(engine)
+    best, progressed = left, began
+    while left:
+        now = time.monotonic()
+        if left < best:
+            best, progressed = left, now
+        if now - progressed > stall or now - began > at_most:
+            why = (
+                f"nothing finished for {stall:.0f}s"
+                if now - progressed > stall
+                else (f"{at_most:.0f}s in all")
+            )
+            raise AssertionError(
+                f"timed out waiting for {what} ({why}):\n{await describe_work_left(engine)}"
+            )
+        await asyncio.sleep(0.5)  # a poll of two counts, not a wait for a fixed time
+        left = await work_left(engine)
+
+
+@dataclass
+class TurnAccount:
+    """Where every multitask turn went (exactly one of these each)."""
+
+    ran: int = 0  # its run ended succeeded or failed
+    interrupted: int = 0  # its run was cancelled by a later interrupting turn
+    steered: int = 0  # delivered into the run it steered
+    became_runs: int = 0
+    pending_left: int = 0
+    by_policy: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+
+
+async def account_turns(engine: AsyncEngine, ledger: Ledger) -> TurnAccount:
+    """Each multitask turn the clients were told of is accounted for exactly once: a run (the
+    session was idle, the turn started when the run before it ended, or a steer arrived as the
+    run ended), or an input delivered to the run it steered; a run cancelled only as
+    `interrupted`. Each turn that became a run is added to the ledger's accepted runs (its id
+    is the pending turn's), so `examine` holds every run against a client's answer."""
+    account = TurnAccount()
+    async with engine.connect() as conn:
+        pending = {
+            str(row.id): row
+            for row in await conn.execute(
+                text(
+                    "SELECT id, policy, status, run_id, active_run_id, input->>'tag' AS tag "
+                    "FROM pending_turns"
+                )
+            )
+        }
+        runs = {
+            str(row.id): row
+            for row in await conn.execute(
+                text(
+                    "SELECT r.id, r.status, r.session_id, r.input->>'tag' AS tag, "
+                    "(SELECT e.data->>'reason' FROM run_events e WHERE e.run_id = r.id "
+                    " AND e.type = 'run.cancelled' LIMIT 1) AS reason "
+                    "FROM runs r WHERE r.session_id IS NOT NULL"
+                )
+            )
+        }
+        inputs: Counter[str] = Counter()
+        input_run: dict[str, str] = {}
+        for row in await conn.execute(
+            text(
+                "SELECT run_id, input->>'tag' AS tag FROM run_inputs "
+                "WHERE input->>'tag' IS NOT NULL"
+            )
+        ):
+            inputs[row.tag] += 1
+            input_run[row.tag] = str(row.run_id)
+    account.pending_left = sum(1 for row in pending.values() if row.status == "pending")
+
+    def problem(message: str) -> None:
+        account.problems.append(message)
+
+    # An interrupt of a queued run answers with the run its pending turn became: any answer's
+    # id may name a pending turn.
+    told = {str(t.id) for t in ledger.turns.values()}
+    if extra := set(pending) - told:
+        # Pending turns of the multitask sessions only: no other load makes them.
+        problem(f"{len(extra)} pending turns no client was told about, e.g. {sorted(extra)[:3]}")
+    for tag, turn in sorted(ledger.turns.items()):
+        account.by_policy[turn.policy] += 1
+        row = pending.get(str(turn.id))
+        run_id: str | None = None
+        if turn.answer == "run":
+            run_id = str(turn.id)
+        elif row is None:
+            problem(f"{tag}: pending turn {turn.id} is missing")
+            continue
+        elif row.status == "started" and str(row.run_id) == str(turn.id):
+            run_id = str(turn.id)
+        elif turn.answer == "steer" and row.status == "delivered":
+            if str(row.run_id) != str(turn.run_id):
+                problem(f"{tag}: steered into {row.run_id}, not the run {turn.run_id} it met")
+            if input_run.get(tag) != str(row.run_id):
+                problem(f"{tag}: delivered, but not among run {row.run_id}'s inputs")
+            if any(r.tag == tag for r in runs.values()):
+                problem(f"{tag}: delivered into a run and also a run of its own")
+            account.steered += 1
+        else:
+            problem(f"{tag}: {turn.answer} turn ended {row.status} (run {row.run_id})")
+        if inputs[tag] != 1:
+            problem(f"{tag}: {inputs[tag]} inputs carry it (one expected)")
+        if run_id is None:
+            continue
+        run = runs.get(run_id)
+        if run is None or run.tag != tag:
+            problem(f"{tag}: its run {run_id} is missing or carries {run and run.tag}")
+            continue
+        ledger.accept(tag, UUID(run_id))
+        account.became_runs += 1
+        if run.status == "cancelled":
+            if run.reason != "interrupted":
+                problem(f"{tag}: run {run_id} cancelled ({run.reason}), not interrupted")
+            account.interrupted += 1
+        elif run.status in ("succeeded", "failed"):
+            account.ran += 1
+        else:
+            problem(f"{tag}: run {run_id} is still {run.status}")
+    return account

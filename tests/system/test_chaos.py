@@ -13,14 +13,21 @@
 The SIGKILL chaos runs with three tenants (fair shares, docs/adr/0006): `flood` sends the
 sessionless flood and the poison runs under a concurrency limit of its own, `acme` holds the
 conversations and `bravo` the idempotency abuse, so every transition also moves its tenant's
-counts while processes die.
+counts while processes die. `acme` also holds a few sessions with a multitask policy
+(enqueue, interrupt, steer: docs/turn-control.md) that take several turns while their runs
+work, so interrupts, steers and pending turns meet the kills too.
 
 Afterwards: every accepted submission has exactly one run and it is terminal; every run's log
 passes the shared invariants (gap-free sequences, one epoch at a time, valid status path) and
 every tenant's counts equal its running and queued runs (no drift);
 no unsafe call reached the counting server twice; every unsafe call left without an outcome is
 `uncertain` in the run's result; keyed calls always carried their one key; runs out of attempts
-are failed with a failure. A report is printed at the end of the pytest session.
+are failed with a failure; every multitask turn is accounted for exactly once (a run, the
+run its pending turn became, or an input delivered to the run it steered; a cancelled run only
+as `interrupted`), no pending turn is left pending, and no session ever had two non-terminal
+runs (looked for during the chaos and after). The wait for the end fails only when nothing
+finished for a while, and then names what was unfinished. A report is printed at the end of
+the pytest session.
 
 `TURNSTILE_CHAOS_SCALE` (default 1) multiplies the load and the chaos duration for a soak, e.g.
 `TURNSTILE_CHAOS_SCALE=10 pytest tests/system/test_chaos.py`.
@@ -34,6 +41,7 @@ import os
 import random
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass
@@ -57,13 +65,18 @@ from tests.support.chaos import (
     CountingServer,
     Fleet,
     Ledger,
+    Turn,
+    account_turns,
     counting_server,
     examine,
+    multitask_script,
     report,
     running_pids,
     session_script,
     sessionless_script,
+    sessions_with_two_active_runs,
     terminate_backends,
+    until_settled,
 )
 from tests.support.invariants import check_all_runs
 from tests.support.processes import turnstile
@@ -76,6 +89,11 @@ SESSIONLESS = 2_000 * SCALE
 MIN_KILLS = 12 * SCALE
 SESSIONS = 30 * SCALE
 TURNS = 4
+# Sessions with a multitask policy (docs/turn-control.md), each sent MULTITASK_TURNS turns
+# while its runs work: few, so the added load stays small beside the flood.
+MULTITASK_SESSIONS = 9 * SCALE
+MULTITASK_TURNS = 4
+POLICIES = ("enqueue", "interrupt", "steer")
 POISON = 2
 MAX_ATTEMPTS = 3
 
@@ -96,6 +114,8 @@ FAST = {
     # Five processes, plus the ones just killed whose backends are still closing, must fit in
     # the server's 100 connections beside the test's own.
     "TURNSTILE_DB_POOL_SIZE": "8",
+    # A killed worker holds an interrupt up for this bound plus a sweep interval at most.
+    "TURNSTILE_INTERRUPT_GRACE_SECONDS": "3",
 }
 
 
@@ -230,6 +250,34 @@ class Load:
                     self.ledger.answers += 1
             self.turn_seconds.append(time.monotonic() - began)
 
+    async def multitask(self, s: int) -> None:
+        """A session with a multitask policy: a first turn that works a while, then more turns
+        while its runs work, each sent once the run it meets has left the queue (or after a
+        long poll's bound: a turn that meets a queued run is part of the mix too)."""
+        policy = POLICIES[s % len(POLICIES)]
+        response = await self.client.post("/sessions", {"multitask": policy}, f"mt-session-{s}")
+        assert response.status_code == 201, response.text
+        session = response.json()["id"]
+        for turn in range(MULTITASK_TURNS):
+            tag = f"m{s}t{turn}"
+            if turn:
+                state = (await self.client.get(f"/sessions/{session}")).json()
+                if state["active_run_id"] and state["active_run_status"] == "queued":
+                    await self.client.get(
+                        f"/runs/{state['active_run_id']}", wait=30, status="queued"
+                    )
+            body = {"input": {"tag": tag, "script": multitask_script(s, turn, self.counter, tag)}}
+            response = await self.client.post(f"/sessions/{session}/turns", body, tag)
+            assert response.status_code == 202, (response.status_code, response.text)
+            doc = response.json()
+            if "pending_turn" in doc:
+                answer, turn_id, run_id = "steer", doc["pending_turn"]["id"], UUID(doc["id"])
+            elif doc.get("kind") == "pending_turn":
+                answer, turn_id, run_id = "pending", doc["id"], None
+            else:
+                answer, turn_id, run_id = "run", doc["id"], UUID(doc["id"])
+            self.ledger.accept_turn(Turn(tag, session, policy, answer, UUID(turn_id), run_id))
+
     async def identical_at_once(self, n: int) -> None:
         """Four clients send the same submission with the same key at the same moment."""
         for k in range(n):
@@ -264,13 +312,16 @@ async def chaos(
     done: asyncio.Event,
     rng: random.Random,
     stats: dict[str, int],
+    doubled: set[str],
 ) -> None:
     """Until the load is finished: kill a worker in the middle of runs and start another; kill
-    whoever holds a poison run; now and then terminate some database backends."""
+    whoever holds a poison run; now and then terminate some database backends. Every round
+    also looks for a session with two non-terminal runs (into `doubled`)."""
     round_ = 0
     pauses: list[asyncio.Task[None]] = []
     while not done.is_set():
         round_ += 1
+        doubled.update(await sessions_with_two_active_runs(engine))
         # The chaos cadence: a kill every 0.6 to 1.6 s.
         with suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), rng.uniform(0.6, 1.6))
@@ -297,7 +348,8 @@ async def chaos(
     await asyncio.gather(*pauses)
 
 
-@pytest.mark.timeout(600)
+# Generous: the waits inside are bounded by what the test caused (a stall fails it sooner).
+@pytest.mark.timeout(1800)
 async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
     database_url: str, engine: AsyncEngine
 ) -> None:
@@ -311,6 +363,7 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
     await set_limits(engine, "flood", max_running={"interactive": 8, "async": 12})
     ledger = Ledger()
     stats = {"poison kills": 0, "backends terminated": 0}
+    doubled: set[str] = set()  # sessions seen with two non-terminal runs (there must be none)
     async with AsyncExitStack() as stack:
         service = await start_service(stack, env, key, ledger, workers=3)
         fleet, counter = service.fleet, service.counter
@@ -323,7 +376,7 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
         flood, bravo = tenants
 
         done = asyncio.Event()
-        havoc = asyncio.create_task(chaos(engine, fleet, done, rng, stats))
+        havoc = asyncio.create_task(chaos(engine, fleet, done, rng, stats, doubled))
         try:
             await flood.poison(POISON)
             phases: dict[str, float] = {}
@@ -338,6 +391,7 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
                     flood.sessionless(SESSIONLESS, more=lambda: fleet.kills < MIN_KILLS),
                 ),
                 timed("conversations", *(load.conversation(s) for s in range(SESSIONS))),
+                timed("multitask", *(load.multitask(s) for s in range(MULTITASK_SESSIONS))),
                 timed(
                     "idempotency",
                     bravo.identical_at_once(20),
@@ -346,13 +400,12 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
                 ),
             )
             loaded = time.monotonic()
-            accepted = [str(run_id) for run_id in ledger.accepted.values()]
-
-            async def all_terminal() -> bool:
-                return await finished_runs(engine, accepted, TERMINAL) == len(accepted)
-
-            # Poison runs need MAX_ATTEMPTS kills; the chaos goes on until they are out.
-            await eventually(all_terminal, within=300, what="every accepted run to finish")
+            # Every run terminal and no pending turn pending: the accepted runs, and the runs
+            # the pending turns become. Poison runs need MAX_ATTEMPTS kills; the chaos goes on
+            # until they are out. A timeout says what was still unfinished.
+            await until_settled(
+                engine, stall=180, at_most=1200, what="every run to finish, every turn to start"
+            )
             finished = time.monotonic()
         finally:
             done.set()
@@ -362,6 +415,9 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
         self_fenced = fleet.log_count(b"self-fenced")
     # The fleet drained on SIGTERM and exited 0 (checked by `turnstile()` on the way out).
 
+    # The multitask turns first: those that became runs join the accepted runs examined next.
+    turns = await account_turns(engine, ledger)
+    doubled.update(await sessions_with_two_active_runs(engine))
     found = await examine(engine, ledger, hits)
     checked = await check_all_runs(engine)
     async with engine.connect() as conn:
@@ -381,6 +437,13 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
                 "runs in the database": found.runs,
                 "statuses": dict(found.statuses),
                 "answers delivered": ledger.answers,
+                "multitask turns (by policy)": f"{len(ledger.turns)} ({dict(turns.by_policy)})",
+                "  ran / interrupted / steered into a run": (
+                    f"{turns.ran} / {turns.interrupted} / {turns.steered}"
+                ),
+                "  answered as run / pending / steer": dict(
+                    Counter(t.answer for t in ledger.turns.values())
+                ),
                 "turn duration p50 / max (s)": (
                     f"{statistics.median(load.turn_seconds):.1f} / {max(load.turn_seconds):.1f}"
                 ),
@@ -412,7 +475,16 @@ async def test_sigkill_chaos_loses_nothing_and_repeats_no_unsafe_effect(
     assert found.problems == [], found.problems[:20]
     assert found.duplicate_unsafe_effects == 0
     assert checked == len(ledger.accepted)
-    expected = flood.sessionless_submitted + SESSIONS * TURNS + POISON + 20 + 20 + 10
+    # Every multitask turn accounted for exactly once; none left pending; never two active
+    # runs in a session, during the chaos or after it.
+    assert turns.problems == [], turns.problems[:20]
+    assert len(ledger.turns) == MULTITASK_SESSIONS * MULTITASK_TURNS
+    assert turns.ran + turns.interrupted + turns.steered == len(ledger.turns)
+    assert turns.pending_left == 0
+    assert doubled == set(), sorted(doubled)[:5]
+    expected = (
+        flood.sessionless_submitted + SESSIONS * TURNS + POISON + 20 + 20 + 10 + turns.became_runs
+    )
     assert len(ledger.accepted) == expected
     # The chaos really happened: workers died mid-run and their runs came back.
     assert fleet.kills >= MIN_KILLS, fleet.kills

@@ -45,7 +45,22 @@ from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 
-MIGRATIONS = ("0015", "0016", "0018", "0020", "0021", "0022", "0023", "0024", "0025")
+MIGRATIONS = (
+    "0015",
+    "0016",
+    "0018",
+    "0020",
+    "0021",
+    "0022",
+    "0023",
+    "0024",
+    "0025",
+    "0026",
+    "0027",
+    "0028",
+    "0029",
+    "0030",
+)
 """Every migration added since this test exists; a new migration joins the list."""
 
 # Enqueues through a release's own queue API, whatever its module layout.

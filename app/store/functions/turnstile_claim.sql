@@ -30,7 +30,17 @@ DECLARE
     v_now timestamptz := coalesce(p_now, now());
     v_band smallint;
     v_priorities smallint[];
+    -- The walk: the two cursors, the next pair of each, and the pair being walked.
+    v_marked refcursor;
+    v_due refcursor;
+    m record;
+    d record;
     t record;
+    v_more_marked boolean;
+    v_more_due boolean;
+    v_from_due boolean;
+    v_cap integer;
+    v_head uuid;
     v_take integer;
     -- The runs taken, in order, with their tenant, band and limit.
     v_ids uuid[] := '{}';
@@ -54,43 +64,86 @@ BEGIN
         EXIT WHEN cardinality(v_ids) >= p_limit;
         v_priorities := ARRAY(SELECT p FROM unnest(p_priorities) AS p WHERE p / 10 = v_band
                               ORDER BY p);
-        -- Round 1: the fair order, one run from each tenant that has one to claim now.
+        -- Round 1: the fair order, one run from each tenant that has one to claim now,
+        -- walked only as far as it takes (a claim of one run reads the first pairs, not all
+        -- of them): the pairs marked as having work, in ix_tenant_class_counts_fair's order,
+        -- merged with the few whose work has come due since they were settled
+        -- (ix_tenant_class_counts_due, sorted). Two cursors, since PostgreSQL plans a UNION
+        -- ALL of the two as a sort of every marked pair before the first row.
         v_round := '{}'; v_round_caps := '{}';
-        FOR t IN
-            SELECT c.tenant_id, c.running,
-                   coalesce((SELECT CAST(l.max_running
-                                         ->> (ARRAY['interactive', 'async', 'maintenance'])
-                                                 [v_band + 1] AS integer)
-                             FROM tenant_limits l WHERE l.tenant_id = c.tenant_id),
-                            p_max_running[v_band + 1]) AS cap
-            FROM (
-                -- The pairs marked as having work (ix_tenant_class_counts_fair, in order), and
-                -- those whose work has come due since they were settled (a few rows of
-                -- ix_tenant_class_counts_due), merged in the fair order.
-                SELECT * FROM tenant_class_counts c
-                WHERE c.band = v_band AND c.has_work
-                UNION ALL
-                SELECT * FROM tenant_class_counts c
-                WHERE c.band = v_band AND NOT c.has_work AND c.due_at <= v_now
-            ) AS c
-            ORDER BY c.running, c.last_claimed_at NULLS FIRST, c.tenant_id
-        LOOP
-            CONTINUE WHEN t.cap IS NOT NULL AND t.running >= t.cap;  -- at its limit
-            v_got := ARRAY(SELECT h FROM turnstile_claim_heads(t.tenant_id, v_priorities,
-                                                               v_now, 1, v_ids) AS h);
-            IF cardinality(v_got) = 0 THEN
+        OPEN v_marked FOR
+            SELECT c.tenant_id, c.running, c.last_claimed_at FROM tenant_class_counts c
+            WHERE c.band = v_band AND c.has_work
+            ORDER BY c.running, c.last_claimed_at NULLS FIRST, c.tenant_id;
+        OPEN v_due FOR
+            SELECT c.tenant_id, c.running, c.last_claimed_at FROM tenant_class_counts c
+            WHERE c.band = v_band AND NOT c.has_work AND c.due_at <= v_now
+            ORDER BY c.running, c.last_claimed_at NULLS FIRST, c.tenant_id;
+        FETCH v_marked INTO m;
+        v_more_marked := FOUND;
+        FETCH v_due INTO d;
+        v_more_due := FOUND;
+        WHILE v_more_marked OR v_more_due LOOP
+            -- The next pair in the fair order (fewest running, never served first, then least
+            -- recently served, then the tenant's name).
+            IF v_more_marked AND (NOT v_more_due
+                    OR m.running < d.running
+                    OR (m.running = d.running
+                        AND (m.last_claimed_at IS NULL AND d.last_claimed_at IS NOT NULL
+                             OR m.last_claimed_at < d.last_claimed_at
+                             OR (m.last_claimed_at IS NOT DISTINCT FROM d.last_claimed_at
+                                 AND m.tenant_id <= d.tenant_id)))) THEN
+                t := m;
+                v_from_due := false;
+                FETCH v_marked INTO m;
+                v_more_marked := FOUND;
+            ELSE
+                t := d;
+                v_from_due := true;
+                FETCH v_due INTO d;
+                v_more_due := FOUND;
+            END IF;
+            -- Its limit for the class: its own, else the process's default.
+            v_cap := NULL;
+            SELECT CAST(l.max_running ->> (ARRAY['interactive', 'async', 'maintenance'])
+                                               [v_band + 1] AS integer)
+            INTO v_cap FROM tenant_limits l WHERE l.tenant_id = t.tenant_id;
+            v_cap := coalesce(v_cap, p_max_running[v_band + 1]);
+            CONTINUE WHEN v_cap IS NOT NULL AND t.running >= v_cap;  -- at its limit
+            -- Its head: its highest priority, then its longest eligible run, each priority one
+            -- bounded range of ix_runs_tenant_claim, as turnstile_claim_heads reads them, in
+            -- this statement rather than a call (a call per tenant cost most of a claim).
+            v_head := NULL;
+            SELECT h.id INTO v_head FROM unnest(v_priorities) AS p(priority)
+            CROSS JOIN LATERAL (
+                SELECT q.id FROM runs q
+                WHERE q.tenant_id = t.tenant_id AND q.status = 'queued'
+                  AND q.priority = p.priority
+                  AND coalesce(q.scheduled_for, q.created_at) <= v_now
+                  AND (q.start_before IS NULL OR q.start_before > v_now
+                       OR q.started_at IS NOT NULL)
+                  -- The cursors read two snapshots: a pair marked between them is in both,
+                  -- and this claim's own locks do not skip the run it took the first time.
+                  AND (NOT v_from_due OR q.id <> ALL(v_ids))
+                ORDER BY coalesce(q.scheduled_for, q.created_at)
+                LIMIT 1
+                FOR UPDATE SKIP LOCKED) AS h
+            LIMIT 1;
+            IF v_head IS NULL THEN
                 v_idle_tenants := v_idle_tenants || t.tenant_id;
                 v_idle_bands := v_idle_bands || v_band;
                 CONTINUE;
             END IF;
-            v_ids := v_ids || v_got[1];
+            v_ids := v_ids || v_head;
             v_tenants := v_tenants || t.tenant_id;
             v_bands := v_bands || v_band;
-            v_caps := v_caps || t.cap;
+            v_caps := v_caps || v_cap;
             v_round := v_round || t.tenant_id;
-            v_round_caps := v_round_caps || t.cap;
+            v_round_caps := v_round_caps || v_cap;
             EXIT WHEN cardinality(v_ids) >= p_limit;
         END LOOP;
+        CLOSE v_marked;
+        CLOSE v_due;
         -- Further rounds: the tenants that had a run, in the same order, a share each of
         -- what is left (one statement per tenant and round, whatever the share).
         WHILE cardinality(v_ids) < p_limit AND cardinality(v_round) > 0 LOOP

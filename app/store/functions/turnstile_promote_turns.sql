@@ -57,15 +57,19 @@ BEGIN
             ARRAY[jsonb_build_object('resubmitted_from', NULL, 'by', v_turn.actor,
                                      'pending_turn_id', v_turn.id, 'policy', v_turn.policy,
                                      'after_run_id', v_turn.active_run_id)],
-            false, NULL);
+            -- The turn's deadline to start (migration 0027): past already, the run is created
+            -- all the same and the expirer ends it `expired`, unclaimed, as any run.
+            false, NULL, ARRAY[v_turn.start_before]);
         -- Not created: the session has an active run after all (the index refused it).
         CONTINUE WHEN NOT FOUND;
         UPDATE pending_turns
         SET status = 'started', run_id = v_run.id, updated_at = v_now
         WHERE id = v_turn.id;
-        PERFORM pg_notify('turnstile', jsonb_build_object(
+        PERFORM pg_notify('turnstile', jsonb_strip_nulls(jsonb_build_object(
             'work', jsonb_build_array(v_run.priority),
-            'sessions', jsonb_build_array(left(v_session::text, 8)))::text);
+            'sessions', jsonb_build_array(left(v_session::text, 8)),
+            -- so the expirer wakes for it if it is sooner than the one it waits for
+            'start_before', v_run.start_before))::text);
         RETURN NEXT v_run;
     END LOOP;
 END

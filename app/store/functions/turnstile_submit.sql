@@ -34,6 +34,9 @@ CREATE OR REPLACE FUNCTION turnstile_submit(
     -- The turn's approval policy (docs/approvals.md, migration 0025): kept on the run it
     -- creates or answers; NULL: the run keeps its own (its session's, else the default).
     p_approval jsonb DEFAULT NULL,
+    -- false: send no notification; the caller sends one for its whole batch
+    -- (turnstile_submit_many, migration 0026).
+    p_notify boolean DEFAULT true,
     OUT outcome text,              -- created, delivered or replayed
     OUT the_run runs,              -- the run created or delivered to (NULL on a replay)
     OUT stored_status integer,     -- on a replay: the stored answer
@@ -193,9 +196,11 @@ BEGIN
             FROM turnstile_deliver_input(v_now, v_active.id, p_input, p_principal,
                                          p_traceparent);
             IF FOUND THEN
-                PERFORM pg_notify('turnstile', jsonb_build_object(
-                    'work', jsonb_build_array(the_run.priority),
-                    'runs', jsonb_build_array(left(the_run.id::text, 8)))::text);
+                IF p_notify THEN
+                    PERFORM pg_notify('turnstile', jsonb_build_object(
+                        'work', jsonb_build_array(the_run.priority),
+                        'runs', jsonb_build_array(left(the_run.id::text, 8)))::text);
+                END IF;
                 outcome := 'delivered';
                 EXIT;
             END IF;
@@ -235,11 +240,13 @@ BEGIN
         -- The session too, so its streams in every API process look again now; and its
         -- deadline to start, so the expirer wakes for it if it is sooner than the one it
         -- waits for.
-        PERFORM pg_notify('turnstile', jsonb_strip_nulls(jsonb_build_object(
-            'work', jsonb_build_array(the_run.priority),
-            'sessions', CASE WHEN p_session IS NOT NULL
-                             THEN jsonb_build_array(left(p_session::text, 8)) END,
-            'start_before', the_run.start_before))::text);
+        IF p_notify THEN
+            PERFORM pg_notify('turnstile', jsonb_strip_nulls(jsonb_build_object(
+                'work', jsonb_build_array(the_run.priority),
+                'sessions', CASE WHEN p_session IS NOT NULL
+                                 THEN jsonb_build_array(left(p_session::text, 8)) END,
+                'start_before', the_run.start_before))::text);
+        END IF;
         outcome := 'created';
     END IF;
 

@@ -174,3 +174,26 @@ FROM buckets b
 LEFT JOIN recent r ON true
 GROUP BY b.i, b.from_at
 ORDER BY b.i;
+
+
+-- name: ui_session_pending_turns
+-- A session's page: the turns waiting for its active run, in the order they will start (an
+-- interrupting turn first, then by acceptance, as turnstile_promote_turns takes them), from
+-- the partial index ix_pending_turns_session_id_seq. Turns that left pending are not listed:
+-- the run each became is in the session's runs.
+SELECT p.*, row_number() OVER (ORDER BY (p.policy = 'interrupt') DESC, p.seq) AS position
+FROM pending_turns p
+WHERE p.session_id = :session_id AND p.status = 'pending'
+  AND (CAST(:tenant_id AS text) IS NULL OR p.tenant_id = :tenant_id)
+ORDER BY (p.policy = 'interrupt') DESC, p.seq
+LIMIT :limit;
+
+
+-- name: ui_cancel_reasons
+-- Why each of these cancelled runs ended, from its run.cancelled event (the run row keeps no
+-- reason): interrupted, expired, or the words of whoever cancelled it, and who that was. Each
+-- run's events are read through the primary key (run_id, seq); a run is cancelled once.
+SELECT DISTINCT ON (e.run_id) e.run_id, e.data ->> 'reason' AS reason, e.data ->> 'by' AS by
+FROM run_events e
+WHERE e.run_id = ANY(CAST(:ids AS uuid[])) AND e.type = 'run.cancelled'
+ORDER BY e.run_id, e.seq DESC;

@@ -94,6 +94,15 @@ count_insert AS (
 )
 
 
+-- fragment: start_before
+-- A new run's (or a pending turn's) deadline to start: the start_before given, else the
+-- start_within counted from when it becomes eligible, as turnstile_submit counts it (its
+-- scheduled_for, or now when that is later; greatest ignores a NULL); neither, no deadline.
+coalesce(CAST(:start_before AS timestamptz),
+         greatest(CAST(:scheduled_for AS timestamptz), {{now}})
+         + make_interval(secs => CAST(:start_within AS double precision)))
+
+
 -- fragment: settled_outcome
 -- The outcome an open call `j` (journal 'started', nothing after) is given when its run ends
 -- for good with it open: an unsafe call may have taken effect, so it is 'uncertain'; a safe
@@ -210,7 +219,7 @@ FROM turnstile_create_runs(
                              'by', CAST(:actor AS text))],
     -- A resubmitted webhook delivery is exempt from the quota, as deliveries are.
     CAST(:agent AS text) <> 'webhook', CAST(:max_queued AS integer),
-    ARRAY[CAST(:start_before AS timestamptz)]) AS r;
+    ARRAY[{{start_before}}]) AS r;
 
 
 -- name: enqueue_many

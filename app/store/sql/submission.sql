@@ -194,6 +194,29 @@ FROM turnstile_submit(
     p_start_within => $24, p_start_before => $25, p_approval => $26) r;
 
 
+-- name: submit_many
+-- The submissions one API process received together, in one transaction with one commit and
+-- one notification (`turnstile_submit_many`, app/store/functions/turnstile_submit_many.sql;
+-- app/queue/submit_batches.py gathers them). One row per submission, in the order given,
+-- each with its own outcome or its own refusal.
+SELECT r.item, r.refusal, r.refusal_code, r.refusal_detail, r.outcome, r.stored_status,
+       r.stored_body, r.stored_run_id, r.rate_limit, r.rate_burst, r.rate_tokens,
+       (r.the_run).*
+FROM turnstile_submit_many(
+    p_now => :now, p_tenants => :tenants, p_principals => :principals,
+    p_own_sessions_only => :own_sessions_only, p_actors => :actors, p_sessions => :sessions,
+    p_keys => :keys, p_request_hashes => :request_hashes, p_run_ids => :run_ids,
+    p_agents => :agents, p_priorities => :priorities,
+    p_default_priorities => :default_priorities, p_scheduled_fors => :scheduled_fors,
+    p_inputs => :inputs, p_traceparents => :traceparents, p_start_withins => :start_withins,
+    p_start_befores => :start_befores, p_approvals => :approvals,
+    p_ttl_seconds => :ttl_seconds, p_wait_ms => :wait_ms,
+    p_lock_timeout_ms => :lock_timeout_ms, p_default_agent => :default_agent,
+    p_max_attempts => :max_attempts, p_max_queued => :max_queued,
+    p_submit_rate => :submit_rate, p_submit_burst => :submit_burst) r
+ORDER BY r.item;
+
+
 -- Multitask policies (docs/turn-control.md): turns that arrive while the session's run is
 -- queued or running, kept as pending turns until the run ends, interrupts it, or steers it.
 
@@ -260,11 +283,14 @@ waiting AS (
 added AS (
     INSERT INTO pending_turns (id, tenant_id, session_id, principal, submitted_by, actor,
                                policy, agent, priority, input, max_attempts, traceparent,
-                               active_run_id, interrupt_by, created_at, updated_at)
+                               active_run_id, interrupt_by, start_before, created_at,
+                               updated_at)
     SELECT :id, :tenant_id, :session_id, :principal, :submitted_by, :actor, :policy, :agent,
            :priority, CAST(:input AS jsonb), :max_attempts, :traceparent, :active_run_id,
            CASE WHEN :policy = 'interrupt'
                 THEN clock.now + make_interval(secs => :interrupt_grace_seconds) END,
+           -- Its deadline to start, from its acceptance; the run it becomes takes it.
+           {{start_before}},
            clock.now, clock.now
     FROM waiting, clock
     WHERE waiting.n < :max_pending

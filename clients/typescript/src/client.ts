@@ -11,6 +11,7 @@
 
 import {
   StreamEndedError,
+  TurnPendingError,
   TurnstileError,
   WaitTimeoutError,
   problemFrom,
@@ -19,10 +20,14 @@ import type { operations, paths } from "./openapi.js";
 import {
   DELTA_EVENT,
   ENDED_EVENT,
+  type ApprovalDecision,
+  type ApprovalPolicy,
   type Delta,
   type Event,
   type Json,
+  type MultitaskPolicy,
   type PendingTurn,
+  type PendingTurnRef,
   type PriorityClass,
   type Run,
   type RunRef,
@@ -31,7 +36,10 @@ import {
   type Session,
   type SessionRef,
   TERMINAL_EVENTS,
+  approvalRequestOf,
   isFinished,
+  isPendingTurn,
+  pendingTurnId,
   runId,
   sessionId,
 } from "./models.js";
@@ -89,6 +97,36 @@ export interface SubmitOptions extends CallOptions {
   startBefore?: Date | string;
   /** Yours, to make a retry across restarts safe; default `turnstile-client-<uuid>`. */
   idempotencyKey?: string;
+  /** Which of the new run's tool calls wait for `approve`, `reject` or `edit`
+   * (docs/approvals.md); default: the session's policy, else the server's. */
+  approval?: ApprovalPolicy;
+}
+
+export interface TurnOptions extends SubmitOptions {
+  /** What this turn does if the session's run is queued or running; default: the session's
+   * policy (docs/turn-control.md). A turn kept pending cannot carry its own `approval`. */
+  multitask?: MultitaskPolicy;
+}
+
+export interface SessionOptions extends CallOptions {
+  /** What a turn does while the session's run is queued or running; default `reject`. */
+  multitask?: MultitaskPolicy;
+  /** Which tool calls of the session's runs wait for a user's approval; default: the server's. */
+  approval?: ApprovalPolicy;
+}
+
+export interface DecisionOptions extends CallOptions {
+  /** The call decided; default: the one the run shows it waits for (`approval_request`). */
+  callId?: string;
+  /** Why: kept with the decision, and told to the agent for a rejection. */
+  reason?: string;
+  /** Yours, to make a retry across restarts safe; default `turnstile-client-<uuid>`. */
+  idempotencyKey?: string;
+}
+
+export interface CancelOptions extends CallOptions {
+  /** Why: in the run's `run.cancelled` event and webhook. */
+  reason?: string;
 }
 
 export interface WaitOptions extends CallOptions {
@@ -104,12 +142,16 @@ type Ok<Op extends keyof operations, Code extends number> = operations[Op]["resp
   ? Document
   : { "the operation has no JSON answer with this status": [Op, Code] }; // fails to compile where used
 
+type SessionBody = NonNullable<
+  operations["update_session_sessions__session_id__patch"]["requestBody"]
+>["content"]["application/json"];
+
 type TurnBody = NonNullable<
   operations["submit_turn_sessions__session_id__turns_post"]["requestBody"]
 >["content"]["application/json"];
 
 interface Call {
-  method: "GET" | "POST";
+  method: "GET" | "POST" | "PATCH";
   path: string;
   query?: Record<string, string>;
   body?: unknown;
@@ -175,8 +217,14 @@ export function newIdempotencyKey(): string {
   return `turnstile-client-${uuid}`;
 }
 
-function submissionBody(input: Json, options: SubmitOptions): TurnBody {
+function submissionBody(input: Json, options: TurnOptions): TurnBody {
   const body: TurnBody = { input: input ?? null };
+  if (options.multitask !== undefined) {
+    body.multitask = options.multitask;
+  }
+  if (options.approval !== undefined) {
+    body.approval = options.approval;
+  }
   if (options.agent !== undefined) {
     body.agent = options.agent;
   }
@@ -236,11 +284,62 @@ export class Turnstile {
 
   // --- sessions and submissions -------------------------------------------------------------
 
-  /** A new conversation. (A retry after a lost answer may leave an unused empty session.) */
-  async createSession(options: CallOptions = {}): Promise<Session> {
+  /**
+   * A new conversation; `multitask` sets what a turn does while its run is active (default
+   * `reject`), `approval` which tool calls of its runs wait for a user's approval (default: the
+   * server's). A retry after a lost answer may leave an unused empty session behind.
+   */
+  async createSession(options: SessionOptions = {}): Promise<Session> {
+    const body: SessionBody = {};
+    if (options.multitask !== undefined) {
+      body.multitask = options.multitask;
+    }
+    if (options.approval !== undefined) {
+      body.approval = options.approval;
+    }
     return this.#send<Ok<"create_session_sessions_post", 201>>({
       method: "POST",
       path: route("/sessions"),
+      ...(Object.keys(body).length > 0 ? { body } : {}),
+      retry: true,
+      signal: options.signal,
+    });
+  }
+
+  /**
+   * Change the session's multitask policy, for turns that arrive from now on (pending turns
+   * keep their own). A `PATCH`: a page of another origin needs the server's CORS to allow it.
+   */
+  async setMultitask(
+    session: SessionRef,
+    multitask: MultitaskPolicy,
+    options: CallOptions = {},
+  ): Promise<Session> {
+    return this.#updateSession(session, { multitask }, options);
+  }
+
+  /**
+   * Change the session's approval policy (`null`: back to the server's default); its runs
+   * follow it from their next execution's first tool call. A `PATCH`, as `setMultitask`.
+   */
+  async setApproval(
+    session: SessionRef,
+    approval: ApprovalPolicy | null,
+    options: CallOptions = {},
+  ): Promise<Session> {
+    return this.#updateSession(session, { approval }, options);
+  }
+
+  async #updateSession(
+    session: SessionRef,
+    body: SessionBody,
+    options: CallOptions,
+  ): Promise<Session> {
+    // Setting the same policy again is the same change: safe to repeat.
+    return this.#send<Ok<"update_session_sessions__session_id__patch", 200>>({
+      method: "PATCH",
+      path: route("/sessions/{session_id}", { session_id: sessionId(session) }),
+      body,
       retry: true,
       signal: options.signal,
     });
@@ -257,15 +356,23 @@ export class Turnstile {
 
   /**
    * A user's turn: a new run, or, when the session's run waits for the user, the answer that
-   * sends that same run back to the queue. Throws `SessionBusyError` (with `activeRunId`) when
-   * the session's run is queued or running. A session whose multitask policy keeps the turn
-   * pending (enqueue, interrupt: docs/turn-control.md) is not followed by this client yet: the
-   * turn is accepted and kept, and this throws a `TypeError` naming the pending turn.
+   * sends that same run back to the queue. When the session's run is queued or running, the
+   * multitask policy decides (`multitask`, else the session's): `reject` throws
+   * `SessionBusyError` (with `activeRunId`); `enqueue`, and `interrupt` of a running run, answer
+   * a `PendingTurn` (tell them apart with `isPendingTurn`; follow it with `getPendingTurn`: once
+   * started, its `run_id` is the run, which has the pending turn's own id); `interrupt` of a
+   * queued run answers the new run; `steer` answers the active run (same id). A run waiting for
+   * a tool call's approval throws `ApprovalPendingError`: answer it with `approve`, `reject` or
+   * `edit`. A session already holding its maximum of pending turns throws
+   * `TooManyPendingTurnsError` (not retried). `startWithin` or `startBefore` gives a new run a
+   * deadline to start (docs/start-deadlines.md).
    */
-  async submitTurn(session: SessionRef, input: Json, options: SubmitOptions = {}): Promise<Run> {
-    const answered: Run | PendingTurn = await this.#send<
-      Ok<"submit_turn_sessions__session_id__turns_post", 202>
-    >({
+  async sendTurn(
+    session: SessionRef,
+    input: Json,
+    options: TurnOptions = {},
+  ): Promise<Run | PendingTurn> {
+    return this.#send<Ok<"submit_turn_sessions__session_id__turns_post", 202>>({
       method: "POST",
       path: route("/sessions/{session_id}/turns", { session_id: sessionId(session) }),
       body: submissionBody(input, options),
@@ -273,13 +380,82 @@ export class Turnstile {
       retry: true,
       signal: options.signal,
     });
-    if ("kind" in answered && answered.kind === "pending_turn") {
-      throw new TypeError(
-        `the session's multitask policy kept this turn pending (${answered.id}); follow it at ` +
-          `/sessions/${answered.session_id}/pending-turns/${answered.id}`,
-      );
+  }
+
+  /**
+   * A user's turn, for code that expects a run: `sendTurn` under the session's own policy. With
+   * `reject` (the default) the answer is always a run, or `SessionBusyError` (with
+   * `activeRunId`) when the session's run is queued or running. Should the session's policy keep
+   * the turn pending instead (enqueue, interrupt of a running run), this throws
+   * `TurnPendingError`: the turn **was accepted** and will start (its `pendingTurn` says
+   * where), so it is not sent again; it is an error only because there is no run to return yet.
+   * It does not wait for the turn to start, which could take as long as the active run. Use
+   * `sendTurn` for sessions with another policy.
+   */
+  async submitTurn(session: SessionRef, input: Json, options: SubmitOptions = {}): Promise<Run> {
+    const answered = await this.sendTurn(session, input, options);
+    if (isPendingTurn(answered)) {
+      throw new TurnPendingError(answered);
     }
-    return answered as Run;
+    return answered;
+  }
+
+  /** The session's pending turns, in the order they will start. */
+  async listPendingTurns(session: SessionRef, options: CallOptions = {}): Promise<PendingTurn[]> {
+    const page = await this.#send<
+      Ok<"list_pending_turns_sessions__session_id__pending_turns_get", 200>
+    >({
+      method: "GET",
+      path: route("/sessions/{session_id}/pending-turns", { session_id: sessionId(session) }),
+      retry: true,
+      signal: options.signal,
+    });
+    return page.pending_turns;
+  }
+
+  /**
+   * A pending turn as it stands: `position` (1 is next) while `pending`; then `started` with
+   * `run_id`, the run it became; `delivered` (a steer the run took), or `cancelled`.
+   */
+  async getPendingTurn(
+    session: SessionRef,
+    turn: PendingTurnRef,
+    options: CallOptions = {},
+  ): Promise<PendingTurn> {
+    return this.#send<Ok<"get_pending_turn_sessions__session_id__pending_turns__turn_id__get", 200>>(
+      {
+        method: "GET",
+        path: route("/sessions/{session_id}/pending-turns/{turn_id}", {
+          session_id: sessionId(session),
+          turn_id: pendingTurnId(turn),
+        }),
+        retry: true,
+        signal: options.signal,
+      },
+    );
+  }
+
+  /**
+   * Withdraw a pending turn before it starts (a cancelled one answers again). Throws
+   * `TurnStartedError` (with `runId`) once it became a run or reached one: cancel that run.
+   */
+  async cancelPendingTurn(
+    session: SessionRef,
+    turn: PendingTurnRef,
+    options: CallOptions = {},
+  ): Promise<PendingTurn> {
+    // A cancelled pending turn answers 200 again, so a retry is safe.
+    return this.#send<
+      Ok<"cancel_pending_turn_sessions__session_id__pending_turns__turn_id__cancel_post", 200>
+    >({
+      method: "POST",
+      path: route("/sessions/{session_id}/pending-turns/{turn_id}/cancel", {
+        session_id: sessionId(session),
+        turn_id: pendingTurnId(turn),
+      }),
+      retry: true,
+      signal: options.signal,
+    });
   }
 
   /** Answer the question of a run waiting for the user: its session's next turn. */
@@ -294,7 +470,10 @@ export class Turnstile {
     return this.submitTurn(run.session_id, input, options);
   }
 
-  /** A sessionless run (back-end work, `async` unless `priority` says otherwise). */
+  /**
+   * A sessionless run (back-end work, `async` unless `priority` says otherwise); `approval`
+   * says which of its tool calls wait for `approve`, `reject` or `edit`.
+   */
   async submitRun(input: Json, options: SubmitOptions = {}): Promise<Run> {
     return this.#send<Ok<"submit_run_runs_post", 202>>({
       method: "POST",
@@ -346,14 +525,77 @@ export class Turnstile {
   }
 
   /**
-   * Cancel from any non-terminal status; a cancelled run answers again. Throws
-   * `RunFinishedError` for a run that succeeded or failed.
+   * Cancel from any non-terminal status; a cancelled run answers again. `reason` goes into its
+   * `run.cancelled` event and webhook. Throws `RunFinishedError` for a run that succeeded or
+   * failed.
    */
-  async cancel(run: RunRef, options: CallOptions = {}): Promise<Run> {
+  async cancel(run: RunRef, options: CancelOptions = {}): Promise<Run> {
     // Cancelling a cancelled run answers 200 again, so a retry is safe.
     return this.#send<Ok<"cancel_runs__run_id__cancel_post", 200>>({
       method: "POST",
       path: route("/runs/{run_id}/cancel", { run_id: runId(run) }),
+      ...(options.reason !== undefined ? { body: { reason: options.reason } } : {}),
+      retry: true,
+      signal: options.signal,
+    });
+  }
+
+  // --- approval before a tool call (docs/approvals.md) --------------------------------------
+
+  /**
+   * Approve the tool call the run waits for (by default the one its `approval_request` names):
+   * the same run goes back to the queue and makes the call, once. Throws
+   * `NoApprovalPendingError` when nothing waits for that call (decided already), and its
+   * subclass `ApprovalCallMismatchError` when another call waits.
+   */
+  async approve(run: RunRef, options: DecisionOptions = {}): Promise<Run> {
+    return this.#decide(run, "approve", undefined, options);
+  }
+
+  /** Refuse the call: it is never made, and the agent is told so, with `reason`. */
+  async reject(run: RunRef, options: DecisionOptions = {}): Promise<Run> {
+    return this.#decide(run, "reject", undefined, options);
+  }
+
+  /**
+   * Approve the call with other arguments, checked against the tool's schema (the request's
+   * `parameters`): `InvalidApprovalError`, with `errors`, when they do not fit it.
+   */
+  async edit(
+    run: RunRef,
+    args: { [key: string]: Json },
+    options: DecisionOptions = {},
+  ): Promise<Run> {
+    return this.#decide(run, "edit", args, options);
+  }
+
+  async #decide(
+    run: RunRef,
+    decision: ApprovalDecision["decision"],
+    args: { [key: string]: Json } | undefined,
+    options: DecisionOptions,
+  ): Promise<Run> {
+    let callId = options.callId;
+    if (callId === undefined) {
+      const request = typeof run === "string" ? null : approvalRequestOf(run);
+      if (request === null) {
+        throw new TypeError("name the callId: this run shows no approval_request");
+      }
+      callId = request.call_id;
+    }
+    const body: ApprovalDecision = { call_id: callId, decision };
+    if (args !== undefined) {
+      body.args = args;
+    }
+    if (options.reason !== undefined) {
+      body.reason = options.reason;
+    }
+    return this.#send<Ok<"decide_approval_runs__run_id__approval_post", 202>>({
+      method: "POST",
+      path: route("/runs/{run_id}/approval", { run_id: runId(run) }),
+      body,
+      // A retry with the same key replays the first decision instead of refusing a second.
+      idempotencyKey: options.idempotencyKey ?? newIdempotencyKey(),
       retry: true,
       signal: options.signal,
     });

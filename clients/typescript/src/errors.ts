@@ -6,7 +6,7 @@
  * `ConnectionLostError` or `ResponseTimeoutError`, with fetch's own error as its `cause`.
  */
 
-import type { Problem, Run, RunStatus } from "./models.js";
+import type { PendingTurn, Problem, Run, RunStatus } from "./models.js";
 
 /** The root of the client's own errors. */
 export class TurnstileError extends Error {
@@ -116,9 +116,102 @@ export class RateLimitedError extends ProblemError {
   override name = "RateLimitedError";
 }
 
+/**
+ * 429 `too-many-pending-turns`: the session holds as many pending turns as it may
+ * (`maxPending`); nothing was written. Not retried: the session's runs must end first (minutes,
+ * not a backoff). Wait for them, or cancel a pending turn.
+ */
+export class TooManyPendingTurnsError extends ProblemError {
+  override name = "TooManyPendingTurnsError";
+  readonly maxPending: number | null;
+
+  constructor(body: Problem, retryAfter: number | null = null) {
+    super(body, retryAfter);
+    const max = body["max_pending"];
+    this.maxPending = typeof max === "number" ? max : null;
+  }
+}
+
+/**
+ * 409 `turn-started`: the pending turn can no longer be withdrawn; it became a run, or was
+ * delivered to the active run (`runId`, `turnStatus`). Cancel that run instead.
+ */
+export class TurnStartedError extends ProblemError {
+  override name = "TurnStartedError";
+  readonly runId: string | null;
+  readonly turnStatus: string | null;
+
+  constructor(body: Problem, retryAfter: number | null = null) {
+    super(body, retryAfter);
+    this.runId = stringOrNull(body["run_id"]);
+    this.turnStatus = stringOrNull(body["turn_status"]);
+  }
+}
+
+/**
+ * 409 `approval-pending`: the session's run (`runId`) waits for the approval of a tool call
+ * (`callId`, `tool`); only `approve`, `reject` or `edit` answers it, whatever the multitask
+ * policy. Nothing was written.
+ */
+export class ApprovalPendingError extends ProblemError {
+  override name = "ApprovalPendingError";
+  readonly callId: string;
+  readonly tool: string | null;
+  readonly runId: string | null;
+
+  constructor(body: Problem, retryAfter: number | null = null) {
+    super(body, retryAfter);
+    this.callId = String(body["call_id"]);
+    this.tool = stringOrNull(body["tool"]);
+    this.runId = stringOrNull(body["run_id"]);
+  }
+}
+
+/**
+ * 409 `no-approval-pending`: the run waits for no approval of this call (`callId`): it was
+ * decided already, by this request without its key or by another, or the run never asked
+ * (`runStatus` says where it is). Nothing was written.
+ */
+export class NoApprovalPendingError extends ProblemError {
+  override name = "NoApprovalPendingError";
+  get callId(): string | null {
+    return stringOrNull(this.body["call_id"]);
+  }
+  get runStatus(): RunStatus | null {
+    return stringOrNull(this.body["run_status"]) as RunStatus | null;
+  }
+}
+
+/**
+ * 409 `approval-call-mismatch`: the decision names another call than the one the run waits
+ * for (`pendingCallId`, `tool`). A `NoApprovalPendingError`: nothing waits for `callId`.
+ */
+export class ApprovalCallMismatchError extends NoApprovalPendingError {
+  override name = "ApprovalCallMismatchError";
+  get pendingCallId(): string | null {
+    return stringOrNull(this.body["pending_call_id"]);
+  }
+  get tool(): string | null {
+    return stringOrNull(this.body["tool"]);
+  }
+}
+
+/** 422 `invalid-approval`: edited arguments outside the tool's schema; `errors` says where. */
+export class InvalidApprovalError extends ProblemError {
+  override name = "InvalidApprovalError";
+  get errors(): Array<Record<string, unknown>> {
+    const errors = this.body["errors"];
+    return Array.isArray(errors) ? (errors as Array<Record<string, unknown>>) : [];
+  }
+}
+
 /** 503 `database-busy` or `database-unavailable`: nothing was written (retried, then raised). */
 export class ServiceUnavailableError extends ProblemError {
   override name = "ServiceUnavailableError";
+}
+
+function stringOrNull(value: unknown): string | null {
+  return typeof value === "string" ? value : null;
 }
 
 type ProblemClass = new (body: Problem, retryAfter: number | null) => ProblemError;
@@ -137,6 +230,12 @@ const BY_SLUG: ReadonlyMap<string, ProblemClass> = new Map<string, ProblemClass>
   ["too-many-streams", TooManyStreamsError],
   ["queue-quota", QueueQuotaError],
   ["rate-limited", RateLimitedError],
+  ["too-many-pending-turns", TooManyPendingTurnsError],
+  ["turn-started", TurnStartedError],
+  ["approval-pending", ApprovalPendingError],
+  ["no-approval-pending", NoApprovalPendingError],
+  ["approval-call-mismatch", ApprovalCallMismatchError],
+  ["invalid-approval", InvalidApprovalError],
   ["database-busy", ServiceUnavailableError],
   ["database-unavailable", ServiceUnavailableError],
 ]);
@@ -211,6 +310,24 @@ export class ConnectionLostError extends TransportError {
 /** The server did not answer within the client's timeout. */
 export class ResponseTimeoutError extends TransportError {
   override name = "ResponseTimeoutError";
+}
+
+/**
+ * `submitTurn` (which returns a run) got a pending turn: the session's multitask policy kept
+ * the turn until its active run ends (enqueue, or interrupt of a running run). The turn **was
+ * accepted** and will start: `pendingTurn` is it, to follow with `getPendingTurn` or withdraw
+ * with `cancelPendingTurn`; sending it again with the same `Idempotency-Key` replays this
+ * answer. `sendTurn` returns pending turns instead of throwing.
+ */
+export class TurnPendingError extends TurnstileError {
+  override name = "TurnPendingError";
+  constructor(readonly pendingTurn: PendingTurn) {
+    super(
+      `the session's multitask policy (${pendingTurn.policy}) kept the turn pending as ` +
+        `${pendingTurn.id} (position ${pendingTurn.position ?? "?"}); follow it at ` +
+        `/sessions/${pendingTurn.session_id}/pending-turns/${pendingTurn.id}, or use sendTurn`,
+    );
+  }
 }
 
 /** `wait` ran out of time before the run settled; `run` is how it was last seen. */

@@ -14,6 +14,14 @@ export type Session = Schemas["SessionDocument"];
 /** A turn kept until the session's active run ends, interrupts or takes it (a session's
  * multitask policy other than reject: docs/turn-control.md). */
 export type PendingTurn = Schemas["PendingTurnDocument"];
+/** What a turn does while its session's run is queued or running (docs/turn-control.md):
+ * `reject` (SessionBusyError), `enqueue`, `interrupt`, `steer`. */
+export type MultitaskPolicy = Session["multitask"];
+/** Which tool calls wait for a user's approval (docs/approvals.md): tool names and idempotency
+ * classes, `{"tools": ["http_request"], "classes": ["unsafe"]}`; `{}`: none. */
+export type ApprovalPolicy = Schemas["ApprovalPolicyBody"];
+/** A decision on a tool call waiting for approval, as `POST /runs/{id}/approval` takes it. */
+export type ApprovalDecision = Schemas["ApprovalDecisionBody"];
 export type RunStatus = Schemas["RunStatus"];
 export type PriorityClass = Schemas["PriorityClass"];
 export type SessionState = Session["state"];
@@ -44,8 +52,24 @@ export interface Delta {
   text: string;
 }
 
+/**
+ * The tool call a run waits to have approved (`approval_request` of a run or session): its
+ * `call_id` (the run's id and the call's step), the tool, the arguments the agent gave, and
+ * the tool's JSON schema (`parameters`) to edit them against.
+ */
+export interface ApprovalRequest {
+  call_id: string;
+  tool: string;
+  arguments: { [key: string]: Json };
+  idempotency_class: "safe" | "keyed" | "unsafe";
+  step: number;
+  description?: string;
+  parameters?: Json;
+}
+
 export type RunRef = Run | string;
 export type SessionRef = Session | string;
+export type PendingTurnRef = PendingTurn | string;
 
 export const TERMINAL_STATUSES: ReadonlySet<RunStatus> = new Set<RunStatus>([
   "succeeded",
@@ -75,6 +99,24 @@ export function isFinished(run: Pick<Run, "status">): boolean {
   return TERMINAL_STATUSES.has(run.status);
 }
 
+/** A turn's answer is a pending turn (enqueue, or interrupt of a running run), not a run. */
+export function isPendingTurn(answer: Run | PendingTurn): answer is PendingTurn {
+  return "kind" in answer && answer.kind === "pending_turn";
+}
+
+/** The tool call the run (or the session's run) waits to have approved, if it waits for one. */
+export function approvalRequestOf(
+  waiting: Pick<Run, "approval_request"> | Pick<Session, "approval_request">,
+): ApprovalRequest | null {
+  const request = waiting.approval_request;
+  return request !== null &&
+    typeof request === "object" &&
+    !Array.isArray(request) &&
+    typeof (request as Record<string, unknown>)["call_id"] === "string"
+    ? (request as unknown as ApprovalRequest)
+    : null;
+}
+
 /** A stream's item is a live delta (else a durable `Event`). */
 export function isDelta(item: Event | Delta): item is Delta {
   return !("seq" in item);
@@ -86,4 +128,8 @@ export function runId(run: RunRef): string {
 
 export function sessionId(session: SessionRef): string {
   return typeof session === "string" ? session : session.id;
+}
+
+export function pendingTurnId(turn: PendingTurnRef): string {
+  return typeof turn === "string" ? turn : turn.id;
 }

@@ -486,6 +486,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/tenants/{tenant}/model-budgets": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["get_tenant_budgets_tenants__tenant__model_budgets_get"];
+        put: operations["put_tenant_budget_tenants__tenant__model_budgets_put"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/webhooks": {
         parameters: {
             query?: never;
@@ -675,6 +691,10 @@ export interface components {
         };
         /** ModelBudgetDocument */
         ModelBudgetDocument: {
+            /** Booked */
+            booked: number;
+            /** Booked Tokens */
+            booked_tokens: number;
             effective: components["schemas"]["ModelBudgetValues"];
             /** Endpoint */
             endpoint: string;
@@ -683,12 +703,15 @@ export interface components {
             paused_until: string | null;
             /** Pauses */
             pauses: number;
+            provider: components["schemas"]["ModelBudgetValues"];
             /** Requests Used */
             requests_used: number;
             /** Reservations */
             reservations: number;
             /** Reserved Tokens */
             reserved_tokens: number;
+            /** Tenants */
+            tenants: components["schemas"]["ModelBudgetTenant"][];
             /** Tokens Used */
             tokens_used: number;
             /** Updated At */
@@ -704,6 +727,30 @@ export interface components {
             requests_per_minute?: number | null;
             /** Tokens Per Minute */
             tokens_per_minute?: number | null;
+        };
+        /** ModelBudgetTenant */
+        ModelBudgetTenant: {
+            /** Booked */
+            booked: number;
+            /** Booked Tokens */
+            booked_tokens: number;
+            limits: components["schemas"]["ModelBudgetValues"];
+            /** Requests Used */
+            requests_used: number;
+            /** Reservations */
+            reservations: number;
+            /** Reserved Tokens */
+            reserved_tokens: number;
+            /** Tenant Booked */
+            tenant_booked: number;
+            /** Tenant Booked Tokens */
+            tenant_booked_tokens: number;
+            /** Tenant Id */
+            tenant_id: string;
+            /** Tokens Used */
+            tokens_used: number;
+            /** Waits */
+            waits: number;
         };
         /** ModelBudgetValues */
         ModelBudgetValues: {
@@ -754,6 +801,8 @@ export interface components {
              * Format: uuid
              */
             session_id: string;
+            /** Start Before */
+            start_before?: string | null;
             /**
              * Status
              * @enum {string}
@@ -843,6 +892,7 @@ export interface components {
             input: components["schemas"]["JsonValue"];
             /** Max Attempts */
             max_attempts: number;
+            pending_turn?: components["schemas"]["PendingTurnDocument"] | null;
             /** Priority */
             priority: number;
             question: components["schemas"]["JsonValue"];
@@ -1154,6 +1204,39 @@ export interface components {
             submit_burst?: number | null;
             /** Submit Rate Per Second */
             submit_rate_per_second?: number | null;
+        };
+        /** TenantModelBudget */
+        TenantModelBudget: {
+            /** Endpoint */
+            endpoint: string | null;
+            /** Requests Per Minute */
+            requests_per_minute: number | null;
+            /** Requests Used */
+            requests_used: number;
+            /** Tokens Per Minute */
+            tokens_per_minute: number | null;
+            /** Tokens Used */
+            tokens_used: number;
+            /** Updated At */
+            updated_at: string | null;
+            /** Waits */
+            waits: number;
+        };
+        /** TenantModelBudgetRequest */
+        TenantModelBudgetRequest: {
+            /** Endpoint */
+            endpoint: string | null;
+            /** Requests Per Minute */
+            requests_per_minute?: number | null;
+            /** Tokens Per Minute */
+            tokens_per_minute?: number | null;
+        };
+        /** TenantModelBudgetsDocument */
+        TenantModelBudgetsDocument: {
+            /** Budgets */
+            budgets: components["schemas"]["TenantModelBudget"][];
+            /** Tenant */
+            tenant: string;
         };
         /** WebhookCreated */
         WebhookCreated: {
@@ -3142,6 +3225,124 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["TenantLimitsDocument"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    get_tenant_budgets_tenants__tenant__model_budgets_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantModelBudgetsDocument"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    put_tenant_budget_tenants__tenant__model_budgets_put: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TenantModelBudgetRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantModelBudget"];
                 };
             };
             400: {

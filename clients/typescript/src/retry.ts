@@ -1,7 +1,8 @@
 /**
  * When the client tries a request again, and how long it waits first (the Python client's
- * rules). Retried: transport errors (refused or reset connections, timeouts), 5xx answers, 429,
- * and 409 `idempotency-key-in-flight`. A submission is retried with the same `Idempotency-Key`,
+ * rules). Retried: transport errors (refused or reset connections, timeouts), 5xx answers, 429
+ * (but not `too-many-pending-turns`, which lasts until the session's runs end), and 409
+ * `idempotency-key-in-flight`. A submission is retried with the same `Idempotency-Key`,
  * so a request that did reach the server is replayed, never run twice. The wait doubles from
  * `baseDelayMs` up to `maxDelayMs`, with jitter, or is the answer's `Retry-After` when it gives
  * one (capped at `maxRetryAfterMs`); after `attempts` tries the last error is thrown.
@@ -66,21 +67,24 @@ export function retryAfterOf(headers: Headers): number | null {
 
 /** An error answer worth sending again unchanged (it wrote nothing, or its key makes a repeat safe). */
 export function retryableAnswer(status: number, text: string): boolean {
+  if (status === 429 && slugOfAnswer(text) === "too-many-pending-turns") {
+    return false; // the session's runs must end first: minutes, not a retry's backoff
+  }
   if (status >= 500 || status === 429) {
     return true;
   }
-  if (status !== 409) {
-    return false;
-  }
+  return status === 409 && slugOfAnswer(text) === "idempotency-key-in-flight";
+}
+
+/** The problem's slug of an answer's text ("" when it is not a problem document). */
+function slugOfAnswer(text: string): string {
   try {
     const body: unknown = JSON.parse(text);
-    return (
-      typeof body === "object" &&
-      body !== null &&
-      slugOf(String((body as { type?: unknown }).type ?? "")) === "idempotency-key-in-flight"
-    );
+    return typeof body === "object" && body !== null
+      ? slugOf(String((body as { type?: unknown }).type ?? ""))
+      : "";
   } catch {
-    return false;
+    return "";
   }
 }
 

@@ -147,6 +147,10 @@ class AsyncTurnstile:
         """Change the session's policy, for turns that arrive from now on."""
         return calls.as_session(await self._send(calls.update_session(session, multitask)))
 
+    async def list_pending_turns(self, session: SessionRef) -> list[PendingTurn]:
+        """The session's pending turns in the order they will start (1 is next)."""
+        return calls.as_pending_turns(await self._send(calls.list_pending_turns(session)))
+
     async def get_pending_turn(self, turn: PendingTurnRef) -> PendingTurn:
         """A pending turn as it stands: its position, or the run it became (`run_id`)."""
         return calls.as_pending_turn(await self._send(calls.get_pending_turn(turn)))

@@ -159,6 +159,7 @@ class Turnstile:
     approve = _blocking(AsyncTurnstile.approve)
     reject = _blocking(AsyncTurnstile.reject)
     edit = _blocking(AsyncTurnstile.edit)
+    list_pending_turns = _blocking(AsyncTurnstile.list_pending_turns)
     get_pending_turn = _blocking(AsyncTurnstile.get_pending_turn)
     cancel_pending_turn = _blocking(AsyncTurnstile.cancel_pending_turn)
     submit_turn = _blocking(AsyncTurnstile.submit_turn)

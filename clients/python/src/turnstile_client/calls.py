@@ -163,6 +163,10 @@ def pending_turn_path(turn: PendingTurnRef) -> str:
     return f"/sessions/{session_id(session)}/pending-turns/{UUID(str(turn_id))}"
 
 
+def list_pending_turns(session: SessionRef) -> Call:
+    return Call("GET", f"/sessions/{session_id(session)}/pending-turns")
+
+
 def get_pending_turn(turn: PendingTurnRef) -> Call:
     return Call("GET", pending_turn_path(turn))
 
@@ -260,6 +264,10 @@ def as_run(document: Any) -> Run:
 
 def as_pending_turn(document: Any) -> PendingTurn:
     return PendingTurn.from_document(document)
+
+
+def as_pending_turns(document: Any) -> list[PendingTurn]:
+    return [PendingTurn.from_document(turn) for turn in document["pending_turns"]]
 
 
 def as_submitted(document: Any) -> Run | PendingTurn:

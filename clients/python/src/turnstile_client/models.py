@@ -162,6 +162,8 @@ class PendingTurn:
     run_id: UUID | None
     created_at: datetime
     raw: dict[str, Any] = field(repr=False, compare=False)
+    # Its deadline to start, which the run it becomes takes (None: none).
+    start_before: datetime | None = None
 
     @classmethod
     def from_document(cls, document: dict[str, Any]) -> PendingTurn:
@@ -176,6 +178,7 @@ class PendingTurn:
             run_id=_uuid(document.get("run_id")),
             created_at=_required_time(document["created_at"]),
             raw=document,
+            start_before=_time(document.get("start_before")),
         )
 
 
