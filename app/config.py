@@ -397,8 +397,8 @@ class Settings(BaseSettings):
         ge=0,
         lt=1,
         description="The share of a model endpoint's minute an async or maintenance call must "
-        "leave for interactive calls: a burst of back-end work cannot spend the whole budget "
-        "before a user's turn asks (0: none held).",
+        "leave for interactive calls while any are in flight or waiting there: a burst of "
+        "back-end work cannot spend the whole budget under a user's turns (0: none held).",
     )
     history_max_messages: int = Field(
         default=50,

@@ -245,36 +245,49 @@ async def test_interactive_runs_come_back_before_async_ones(
 async def test_async_calls_leave_the_interactive_share_of_the_bucket(
     queue: Queue, clock: ManualClock
 ) -> None:
-    """An async call must leave the interactive share of a minute's budget in the buckets:
-    async calls that asked first spend at most the rest of a full bucket, and an interactive
-    call asking then is granted at once. A budget too small to hold a share back (one request
-    a minute) holds none, and a share never keeps a call larger than the rest of a full
-    bucket from fitting in it."""
+    """While interactive calls are in flight or booked, an async call must leave the
+    interactive share of a minute's budget in the buckets: async calls spend at most the rest
+    of a full bucket, and an interactive call asking then is granted at once. With no
+    interactive call about, nothing is held back. A budget too small to hold a share back (one
+    request a minute) holds none, and a share never keeps a call larger than the rest of a
+    full bucket from fitting in it."""
     budgets = ModelBudgets(queue, BudgetDefaults(requests_per_minute=10, interactive_share=0.2))
-    async_runs = await claimed(queue, 9, priority=10)
-    interactive = await claimed(queue, 2, priority=0)
-    for held in async_runs[:8]:
+    async_runs = await claimed(queue, 8, priority=10)
+    interactive = await claimed(queue, 3, priority=0)
+    # An interactive call in flight: the share is held from now on.
+    assert isinstance(await budgets.reserve(interactive[0].lease, ENDPOINT, 1), Reservation)
+    for held in async_runs[:7]:
         assert isinstance(await budgets.reserve(held.lease, ENDPOINT, 1), Reservation)
-    # Two requests left: the ninth async call would take the share, so it books its turn
+    # Two requests left: the eighth async call would take the share, so it books its turn
     # (for when the bucket holds its request beside the share: one more request, 6 s).
-    short = await budgets.reserve(async_runs[8].lease, ENDPOINT, 1)
+    short = await budgets.reserve(async_runs[7].lease, ENDPOINT, 1)
     assert isinstance(short, CapacityShort)
     assert short.short_of == "interactive_share"
     assert "held for interactive calls" in short.reason()
     assert short.wait_seconds == pytest.approx(6, abs=0.01)
-    # The interactive call takes what is left at once; the next one takes the async
-    # booking's turn.
-    assert isinstance(await budgets.reserve(interactive[0].lease, ENDPOINT, 1), Reservation)
-    taken = await budgets.reserve(interactive[1].lease, ENDPOINT, 1)
+    # An interactive call takes what is left (the booking took its request) at once; the
+    # next one takes the async booking's turn.
+    assert isinstance(await budgets.reserve(interactive[1].lease, ENDPOINT, 1), Reservation)
+    taken = await budgets.reserve(interactive[2].lease, ENDPOINT, 1)
     assert isinstance(taken, CapacityShort)
     assert taken.ready_at == short.ready_at
+
+    # No interactive call about: async calls may spend the whole bucket.
+    quiet = "quiet-model@http://127.0.0.1:9/v1"
+    for held in await claimed(queue, 10, priority=10):
+        assert isinstance(await budgets.reserve(held.lease, quiet, 1), Reservation)
 
     other = "other-model@http://127.0.0.1:9/v1"
     one_a_minute = ModelBudgets(
         queue, BudgetDefaults(requests_per_minute=1, tokens_per_minute=100, interactive_share=0.5)
     )
+    (asking,) = await claimed(queue, 1, priority=0)
     (lone,) = await claimed(queue, 1, priority=10)
-    # Half of 100 tokens is held, but an 80-token call still fits a full bucket.
+    # An interactive call in flight, and a minute later the buckets full again: half of 100
+    # tokens is held, but an 80-token call still fits a full bucket, and the one request a
+    # minute holds none back.
+    assert isinstance(await one_a_minute.reserve(asking.lease, other, 1), Reservation)
+    clock.advance(60)
     assert isinstance(await one_a_minute.reserve(lone.lease, other, 80), Reservation)
 
 

@@ -65,9 +65,9 @@ ON CONFLICT (endpoint, tenant_id) DO NOTHING;
 -- * both buckets have the call's request and tokens (capped at a minute's budget: a call
 --   larger than the whole budget waits for a full bucket): they are taken and held. An
 --   async or maintenance call must leave `interactive_share` of a minute's budget in them
---   (at most what the call leaves of a full bucket): that share is interactive calls' alone,
---   so a burst of async calls that asked first cannot spend a full bucket before an
---   interactive call asks;
+--   (at most what the call leaves of a full bucket) while interactive calls are in flight
+--   or booked on the endpoint: that share is theirs alone, so a stream of async calls
+--   cannot spend every refill before the next interactive call asks;
 -- * an interactive call, when an async call's booking is not due yet: it takes that booking's
 --   turn (the async run, when it comes, books again at the end): interactive before async;
 --   likewise a call of a tenant holding fewer bookings of its class than another tenant by
@@ -174,6 +174,15 @@ outstanding AS (
     FROM model_reservations m, clock
     WHERE m.endpoint = :endpoint AND m.expires_at > clock.now
 ),
+interactive AS (
+    -- Interactive calls in flight or booked on the endpoint: while there are, async and
+    -- maintenance calls leave them their share; when there are none, nothing is held back
+    -- (a share kept for nobody made an async backlog finish 12 % late), and the next
+    -- interactive call takes an async booking's turn instead.
+    SELECT EXISTS (SELECT 1 FROM model_reservations m, clock
+                   WHERE m.endpoint = :endpoint AND m.band = 0
+                     AND m.expires_at > clock.now) AS present
+),
 levels AS (
     -- `now` never before the last refill: a transaction that began (its clock read) before
     -- another that refilled and committed while this one waited for the row lock must not
@@ -190,18 +199,19 @@ levels AS (
                                   + f.tokens) END AS tokens,
            least(CAST(:tokens AS integer), b.tpm) AS wanted,
            -- What an async or maintenance call must leave in the buckets for interactive
-           -- calls: the share of a minute's budget, never so much that a full bucket could
-           -- not take the call (one request a minute leaves none). Zero for interactive
-           -- calls; NULL for an unlimited bucket.
-           CASE WHEN run.band = 0 THEN 0
+           -- calls while any are in flight or booked: the share of a minute's budget, never
+           -- so much that a full bucket could not take the call (one request a minute leaves
+           -- none). Zero for interactive calls and with none about; NULL for an unlimited
+           -- bucket.
+           CASE WHEN run.band = 0 OR NOT i.present THEN 0
                 ELSE least(CAST(:interactive_share AS float8) * b.rpm, b.rpm - 1) END
                AS held_requests,
-           CASE WHEN run.band = 0 THEN 0
+           CASE WHEN run.band = 0 OR NOT i.present THEN 0
                 ELSE least(CAST(:interactive_share AS float8) * b.tpm,
                            b.tpm - least(CAST(:tokens AS integer), b.tpm)) END
                AS held_tokens,
            (SELECT o.tokens FROM outstanding o) AS outstanding
-    FROM budget b, clock, freed f, run,
+    FROM budget b, clock, freed f, run, interactive i,
          LATERAL (SELECT greatest(extract(epoch FROM clock.now
                                           - coalesce(b.refilled_at, clock.now)), 0)
                   AS elapsed) AS e
@@ -450,7 +460,8 @@ held AS (
            CASE WHEN a.action = 'book' THEN a.book_requests_at END,
            CASE WHEN a.action = 'book' THEN a.book_tokens_at END,
            CASE WHEN a.action = 'book' THEN a.book_wake_at END,
-           CASE WHEN a.action = 'book' THEN a.band END,
+           -- Its run's class, a call in flight's too (the interactive CTE looks for them).
+           a.band,
            run.tenant_id, a.tenant_tokens
     FROM run, answer a
     WHERE a.action IN ('grant', 'book')
@@ -460,7 +471,7 @@ converted AS (
     UPDATE model_reservations m
     SET epoch = :epoch, tokens = greatest(m.tokens, coalesce(a.wanted, 0)), created_at = a.now,
         expires_at = a.now + make_interval(secs => CAST(:hold_seconds AS double precision)),
-        ready_requests_at = NULL, ready_tokens_at = NULL, wake_at = NULL, band = NULL
+        ready_requests_at = NULL, ready_tokens_at = NULL, wake_at = NULL
     FROM answer a
     -- Still this run's booking: the snapshot that found it predates the endpoint's row lock,
     -- and a bump committed meanwhile may have given it to another run.
