@@ -104,6 +104,7 @@ from app.queue.core import Queue
 from app.store.embedded import free_port
 from app.store.engine import create_claim_engine, create_engine
 from app.vocabulary.classes import PriorityClass
+from app.vocabulary.layout import parse_slots
 from app.vocabulary.records import NewRun
 
 INTERACTIVE, ASYNC, MAINTENANCE = PriorityClass
@@ -232,17 +233,25 @@ PHASES = (
 
 # --- 2. throughput ----------------------------------------------------------------------------
 async def throughput(
-    dbs: Databases, settings: Settings, profile: Profile, processes: int, slots: int, logs: Path
+    dbs: Databases,
+    settings: Settings,
+    profile: Profile,
+    processes: int,
+    slots: int,
+    logs: Path,
+    layout: str | None = None,
 ) -> dict[str, Any]:
-    layout = f"interactive:1,async:{slots},maintenance:1"
+    """The drain of no-op async runs by `processes` workers of `slots` async slots each, in a
+    layout of one interactive slot unless `layout` is given (the default one's row)."""
+    tag = "default" if layout else f"{processes}x{slots}"
+    layout = layout or f"interactive:1,async:{slots},maintenance:1"
     async with dbs.fresh() as url:
         conn = await asyncpg.connect(url)
         engine = create_engine(settings, url)
         workers: list[Worker] = []
         try:
             workers = [
-                Worker(url, layout, logs / f"throughput-{processes}x{slots}-{i}.log")
-                for i in range(processes)
+                Worker(url, layout, logs / f"throughput-{tag}-{i}.log") for i in range(processes)
             ]
             await wait_workers(conn, processes, workers)
             pg_cpu = inflight.BackendCpu()
@@ -1023,6 +1032,15 @@ def markdown(results: dict[str, Any]) -> str:
             f">= 25 % of pgbench | {'yes' if ratio >= 0.25 else 'no'}"
             f"{' (best)' if row is best else ''} |"
         )
+    default = results.get("default_layout")
+    if default:
+        ratio = default["runs_per_second"] / pgbench
+        lines.append(
+            f"| No-op runs/s, 1 worker process in the default layout `{default['layout']}` "
+            f"(worker CPU per run) | {default['runs_per_second']:,.0f} ({ratio:.1%}; "
+            f"{default.get('worker_cpu_ms_per_run', '?')} ms) | {pgbench:,.0f} tps | "
+            f">= 25 % of pgbench | {'yes' if ratio >= 0.25 else 'no'} |"
+        )
     if results.get("latency"):
         lines += latency_rows(results["latency"], pgbench)
     depths = results.get("depth") or []
@@ -1235,6 +1253,18 @@ async def main() -> None:
                     )
                     log(f"  {row['runs_per_second']} runs/s")
                     results["throughput"].append(row)
+            # What a user runs first: one process with the default layout, as `turnstile serve`
+            # starts it (issue 41 item 5 asks it to drain at least 25 % of pgbench).
+            default = Settings.model_fields["slots"].default
+            default_async = sum(
+                g.size for g in parse_slots(default) if PriorityClass.ASYNC in g.classes
+            )
+            log(f"throughput: the default layout {default}")
+            results["default_layout"] = await retrying(
+                "throughput",
+                lambda: throughput(dbs, settings, profile, 1, default_async, logs, default),
+            )
+            log(f"  {results['default_layout']['runs_per_second']} runs/s")
         if "latency" in phases:
             log("latency under backlog")
             results["latency"] = await retrying(

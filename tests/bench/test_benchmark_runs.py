@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from app.config import Settings
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -51,6 +53,9 @@ def test_bench_runs_in_its_tiny_profile(server_url: str, tmp_path: Path) -> None
     results = json.loads((tmp_path / "tiny.json").read_text())
     assert results["ceiling"]["pgbench_tps"] > 0
     assert results["throughput"][0]["runs"] == 200
+    # A default `turnstile serve` layout's drain (issue 41 item 5), in the table.
+    assert results["default_layout"]["runs"] == 200
+    assert results["default_layout"]["layout"] == Settings.model_fields["slots"].default
     assert results["latency"]["classes"]["interactive"]["n"] > 0
     assert results["depth"][0]["queued"] == 1000
     # The claim beside 10,000 tenants whose only work is due tomorrow (issue 32, defect 2).
@@ -64,7 +69,9 @@ def test_bench_runs_in_its_tiny_profile(server_url: str, tmp_path: Path) -> None
     assert results["inflight"][0]["model_connections_opened"] <= results["inflight"][0]["slots"]
     assert [row["mode"] for row in results["budgets"]] == ["budgets", "none"]
     assert "Turnstile" in results["peers"]["systems"]
-    assert "| Figure |" in (tmp_path / "tiny.md").read_text()
+    table = (tmp_path / "tiny.md").read_text()
+    assert "| Figure |" in table
+    assert "in the default layout" in table
 
 
 def test_the_api_scale_curve_runs_alone(server_url: str, tmp_path: Path) -> None:

@@ -318,12 +318,13 @@ async def test_the_api_answers_429_queue_quota_and_still_delivers_answers(
 # --- the noisy neighbour, end to end ----------------------------------------------------------
 async def noisy_neighbour(database_url: str, engine: AsyncEngine, *, fair: bool) -> dict[str, Any]:
     """Tenant A queues 400 async runs of 0.5 s; once A's runs are under way, tenant B submits
-    20 of 0.1 s; a real worker process (default layout: four async slots) takes them."""
+    20 of 0.1 s; a real worker process with four async slots takes them."""
     queue = Queue(engine)
     sleep = {"call": "sleep", "args": {"seconds": 0.5}}
     env = {
         "DATABASE_URL": database_url,
         "TURNSTILE_FAIR_CLAIM": "true" if fair else "false",
+        "TURNSTILE_SLOTS": "interactive:4,async:4,maintenance:1",
     }
     async with turnstile("worker", ready=b"running slots", env=env):
         await queue.enqueue_many(
