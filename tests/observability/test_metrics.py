@@ -20,11 +20,19 @@ from app.observability.metrics import HTTP_METHODS, Metrics
 from app.queue.core import Queue, QueueConfig
 from app.store.embedded import free_port
 from app.vocabulary.classes import PriorityClass
+from app.vocabulary.layout import parse_slots
 from app.vocabulary.records import NewRun
 from tests.support.api import running_api
 from tests.support.clock import ManualClock
 from tests.support.processes import turnstile
 from tests.support.waiting import eventually
+
+# The default layout's interactive slots, which a process started without TURNSTILE_SLOTS has.
+DEFAULT_INTERACTIVE_SLOTS = next(
+    group.size
+    for group in parse_slots(Settings.model_fields["slots"].default)
+    if group.name == "interactive"
+)
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -62,7 +70,7 @@ async def test_api_metrics_after_real_runs(database_url: str, engine: AsyncEngin
     assert value(found, "turnstile_runs_succeeded_total", **{"class": "async"}) == 1
     assert value(found, "turnstile_runs_cancelled_total", **{"class": "async"}) == 1
     assert value(found, "turnstile_claim_wait_seconds_count", **{"class": "async"}) == 1
-    assert value(found, "turnstile_slots", group="interactive") == 4
+    assert value(found, "turnstile_slots", group="interactive") == DEFAULT_INTERACTIVE_SLOTS
     assert value(found, "turnstile_slots_busy", group="async") is not None
     assert (
         value(found, "turnstile_http_requests_total", route="/runs", method="POST", status="202")
@@ -183,7 +191,7 @@ async def test_a_worker_serves_its_own_metrics_port(database_url: str, engine: A
             return found if done == 1 else None
 
         found = await eventually(counted, within=20, what="the worker's metrics")
-        assert value(found, "turnstile_slots", group="interactive") == 4
+        assert value(found, "turnstile_slots", group="interactive") == DEFAULT_INTERACTIVE_SLOTS
         assert (await queue.get_run(run.id)).status == "succeeded"  # type: ignore[union-attr]
 
 
