@@ -474,11 +474,11 @@ class Settings(BaseSettings):
 
     # --- worker pool ------------------------------------------------------------------------
     # Agent runs spend their time waiting on models, not on this process's CPU: the default
-    # serves 32 async runs at once (a backlog drains at a quarter or more of the commit
-    # ceiling, docs/performance.md) and 8 chat turns, for the same connections as fewer
-    # slots (pool_size below). Model budgets keep a provider's limits, not the slot count.
+    # serves 64 async runs at once (a backlog drains at about a third of the commit ceiling,
+    # docs/performance.md) and 8 chat turns, for the same connections as fewer slots
+    # (pool_size below). Model budgets keep a provider's limits, not the slot count.
     slots: str = Field(
-        default="interactive:8,async:32,maintenance:1",
+        default="interactive:8,async:64,maintenance:1",
         description="Slot groups, e.g. 'interactive:4,async+interactive:2,maintenance:1'.",
     )
     partial_layout: bool = Field(

@@ -1,7 +1,7 @@
 """Slot layouts: how many runs of which classes a process may hold at once.
 
 Syntax: comma-separated groups, each `class[+class...]:count`, for example
-`interactive:8,async:32,maintenance:1` (the default) or
+`interactive:8,async:64,maintenance:1` (the default) or
 `interactive:2,async+interactive:2,maintenance:1`.
 A group claims among its classes by priority then age; the order classes are written in
 carries no preference. The layout is refused unless every class is the highest-priority class
