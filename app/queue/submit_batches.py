@@ -32,6 +32,7 @@ from uuid import UUID
 
 from sqlalchemy.exc import DBAPIError
 
+from app.queue.group_commit import GroupCommit, fail
 from app.store.database import Database
 from app.store.outcomes import OutcomeUnknown
 
@@ -112,10 +113,12 @@ class SubmissionBatcher:
     ) -> None:
         self.db = db
         self.refusals = refusals
-        self.max_batch = max_batch
-        self.max_in_flight = max_in_flight
-        self._pending: list[_Pending] = []
-        self._flushers: set[asyncio.Task[None]] = set()
+        self._group: GroupCommit[Submission, Mapping[str, Any]] = GroupCommit(
+            self._send,
+            max_batch=max_batch,
+            max_in_flight=max_in_flight,
+            name="turnstile-submissions",
+        )
         # Statements sent (batches and submissions sent alone), the submissions they carried,
         # and those sent again alone after their batch was refused as a whole (tests and the
         # benchmark read them).
@@ -124,35 +127,7 @@ class SubmissionBatcher:
         self.resent = 0
 
     async def submit(self, submission: Submission) -> Mapping[str, Any]:
-        future: asyncio.Future[Mapping[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending.append((submission, future))
-        if len(self._flushers) < self.max_in_flight:
-            flusher = asyncio.create_task(self._flush(), name="turnstile-submissions")
-            self._flushers.add(flusher)
-            flusher.add_done_callback(self._flushers.discard)
-        return await future
-
-    async def _flush(self) -> None:
-        batch: list[_Pending] = []
-        try:
-            while self._pending:
-                taken = self._pending[: self.max_batch]
-                del self._pending[: self.max_batch]
-                batch = [item for item in taken if not item[1].done()]  # cancelled callers
-                if batch:
-                    await self._send(batch)
-                batch = []
-        except BaseException:
-            # The flusher itself was cancelled (the loop is going away): no caller may wait on
-            # an answer that will never come. What it had taken is cancelled; what is still
-            # pending is another flusher's, or the next submission's to send.
-            for _, future in batch:
-                future.cancel()
-            if not self._flushers - {asyncio.current_task()}:
-                for _, future in self._pending:
-                    future.cancel()
-                self._pending.clear()
-            raise
+        return await self._group.put(submission)
 
     async def _send(self, batch: list[_Pending]) -> None:
         self.submissions += len(batch)
@@ -169,7 +144,7 @@ class SubmissionBatcher:
             rows = await self.db.rows("submit_many", _batch_params(batch))
         except OutcomeUnknown as lost:
             # It may have committed: only a keyed submission can tell by being sent again.
-            _fail([future for submission, future in batch if not submission.keyed], lost)
+            fail([future for submission, future in batch if not submission.keyed], lost)
             keyed = [(s, future) for s, future in batch if s.keyed]
             self.resent += len(keyed)
             await asyncio.gather(*(self._alone(s, future) for s, future in keyed))
@@ -183,7 +158,7 @@ class SubmissionBatcher:
         except Exception as exc:
             # Not sent at all (every connection of the pool busy past its timeout): each
             # caller gets the error a submission sent alone would have got.
-            _fail([future for _, future in batch], exc)
+            fail([future for _, future in batch], exc)
             return
         for (_, future), row in zip(batch, rows, strict=True):
             if not future.done():
@@ -206,12 +181,6 @@ class SubmissionBatcher:
             return
         if not future.done():
             future.set_result(row)
-
-
-def _fail(futures: Sequence[asyncio.Future[Mapping[str, Any]]], exc: BaseException) -> None:
-    for future in futures:
-        if not future.done():
-            future.set_exception(exc)
 
 
 def _lock_order(pending: _Pending) -> tuple[bool, UUID | None]:

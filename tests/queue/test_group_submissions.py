@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
@@ -24,7 +24,7 @@ from app.queue.core import Queue
 from app.queue.errors import RateLimitedError, SessionBusyError
 from app.queue.reads import Reads
 from app.queue.submit import IdempotencyKey, RunSpec, Submissions, Submitted, Submitter
-from app.queue.submit_batches import Submission, SubmissionBatcher
+from app.queue.submit_batches import _RUN_ID, Submission, SubmissionBatcher
 from app.store.engine import create_engine, plain_url, pool_limit
 from tests.support.waiting import eventually
 
@@ -356,3 +356,31 @@ async def test_batches_in_flight_that_name_the_same_sessions_do_not_deadlock(
     assert all(isinstance(a, Submitted) for a in (created, middle_turn, high_turn)), answers
     assert isinstance(busy_high, SessionBusyError), answers
     assert isinstance(busy_low, SessionBusyError), answers
+
+
+async def test_a_submission_right_after_the_last_flusher_finished_is_sent(queue: Queue) -> None:
+    """A flusher that has just finished still counted as in flight until its done-callback
+    ran: a submission arriving in between (the caller the flusher had just answered, sending
+    its next one at once) found every flusher's place taken and waited for the next
+    submission to start one. One flusher at most, one caller sending in turn, each at once
+    after its answer: each is answered."""
+    submit = submissions(queue)
+    assert submit.batcher is not None
+    batcher = SubmissionBatcher(queue.db, submit.batcher.refusals, max_in_flight=1)
+    submit.batcher = batcher
+    sent: list[Submission] = []
+    original = batcher.submit
+
+    async def recording(submission: Submission) -> Mapping[str, Any]:
+        sent.append(submission)
+        return await original(submission)
+
+    batcher.submit = recording  # type: ignore[method-assign]
+    await submit.submit_run(T, RunSpec(input=0))
+    args = list(sent[0].args)
+    for n in range(1, 4):
+        # A new run each time; sent straight to the batcher, nothing awaited in between.
+        args[_RUN_ID] = uuid4()
+        async with asyncio.timeout(30):  # a bound, not a timing: it never came back before
+            row = await original(Submission(tuple(args), keyed=False))
+        assert (row["outcome"], row["id"]) == ("created", args[_RUN_ID]), n
