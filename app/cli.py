@@ -621,13 +621,13 @@ async def _visible_session(runbook: Runbook, args: argparse.Namespace) -> Any:
     return found
 
 
-def _operator_on(runbook: Runbook, session: Any) -> Submitter:
-    """Who the CLI acts as on a session: an operator of its tenant (any principal's session),
-    recorded as the CLI's actor, as `runs approve` acts."""
+def _operator_in(runbook: Runbook, tenant_id: str) -> Submitter:
+    """Who the CLI acts as on a tenant's session or run: an operator of the tenant (any
+    principal's session), recorded as the CLI's actor."""
     from app.queue.submit import Submitter
 
     actor = runbook.actor.actor
-    return Submitter(session.tenant_id, actor, actor=actor, own_sessions_only=False)
+    return Submitter(tenant_id, actor, actor=actor, own_sessions_only=False)
 
 
 def _session_result(session: Any) -> dict[str, object]:
@@ -679,7 +679,7 @@ async def sessions_set_policy(runbook: Runbook, args: argparse.Namespace) -> obj
                 )
         policy = ApprovalPolicy(frozenset(tools), frozenset(classes))
     session = await _visible_session(runbook, args)
-    who = _operator_on(runbook, session)
+    who = _operator_in(runbook, session.tenant_id)
     if args.multitask is not None:
         await runbook.submissions.turns.set_session_policy(who, session.id, args.multitask)
     if approval_given or args.approval_default:
@@ -717,7 +717,7 @@ async def sessions_submit(runbook: Runbook, args: argparse.Namespace) -> object:
             ) from None
     session = await _visible_session(runbook, args)
     submitted = await runbook.submissions.submit_turn(
-        _operator_on(runbook, session),
+        _operator_in(runbook, session.tenant_id),
         session.id,
         RunSpec(input=value, start_within=within),
         None,
@@ -760,7 +760,9 @@ async def pending_turns_cancel(runbook: Runbook, args: argparse.Namespace) -> ob
     session = await _visible_session(runbook, args)
     try:
         turn = await runbook.submissions.turns.cancel_pending(
-            _operator_on(runbook, session), session.id, _uuid(args.turn_id, "pending turn")
+            _operator_in(runbook, session.tenant_id),
+            session.id,
+            _uuid(args.turn_id, "pending turn"),
         )
     except PendingTurnStartedError as exc:
         if exc.run_id is None:
@@ -777,7 +779,6 @@ async def runs_decide(runbook: Runbook, args: argparse.Namespace) -> object:
     """`turnstile runs approve|reject|edit RUN`: an operator's decision on the tool call a run
     waits for, as the run's owner would send it (app/queue/approvals.py)."""
     from app.queue.approvals import ApprovalAnswer
-    from app.queue.submit import Submitter
 
     run_id = _uuid(args.run_id)
     found = await runbook.queue.get_run(run_id, tenant_id=args.tenant)
@@ -795,9 +796,7 @@ async def runs_decide(runbook: Runbook, args: argparse.Namespace) -> object:
             raise CommandError(f"--args is not JSON: {exc}") from None
         if not isinstance(edited, dict):
             raise CommandError("--args must be a JSON object")
-    who = Submitter(
-        found.tenant_id, runbook.actor.actor, actor=runbook.actor.actor, own_sessions_only=False
-    )
+    who = _operator_in(runbook, found.tenant_id)
     answer = ApprovalAnswer(str(call_id), args.decision, edited, args.reason)
     decided = await runbook.submissions.approvals.answer_run(who, run_id, answer, None)
     return decided.document
